@@ -1,0 +1,1 @@
+"""toolscout library: data contract, metrics, retrieval methods. Importing it starts nothing."""

@@ -1,0 +1,65 @@
+"""File access for local paths and ``s3://`` URLs through fsspec (s3fs for S3).
+
+S3 endpoints other than AWS (MinIO, a moto server in tests) come from ``AWS_ENDPOINT_URL`` or from
+explicit ``storage_options``; credentials follow the usual boto chain.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import fsspec
+
+
+def is_remote(path: str) -> bool:
+    """True for URLs with a scheme other than ``file``."""
+    return "://" in path and not path.startswith("file://")
+
+
+def storage_options_for(path: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Options for ``fsspec`` so that an ``AWS_ENDPOINT_URL`` is honoured by s3fs too."""
+    opts = dict(storage_options or {})
+    if path.startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL") and "client_kwargs" not in opts:
+        opts["client_kwargs"] = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+    return opts
+
+
+def filesystem(path: str, storage_options: dict[str, Any] | None = None) -> fsspec.AbstractFileSystem:
+    """The fsspec filesystem that serves ``path``."""
+    fs, _ = fsspec.core.url_to_fs(path, **storage_options_for(path, storage_options))
+    return fs
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts with ``/`` for URLs and the OS separator for local paths."""
+    if is_remote(base):
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+    return os.path.join(base, *parts)
+
+
+def exists(path: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether a file or directory exists at ``path``."""
+    return filesystem(path, storage_options).exists(path)
+
+
+def read_bytes(path: str, storage_options: dict[str, Any] | None = None) -> bytes:
+    """The whole file at ``path`` as bytes."""
+    with fsspec.open(path, "rb", **storage_options_for(path, storage_options)) as f:
+        return f.read()
+
+
+def write_bytes(path: str, data: bytes, storage_options: dict[str, Any] | None = None) -> None:
+    """Write ``data`` to ``path``, creating parent directories for local paths."""
+    if not is_remote(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with fsspec.open(path, "wb", **storage_options_for(path, storage_options)) as f:
+        f.write(data)
+
+
+def makedirs(path: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Create a directory (a no-op on object stores, which have none)."""
+    if not is_remote(path):
+        os.makedirs(path, exist_ok=True)
+    else:
+        filesystem(path, storage_options).makedirs(path, exist_ok=True)

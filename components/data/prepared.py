@@ -1,0 +1,81 @@
+"""Read the artifacts that ``toolscout preprocess`` writes back into a :class:`Dataset`.
+
+Layout of a prepared directory (local or ``s3://``)::
+
+    manifest.json          row counts, reject counts, content hashes, config
+    rejects.jsonl          every rejected row: file, line, reason, content
+    corpus/*.parquet       one row per tool: raw text + parsed fields
+    queries/*.parquet      _id, text
+    qrels/*.parquet        split, query, tool, score  (train / valid / test [/ test_unseen])
+    neg_queries/*.parquet  text, split  (train / valid / test, for detection)
+    scenes/*.parquet       kind (query_scene | scene_tool), split, left, right
+    graphs/*.npz           co-occurrence and bipartite graphs + *.ids.json
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from components.data import io
+from components.data.types import Dataset
+
+MANIFEST = "manifest.json"
+
+
+def is_prepared(path: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether ``path`` holds preprocessing output (it has a manifest)."""
+    return io.exists(io.join(path, MANIFEST), storage_options)
+
+
+def read_manifest(path: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of a prepared directory."""
+    return json.loads(io.read_bytes(io.join(path, MANIFEST), storage_options))
+
+
+def read_table(path: str, name: str, storage_options: dict[str, Any] | None = None) -> list[dict]:
+    """All rows of one parquet table directory, as dicts."""
+    target = io.join(path, name)
+    fs = io.filesystem(target, storage_options)
+    files = sorted(p for p in fs.find(target) if p.endswith(".parquet"))
+    rows: list[dict] = []
+    for file in files:
+        with fs.open(file, "rb") as f:
+            rows.extend(pq.read_table(f).to_pylist())
+    return rows
+
+
+def load_prepared(path: str, storage_options: dict[str, Any] | None = None) -> Dataset:
+    """Rebuild the dataset (with its train/valid/test splits) from a prepared directory."""
+    manifest = read_manifest(path, storage_options)
+    corpus = {
+        r["id"]: {"_id": r["id"], "title": r["title"], "text": r["raw"], "metadata": {}}
+        for r in sorted(read_table(path, "corpus", storage_options), key=lambda r: r["order"])
+    }
+    queries = {r["_id"]: r["text"] for r in read_table(path, "queries", storage_options)}
+    qrels: dict[str, dict[str, dict[str, int]]] = {s: {} for s in manifest["splits"]}
+    for r in read_table(path, "qrels", storage_options):
+        qrels[r["split"]].setdefault(r["query"], {})[r["tool"]] = int(r["score"])
+    query_scene: dict[str, dict[str, str]] = {}
+    scene_tool: dict[str, list[str]] = {}
+    for r in sorted(read_table(path, "scenes", storage_options), key=lambda r: r["order"]):
+        if r["kind"] == "scene_tool":
+            scene_tool.setdefault(r["left"], []).append(r["right"])
+        else:
+            query_scene.setdefault(r["split"], {})[r["left"]] = r["right"]
+    neg = sorted(read_table(path, "neg_queries", storage_options), key=lambda r: r["order"])
+    neg_split: dict[str, list[str]] = {}
+    for r in neg:
+        neg_split.setdefault(r["split"], []).append(r["text"])
+    return Dataset(
+        name=manifest["dataset"],
+        corpus=corpus,
+        queries=queries,
+        qrels=qrels,
+        query_scene=query_scene,
+        scene_tool=scene_tool,
+        neg_queries=[r["text"] for r in neg],
+        neg_split=neg_split,
+    )

@@ -1,0 +1,83 @@
+"""Bad rows are never dropped silently: each goes to a reject log with file, line and reason."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from components.data import io
+
+MAX_CONTENT_CHARS = 2000
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be used at all (a missing or empty required file, a missing split)."""
+
+
+class StrictModeError(DatasetError):
+    """Raised in strict mode when any row was rejected."""
+
+
+@dataclass(frozen=True)
+class Reject:
+    """One rejected row: where it was and why. ``content`` keeps the raw row so nothing is lost."""
+
+    file: str
+    line: int
+    reason: str
+    content: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+
+@dataclass
+class RejectLog:
+    """Collects rejects from every file of a load."""
+
+    rejects: list[Reject] = field(default_factory=list)
+    # Lossless clean-ups worth reporting (e.g. identical duplicate qrels rows merged), by kind.
+    notes: Counter = field(default_factory=Counter)
+
+    def add(self, file: str, line: int, reason: str, content: str = "") -> None:
+        """Record one bad row; content longer than ``MAX_CONTENT_CHARS`` is truncated with a marker."""
+        if len(content) > MAX_CONTENT_CHARS:
+            content = content[:MAX_CONTENT_CHARS] + f"...[{len(content) - MAX_CONTENT_CHARS} more chars]"
+        self.rejects.append(Reject(file, line, reason, content))
+
+    def note(self, what: str, n: int = 1) -> None:
+        """Count a lossless clean-up (reported in manifests, never a failure)."""
+        self.notes[what] += n
+
+    def extend(self, rejects: list[Reject]) -> None:
+        """Append rejects found elsewhere (for example by Ray Data workers)."""
+        self.rejects.extend(rejects)
+
+    def __len__(self) -> int:
+        return len(self.rejects)
+
+    def counts(self) -> dict[str, int]:
+        """Reject counts by file name."""
+        return dict(sorted(Counter(r.file for r in self.rejects).items()))
+
+    def reason_counts(self) -> dict[str, int]:
+        """Reject counts by reason (the text before any quoted value)."""
+        return dict(Counter(r.reason.split(":")[0] for r in self.rejects).most_common())
+
+    def sorted(self) -> list[Reject]:
+        """Rejects in file, line order (workers report them out of order)."""
+        return sorted(self.rejects, key=lambda r: (r.file, r.line, r.reason))
+
+    def write(self, path: str) -> None:
+        """Write the log as JSON lines: one ``{file, line, reason, content}`` per reject."""
+        lines = [json.dumps(asdict(r), ensure_ascii=False) for r in self.sorted()]
+        io.write_bytes(path, ("\n".join(lines) + ("\n" if lines else "")).encode())
+
+    def check_strict(self, limit: int = 20) -> None:
+        """Raise :class:`StrictModeError` listing the first ``limit`` rejects, if there are any."""
+        if not self.rejects:
+            return
+        shown = "\n".join(f"  {r}" for r in self.sorted()[:limit])
+        more = f"\n  ... and {len(self) - limit} more" if len(self) > limit else ""
+        raise StrictModeError(f"--strict: {len(self)} row(s) rejected:\n{shown}{more}")

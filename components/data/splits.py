@@ -1,0 +1,112 @@
+"""Deterministic splits: validation carved from train, a cold-start split, and no-tool query splits.
+
+Model selection must never see the test split (ToolLens ships a "tune" split byte-identical to test),
+so every method selects on ``valid``, carved here from ``train`` by query. Assignment hashes the seed
+with the item's id, so it is stable across machines and does not shift when items are added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+from components.data.types import Dataset, Qrels
+
+NEG_FRACTIONS = {"train": 0.8, "valid": 0.1, "test": 0.1}
+
+
+def unit_hash(seed: int, key: str) -> float:
+    """A uniform number in [0, 1) fixed by ``seed`` and ``key``."""
+    digest = hashlib.sha1(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def carve_validation(train: Qrels, fraction: float, seed: int) -> tuple[Qrels, Qrels]:
+    """Split train qrels by query into (train, valid), ``fraction`` of queries going to valid."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"valid fraction must be in (0, 1), got {fraction}")
+    new_train: Qrels = {}
+    valid: Qrels = {}
+    for qid, rel in train.items():
+        (valid if unit_hash(seed, qid) < fraction else new_train)[qid] = rel
+    return new_train, valid
+
+
+def held_out_tools(tool_ids: list[str], fraction: float, seed: int) -> set[str]:
+    """The seeded ~``fraction`` of tools that a cold-start split never shows in training."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"unseen-tool fraction must be in (0, 1), got {fraction}")
+    return {t for t in tool_ids if unit_hash(seed + 7919, t) < fraction}
+
+
+def cold_start(qrels: dict[str, Qrels], unseen: set[str]) -> dict[str, Qrels]:
+    """Move every query that needs an unseen tool, from any split, into ``test_unseen``.
+
+    The remaining splits keep only queries whose tools were all seen, so no training signal ever
+    mentions an unseen tool.
+    """
+    out: dict[str, Qrels] = {name: {} for name in qrels}
+    out["test_unseen"] = {}
+    for name, split in qrels.items():
+        for qid, rel in split.items():
+            target = "test_unseen" if unseen.intersection(rel) else name
+            out[target][qid] = rel
+    return out
+
+
+def prepare_splits(
+    dataset: Dataset,
+    *,
+    mode: str = "standard",
+    valid_fraction: float = 0.1,
+    unseen_fraction: float = 0.1,
+    neg_fractions: dict[str, float] | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """Return a copy of ``dataset`` with ``valid`` (and, in ``cold_start`` mode, ``test_unseen``).
+
+    Args:
+        mode: ``standard`` or ``cold_start``.
+        valid_fraction: Share of train queries carved into ``valid`` when the data has no valid split.
+        unseen_fraction: Share of tools held out in ``cold_start`` mode.
+        neg_fractions: Shares of no-tool queries for train / valid / test (80/10/10 by default).
+        seed: Seed of every assignment.
+    """
+    if mode not in ("standard", "cold_start"):
+        raise ValueError(f"split mode must be 'standard' or 'cold_start', got {mode!r}")
+    if "train" not in dataset.qrels:
+        raise ValueError(f"dataset {dataset.name!r} has no train split; it has {sorted(dataset.qrels)}")
+    qrels = dict(dataset.qrels)
+    if mode == "cold_start":
+        qrels = cold_start(qrels, held_out_tools(sorted(dataset.corpus), unseen_fraction, seed))
+    if "valid" not in qrels:
+        qrels["train"], qrels["valid"] = carve_validation(qrels["train"], valid_fraction, seed)
+    neg_split = split_items(dataset.neg_queries, neg_fractions or NEG_FRACTIONS, seed)
+    return replace(dataset, qrels=qrels, query_scene=regroup(dataset.query_scene, qrels), neg_split=neg_split)
+
+
+def regroup(query_scene: dict[str, dict[str, str]], qrels: dict[str, Qrels]) -> dict[str, dict[str, str]]:
+    """Re-file each query's scene under the split its query now belongs to."""
+    scene_of = {q: s for split in query_scene.values() for q, s in split.items()}
+    out = {name: {q: scene_of[q] for q in split if q in scene_of} for name, split in qrels.items()}
+    return {name: m for name, m in out.items() if m}
+
+
+def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dict[str, list[str]]:
+    """Assign items (e.g. no-tool queries) to named parts by hashed position, order kept.
+
+    Args:
+        fractions: Part name -> share; shares must sum to 1.
+    """
+    if any(v < 0 for v in fractions.values()) or abs(sum(fractions.values()) - 1.0) > 1e-9:
+        raise ValueError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
+    bounds = []
+    acc = 0.0
+    for name, share in fractions.items():
+        acc += share
+        bounds.append((acc, name))
+    out: dict[str, list[str]] = {name: [] for name in fractions}
+    for i, item in enumerate(items):
+        u = unit_hash(seed, f"{i}:{item}")
+        out[next(name for bound, name in bounds if u < bound or bound == bounds[-1][0])].append(item)
+    return out

@@ -1,0 +1,95 @@
+"""Parse ToolBench-style tool documents into fields.
+
+ToolLens and the other ToolBench-derived corpora flatten each API into one string::
+
+    category_name:Food, tool_name:Worldwide Recipes, api_name:Suggestions, api_description:Get ...,
+    required_params: [{"name": "q", ...}], optional_params: [], return_schema: {...}
+
+Descriptions contain commas and colons, so the parser anchors on the known keys, in order, rather
+than splitting on separators.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+KEYS = (
+    "category_name",
+    "tool_name",
+    "api_name",
+    "api_description",
+    "required_params",
+    "optional_params",
+    "return_schema",
+)
+_KEY_RE = re.compile(r"(?:^|,\s*)(" + "|".join(KEYS) + r")\s*:\s*")
+
+
+@dataclass
+class ToolRecord:
+    """One tool (API) with its parsed fields and the raw text it came from."""
+
+    id: str
+    raw: str
+    category: str = ""
+    tool: str = ""
+    api: str = ""
+    description: str = ""
+    required_params: list[dict] = field(default_factory=list)
+    optional_params: list[dict] = field(default_factory=list)
+    return_schema: str = ""
+
+    @property
+    def name(self) -> str:
+        """Human-readable name: ``tool / api`` when both exist."""
+        parts = [p for p in (self.tool, self.api) if p]
+        return " / ".join(parts) or self.id
+
+    def to_row(self) -> dict:
+        """A flat row for parquet (param lists as JSON strings)."""
+        row = asdict(self)
+        row["required_params"] = json.dumps(self.required_params)
+        row["optional_params"] = json.dumps(self.optional_params)
+        return row
+
+
+def _parse_params(value: str) -> list[dict]:
+    """A params list as JSON; anything unparsable is kept as one free-text entry, not dropped."""
+    value = value.strip()
+    if not value:
+        return []
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return [{"name": "", "type": "", "description": value}]
+    if isinstance(parsed, list):
+        return [p if isinstance(p, dict) else {"name": str(p)} for p in parsed]
+    return [parsed] if isinstance(parsed, dict) else [{"name": str(parsed)}]
+
+
+def parse_tool_text(tool_id: str, text: str) -> ToolRecord:
+    """Split a ToolBench-style tool document into its fields.
+
+    Text that does not follow the format (a free-form description) becomes the description, so
+    every corpus still yields a usable record.
+    """
+    matches = list(_KEY_RE.finditer(text))
+    if not matches:
+        return ToolRecord(id=tool_id, raw=text, description=text.strip())
+    values: dict[str, str] = {}
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        values.setdefault(m.group(1), text[m.end() : end].strip())
+    return ToolRecord(
+        id=tool_id,
+        raw=text,
+        category=values.get("category_name", ""),
+        tool=values.get("tool_name", ""),
+        api=values.get("api_name", ""),
+        description=values.get("api_description", ""),
+        required_params=_parse_params(values.get("required_params", "")),
+        optional_params=_parse_params(values.get("optional_params", "")),
+        return_schema=values.get("return_schema", ""),
+    )

@@ -1,0 +1,27 @@
+"""Retrieval methods: an explicit registry of plug-ins implementing :class:`.base.Method`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.methods.base import Method, read_config
+from components.methods.bm25 import BM25Method
+
+REGISTRY: dict[str, type] = {
+    BM25Method.name: BM25Method,
+}
+
+
+def build(name: str, params: dict[str, Any] | None = None) -> Method:
+    """Instantiate a registered method from config parameters."""
+    if name not in REGISTRY:
+        raise KeyError(f"unknown method {name!r}; registered: {sorted(REGISTRY)}")
+    return REGISTRY[name](**(params or {}))
+
+
+def load(path: str) -> Method:
+    """Load any saved method; ``config.json`` names which one."""
+    name = read_config(path).get("method")
+    if name not in REGISTRY:
+        raise KeyError(f"{path}: config.json names unknown method {name!r}; registered: {sorted(REGISTRY)}")
+    return REGISTRY[name].load(path)

@@ -1,0 +1,122 @@
+"""BM25 baseline on bm25s (Lù, 2024), with analyzer profiles (see :mod:`.analyzers`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+import bm25s
+import numpy as np
+
+from components.data.tooltext import parse_tool_text
+from components.data.types import Corpus, Dataset, Queries, Results
+from components.methods.analyzers import PROFILES, Analyzer
+from components.methods.base import RunSpec, read_config, write_config
+
+TOOL_FIELDS = ("category", "tool", "api", "description", "required_params", "optional_params")
+
+
+def tool_document(record: dict, fields: str | list[str]) -> str:
+    """The text BM25 indexes for a tool: the raw document or the chosen parsed fields."""
+    if fields == "raw":
+        return " ".join(p for p in (record.get("title", ""), record["text"]) if p)
+    tool = parse_tool_text(record["_id"], record["text"])
+    parts = []
+    for name in fields:
+        value = getattr(tool, name)
+        if name.endswith("_params"):
+            value = " ".join(f"{p.get('name', '')} {p.get('description', '')}" for p in value)
+        parts.append(str(value))
+    return " ".join(p for p in parts if p)
+
+
+class BM25Method:
+    """Lexical retrieval with Okapi BM25 (Robertson & Zaragoza, 2009).
+
+    Args:
+        profile: ``default`` or ``lucene`` (fixes the analyzer and, unless given, k1 and b).
+        k1: Term-frequency saturation.
+        b: Length normalisation.
+        fields: ``"raw"`` to index the whole tool document, or a list of parsed tool fields.
+    """
+
+    name: ClassVar[str] = "bm25"
+    stages: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        profile: str = "default",
+        k1: float | None = None,
+        b: float | None = None,
+        fields: str | list[str] = "raw",
+    ) -> None:
+        if profile not in PROFILES:
+            raise ValueError(f"unknown BM25 profile {profile!r}; choose one of {sorted(PROFILES)}")
+        preset = PROFILES[profile]
+        self.profile = profile
+        self.analyzer: Analyzer = preset["analyzer"]
+        self.k1 = float(preset["k1"] if k1 is None else k1)
+        self.b = float(preset["b"] if b is None else b)
+        self.fields = fields if fields == "raw" else list(fields)
+        self.tool_ids: list[str] = []
+        self._bm25: bm25s.BM25 | None = None
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments, as saved in ``config.json``."""
+        return {"profile": self.profile, "k1": self.k1, "b": self.b, "fields": self.fields}
+
+    def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
+        """BM25 has no training stage."""
+        raise ValueError(f"bm25 has no training stages (asked for {stage!r})")
+
+    def index(self, corpus: Corpus) -> None:
+        """Tokenize and index every tool document."""
+        self.tool_ids = list(corpus)
+        docs = [tool_document(corpus[t], self.fields) for t in self.tool_ids]
+        self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        self._bm25.index(self.analyzer(docs), show_progress=False)
+
+    def score_matrix(self, texts: list[str]) -> np.ndarray:
+        """BM25 scores of every tool for each text, shape ``(len(texts), n_tools)``."""
+        if self._bm25 is None:
+            raise RuntimeError("call index() or load() before retrieving")
+        vocab = self._bm25.vocab_dict
+        out = np.zeros((len(texts), len(self.tool_ids)), dtype=np.float32)
+        for i, tokens in enumerate(self.analyzer(texts)):
+            ids = [vocab[t] for t in tokens if t in vocab]
+            if ids:
+                out[i] = self._bm25.get_scores(ids)
+        return out
+
+    def retrieve(self, queries: Queries, k: int) -> Results:
+        """Top-``k`` tools per query; queries with no known term get an empty ranking."""
+        qids = list(queries)
+        k = min(k, len(self.tool_ids))
+        results: Results = {}
+        for start in range(0, len(qids), 1024):
+            chunk = qids[start : start + 1024]
+            scores = self.score_matrix([queries[q] for q in chunk])
+            top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+            for row, qid in enumerate(chunk):
+                results[qid] = {
+                    self.tool_ids[j]: float(scores[row, j]) for j in top[row] if scores[row, j] > 0
+                }
+        return results
+
+    def save(self, path: str) -> None:
+        """``config.json`` + the bm25s index (numpy arrays and a JSON vocabulary)."""
+        if self._bm25 is None:
+            raise RuntimeError("nothing to save: call index() first")
+        config = {"method": self.name, **self.config(), "analyzer": asdict(self.analyzer)}
+        write_config(path, {**config, "tool_ids": self.tool_ids})
+        self._bm25.save(os.path.join(path, "bm25s"))
+
+    @classmethod
+    def load(cls, path: str) -> BM25Method:
+        """Load an index written by :meth:`save`."""
+        config = read_config(path)
+        method = cls(config["profile"], config["k1"], config["b"], config["fields"])
+        method.tool_ids = list(config["tool_ids"])
+        method._bm25 = bm25s.BM25.load(os.path.join(path, "bm25s"))
+        return method

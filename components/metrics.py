@@ -1,0 +1,114 @@
+"""Retrieval and detection metrics, as the MassTool and COLT evaluation code computes them.
+
+For a query with relevant set G and ranked top-K list, h = |topK ∩ G|:
+
+* Recall@K = h / |G|  (divided by |G|, not min(K, |G|), so a 3-tool query caps Recall@1 at 1/3)
+* NDCG@K: binary gains, DCG = Σ_{i≤K} hit_i / log2(i + 1), IDCG over min(|G|, K) ideal hits
+* COMP@K = 1 if G ⊆ topK else 0  (completeness, from COLT)
+* Precision@K = h / K, MRR@K = 1 / rank of the first hit within K
+
+Scores are averaged over queries with |G| > 0; a query the retriever returned nothing for scores 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from components.data.types import Qrels, Results
+
+DEFAULT_KS = (1, 3, 5, 10)
+
+
+def ranked(scores: dict[str, float], k: int) -> list[str]:
+    """Top-``k`` ids by score, ties broken by id so results are reproducible."""
+    return [d for d, _ in sorted(scores.items(), key=lambda x: (-x[1], x[0]))[:k]]
+
+
+def query_metrics(relevant: set[str], top: list[str], k: int) -> dict[str, float]:
+    """Per-query metrics at cut-off ``k`` for a ranked list ``top`` (longer lists are cut)."""
+    top = top[:k]
+    hits = [1.0 if d in relevant else 0.0 for d in top]
+    h = sum(hits)
+    dcg = sum(hit / math.log2(i + 2) for i, hit in enumerate(hits))
+    idcg = sum(1.0 / math.log2(i + 2) for i in range(min(len(relevant), k)))
+    first = next((i for i, hit in enumerate(hits) if hit), None)
+    return {
+        f"recall@{k}": h / len(relevant),
+        f"ndcg@{k}": dcg / idcg,
+        f"comp@{k}": 1.0 if relevant.issubset(top) else 0.0,
+        f"precision@{k}": h / k,
+        f"mrr@{k}": 0.0 if first is None else 1.0 / (first + 1),
+    }
+
+
+def evaluate_retrieval(qrels: Qrels, results: Results, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
+    """Mean metrics over queries with at least one relevant tool (score > 0).
+
+    Args:
+        qrels: Query id -> {tool id: relevance}; duplicate rows were merged by the loader.
+        results: Query id -> {tool id: score}; queries absent here score 0.
+        ks: Cut-offs.
+
+    Returns:
+        ``{"recall@3": ..., "ndcg@3": ..., "comp@3": ..., "precision@3": ..., "mrr@3": ..., ...}``
+        plus ``"queries"``, the number of queries averaged over.
+    """
+    totals: dict[str, float] = {}
+    n = 0
+    depth = max(ks)
+    for qid, rel in qrels.items():
+        relevant = {d for d, s in rel.items() if s > 0}
+        if not relevant:
+            continue
+        n += 1
+        top = ranked(results.get(qid, {}), depth)
+        for k in ks:
+            for name, value in query_metrics(relevant, top, k).items():
+                totals[name] = totals.get(name, 0.0) + value
+    out = {name: value / n for name, value in totals.items()} if n else {}
+    out["queries"] = float(n)
+    return out
+
+
+def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve via the rank-sum (Mann–Whitney U) statistic, ties averaged."""
+    labels = np.asarray(labels).astype(bool)
+    scores = np.asarray(scores, dtype=np.float64)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    ranks = np.empty(len(scores), dtype=np.float64)
+    i = 0
+    while i < len(scores):
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def detection_metrics(labels: np.ndarray, scores: np.ndarray, threshold: float = 0.5) -> dict[str, float]:
+    """Tool-usage detection: label 1 = the query needs a tool; ``scores`` are probabilities.
+
+    Returns accuracy, precision, recall and F1 of the positive class at ``threshold``, and AUROC.
+    """
+    labels = np.asarray(labels).astype(bool)
+    pred = np.asarray(scores) >= threshold
+    tp = int((pred & labels).sum())
+    fp = int((pred & ~labels).sum())
+    fn = int((~pred & labels).sum())
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {
+        "accuracy": float((pred == labels).mean()) if len(labels) else float("nan"),
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "auroc": auroc(labels, scores),
+    }

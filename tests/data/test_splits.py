@@ -1,0 +1,204 @@
+"""Deterministic splits: validation carving, cold start and no-tool query parts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from components.data.splits import (
+    carve_validation,
+    cold_start,
+    held_out_tools,
+    prepare_splits,
+    split_items,
+    unit_hash,
+)
+from components.data.types import Dataset, Qrels
+
+TOOLS = [f"t{i}" for i in range(40)]
+
+
+def random_qrels(n: int, seed: int, prefix: str = "q") -> Qrels:
+    rng = random.Random(seed)
+    return {f"{prefix}{i}": {t: 1 for t in rng.sample(TOOLS, rng.randint(1, 4))} for i in range(n)}
+
+
+def make_dataset(qrels: dict[str, Qrels]) -> Dataset:
+    queries = {qid: f"query {qid}" for split in qrels.values() for qid in split}
+    corpus = {t: {"_id": t, "title": "", "text": f"tool {t}", "metadata": {}} for t in TOOLS}
+    return Dataset(name="tiny", corpus=corpus, queries=queries, qrels=qrels)
+
+
+def test_unit_hash_is_fixed_and_in_unit_interval() -> None:
+    values = [unit_hash(3, f"k{i}") for i in range(200)]
+    assert values == [unit_hash(3, f"k{i}") for i in range(200)]
+    assert all(0.0 <= v < 1.0 for v in values)
+    assert unit_hash(3, "k0") != unit_hash(4, "k0")
+
+
+# --- carve_validation ---------------------------------------------------------------------------------
+
+
+def test_carve_validation_is_deterministic() -> None:
+    train = random_qrels(300, seed=1)
+    assert carve_validation(train, 0.2, seed=5) == carve_validation(train, 0.2, seed=5)
+    assert carve_validation(train, 0.2, seed=5)[1] != carve_validation(train, 0.2, seed=6)[1]
+
+
+def test_carve_validation_is_disjoint_and_covers_all_queries() -> None:
+    train = random_qrels(300, seed=1)
+    new_train, valid = carve_validation(train, 0.2, seed=0)
+    assert not set(new_train) & set(valid)
+    assert set(new_train) | set(valid) == set(train)
+    assert all(part[qid] == train[qid] for part in (new_train, valid) for qid in part)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.5])
+def test_carve_validation_fraction_roughly_right(fraction: float) -> None:
+    train = random_qrels(2000, seed=2)
+    _, valid = carve_validation(train, fraction, seed=0)
+    assert abs(len(valid) / len(train) - fraction) < 0.04
+
+
+def test_carve_validation_is_stable_when_queries_are_added() -> None:
+    small = random_qrels(100, seed=3)
+    large = {**small, **random_qrels(100, seed=4, prefix="extra")}
+    _, valid_small = carve_validation(small, 0.2, seed=0)
+    _, valid_large = carve_validation(large, 0.2, seed=0)
+    assert set(valid_small) == set(valid_large) & set(small)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_carve_validation_rejects_bad_fraction(fraction: float) -> None:
+    with pytest.raises(ValueError, match="valid fraction"):
+        carve_validation(random_qrels(10, seed=0), fraction, seed=0)
+
+
+# --- cold start --------------------------------------------------------------------------------------
+
+
+def test_held_out_tools_is_deterministic_and_roughly_sized() -> None:
+    tools = [f"tool{i}" for i in range(2000)]
+    held = held_out_tools(tools, 0.1, seed=0)
+    assert held == held_out_tools(list(reversed(tools)), 0.1, seed=0)
+    assert held <= set(tools)
+    assert abs(len(held) / len(tools) - 0.1) < 0.03
+    with pytest.raises(ValueError, match="unseen-tool fraction"):
+        held_out_tools(tools, 0.0, seed=0)
+
+
+def test_cold_start_moves_every_query_with_an_unseen_tool() -> None:
+    qrels = {
+        "train": random_qrels(200, seed=1, prefix="tr"),
+        "test": random_qrels(50, seed=2, prefix="te"),
+    }
+    unseen = held_out_tools(TOOLS, 0.2, seed=0)
+    assert unseen
+    out = cold_start(qrels, unseen)
+    assert set(out) == {"train", "test", "test_unseen"}
+    needing = {qid for split in qrels.values() for qid, rel in split.items() if unseen & set(rel)}
+    assert needing
+    assert set(out["test_unseen"]) == needing
+    for name in ("train", "test"):
+        assert all(not unseen & set(rel) for rel in out[name].values())
+        assert set(out[name]) == set(qrels[name]) - needing
+
+
+def test_cold_start_counts_zero_score_tools_as_mentions() -> None:
+    out = cold_start({"train": {"q1": {"a": 1, "b": 0}, "q2": {"a": 1}}}, {"b"})
+    assert out == {"train": {"q2": {"a": 1}}, "test_unseen": {"q1": {"a": 1, "b": 0}}}
+
+
+def test_prepare_splits_cold_start_has_no_unseen_tool_in_train_valid_or_test() -> None:
+    ds = make_dataset({"train": random_qrels(300, seed=1, prefix="tr"), "test": random_qrels(80, seed=2)})
+    out = prepare_splits(ds, mode="cold_start", valid_fraction=0.2, unseen_fraction=0.2, seed=3)
+    unseen = held_out_tools(sorted(ds.corpus), 0.2, seed=3)
+    assert set(out.qrels) == {"train", "valid", "test", "test_unseen"}
+    assert out.qrels["valid"]
+    assert out.qrels["test_unseen"]
+    for name in ("train", "valid", "test"):
+        for rel in out.qrels[name].values():
+            assert not unseen & set(rel)
+    for rel in out.qrels["test_unseen"].values():
+        assert unseen & set(rel)
+    total = sum(len(split) for split in out.qrels.values())
+    assert total == sum(len(split) for split in ds.qrels.values())
+
+
+# --- prepare_splits -----------------------------------------------------------------------------------
+
+
+def test_prepare_splits_carves_valid_from_train_and_leaves_input_alone() -> None:
+    ds = make_dataset({"train": random_qrels(200, seed=1), "test": random_qrels(20, seed=2, prefix="te")})
+    out = prepare_splits(ds, valid_fraction=0.25, seed=0)
+    assert set(out.qrels) == {"train", "valid", "test"}
+    assert set(out.qrels["train"]) | set(out.qrels["valid"]) == set(ds.qrels["train"])
+    assert out.qrels["test"] == ds.qrels["test"]
+    assert set(ds.qrels) == {"train", "test"}
+    assert len(ds.qrels["train"]) == 200
+
+
+def test_prepare_splits_keeps_an_existing_valid_split() -> None:
+    valid = random_qrels(10, seed=3, prefix="va")
+    ds = make_dataset({"train": random_qrels(50, seed=1), "valid": valid})
+    out = prepare_splits(ds, seed=0)
+    assert out.qrels["valid"] == valid
+    assert out.qrels["train"] == ds.qrels["train"]
+
+
+@pytest.mark.parametrize("mode", ["cold", "Standard", ""])
+def test_prepare_splits_rejects_bad_mode(mode: str) -> None:
+    ds = make_dataset({"train": random_qrels(10, seed=1)})
+    with pytest.raises(ValueError, match="split mode"):
+        prepare_splits(ds, mode=mode)
+
+
+def test_prepare_splits_requires_train() -> None:
+    ds = make_dataset({"test": random_qrels(10, seed=1)})
+    with pytest.raises(ValueError, match="no train split"):
+        prepare_splits(ds)
+
+
+# --- split_items --------------------------------------------------------------------------------------
+
+ITEMS = [f"what is the weather like, take {i}" for i in range(3000)]
+
+
+def test_split_items_is_deterministic_and_keeps_order() -> None:
+    fractions = {"train": 0.7, "valid": 0.1, "test": 0.2}
+    parts = split_items(ITEMS, fractions, seed=0)
+    assert parts == split_items(ITEMS, fractions, seed=0)
+    assert list(parts) == ["train", "valid", "test"]
+    assert sorted(x for part in parts.values() for x in part) == sorted(ITEMS)
+    for part in parts.values():
+        assert part == sorted(part, key=ITEMS.index)
+
+
+def test_split_items_fractions_roughly_right() -> None:
+    parts = split_items(ITEMS, {"a": 0.1, "b": 0.2, "c": 0.7}, seed=1)
+    assert abs(len(parts["a"]) / len(ITEMS) - 0.1) < 0.03
+    assert abs(len(parts["b"]) / len(ITEMS) - 0.2) < 0.03
+    assert abs(len(parts["c"]) / len(ITEMS) - 0.7) < 0.03
+
+
+def test_split_items_seed_changes_assignment() -> None:
+    fractions = {"a": 0.5, "b": 0.5}
+    assert split_items(ITEMS, fractions, seed=0) != split_items(ITEMS, fractions, seed=1)
+
+
+def test_split_items_keeps_repeated_items() -> None:
+    parts = split_items(["same"] * 50, {"a": 0.5, "b": 0.5}, seed=0)
+    assert len(parts["a"]) + len(parts["b"]) == 50
+    assert parts["a"] and parts["b"]
+
+
+@pytest.mark.parametrize("fractions", [{"a": 0.5, "b": 0.4}, {"a": 0.6, "b": 0.6}, {}])
+def test_split_items_fractions_must_sum_to_one(fractions: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="sum to 1"):
+        split_items(ITEMS, fractions, seed=0)
+
+
+def test_split_items_zero_share_part_is_empty() -> None:
+    parts = split_items(ITEMS[:200], {"a": 1.0, "b": 0.0}, seed=0)
+    assert parts == {"a": ITEMS[:200], "b": []}

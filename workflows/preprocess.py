@@ -1,0 +1,169 @@
+"""``toolscout preprocess``: validate a dataset with Ray Data and write parquet + graph artifacts.
+
+Reads a BEIR-layout dataset (local or ``s3://``), parses and validates it in parallel, carves the
+validation (and optional cold-start) splits, normalises tool documents into fields, and writes to
+the output directory (local or ``s3://``; layout in :mod:`components.data.prepared`):
+parquet tables, a reject file, sparse graphs and a manifest with counts and content hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray
+
+from components.data import io
+from components.data.graphs import IdMap, qrels_pairs, save_sparse
+from components.data.loader import assemble, dataset_name, discover
+from components.data.prepared import MANIFEST
+from components.data.rejects import RejectLog
+from components.data.splits import prepare_splits
+from components.data.tooltext import parse_tool_text
+from components.data.types import Dataset
+from workflows.ray_graphs import pairs_dataset, ray_bipartite, ray_cooccurrence
+from workflows.ray_ingest import arrow_filesystem, ingest
+
+GRAPH_SPLIT = "train"  # graphs see training pairs only: valid/test pairs would leak into the model
+
+
+def table_rows(dataset: Dataset) -> dict[str, list[dict]]:
+    """The prepared tables as rows (corpus rows are normalised later, on Ray Data)."""
+    corpus = [{"order": i, **rec} for i, rec in enumerate(dataset.corpus.values())]
+    queries = [{"_id": q, "text": t} for q, t in dataset.queries.items()]
+    qrels = [
+        {"split": s, "query": q, "tool": t, "score": v}
+        for s, split in dataset.qrels.items()
+        for q, rel in split.items()
+        for t, v in rel.items()
+    ]
+    scenes = [
+        {"kind": "scene_tool", "split": "", "left": s, "right": t}
+        for s, ts in dataset.scene_tool.items()
+        for t in ts
+    ]
+    scenes += [
+        {"kind": "query_scene", "split": sp, "left": q, "right": s}
+        for sp, m in dataset.query_scene.items()
+        for q, s in m.items()
+    ]
+    scenes = [{"order": i, **r} for i, r in enumerate(scenes)]
+    neg_of = {t: s for s, texts in dataset.neg_split.items() for t in texts}
+    neg = [
+        {"order": i, "text": t, "split": neg_of.get(t, "train")} for i, t in enumerate(dataset.neg_queries)
+    ]
+    return {"corpus": corpus, "queries": queries, "qrels": qrels, "scenes": scenes, "neg_queries": neg}
+
+
+def normalise_tools(batch: dict[str, Any]) -> dict[str, list]:
+    """Parse ToolBench-style tool text into fields (runs in parallel on Ray Data)."""
+    out: dict[str, list] = {}
+    for order, rid, title, text in zip(
+        batch["order"], batch["_id"], batch["title"], batch["text"], strict=True
+    ):
+        row = {"order": int(order), "title": title, **parse_tool_text(rid, text).to_row()}
+        for key, value in row.items():
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def content_hash(rows: list[dict]) -> str:
+    """Order-independent sha256 of a table's rows (stable however Ray splits the parquet files)."""
+    lines = sorted(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) for r in rows)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def write_tables(
+    tables: dict[str, list[dict]], out: str, filesystem: pafs.FileSystem | None
+) -> dict[str, dict]:
+    """Write each table as parquet with Ray Data; returns rows and content hash per table."""
+    summary = {}
+    for name, rows in tables.items():
+        target = io.join(out, name)
+        if rows:
+            ds = ray.data.from_arrow(pa.Table.from_pylist(rows))
+            if name == "corpus":
+                ds = ds.map_batches(normalise_tools, batch_format="numpy")
+            ds.write_parquet(target, filesystem=filesystem, mode="overwrite")
+        summary[name] = {"rows": len(rows), "sha256": content_hash(rows)}
+    return summary
+
+
+def write_graphs(dataset: Dataset, out: str, parallelism: int) -> dict[str, dict]:
+    """Co-occurrence and bipartite graphs of the training split, built on Ray Data."""
+    tools = IdMap.of(dataset.corpus)
+    train = dataset.qrels.get(GRAPH_SPLIT, {})
+    queries = IdMap.of(train)
+    q_idx, t_idx = qrels_pairs(train, queries, tools)
+    graphs = {
+        "cooccurrence": (ray_cooccurrence(pairs_dataset(q_idx, t_idx, parallelism), len(tools)), tools, tools)
+    }
+    qt = [(q, t) for q, rel in train.items() for t, s in rel.items() if s > 0]
+    graphs["query_tool"] = (ray_bipartite(qt, queries, tools, parallelism), queries, tools)
+    if dataset.scene_tool:
+        scenes = IdMap.of(dataset.scene_tool)
+        st = [(s, t) for s, ts in dataset.scene_tool.items() for t in ts]
+        graphs["scene_tool"] = (ray_bipartite(st, scenes, tools, parallelism), scenes, tools)
+        qs = list(dataset.query_scene.get(GRAPH_SPLIT, {}).items())
+        graphs["query_scene"] = (ray_bipartite(qs, queries, scenes, parallelism), queries, scenes)
+    summary = {}
+    for name, (matrix, rows, cols) in graphs.items():
+        save_sparse(io.join(out, "graphs", name), matrix, rows, cols)
+        summary[name] = {
+            "shape": list(matrix.shape),
+            "nnz": int(matrix.nnz),
+            "sum": float(np.asarray(matrix.sum())),
+        }
+    return summary
+
+
+def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run the preprocessing job described by ``cfg`` (sections ``data``, ``splits``, ``preprocess``).
+
+    Returns:
+        The manifest that was written next to the artifacts.
+    """
+    data, split_cfg, pre = cfg["data"], cfg.get("splits", {}), cfg["preprocess"]
+    root, out = data["path"], pre["output"]
+    opts = data.get("storage_options") or None
+    started = time.perf_counter()
+    log = RejectLog()
+    sources = discover(root, data.get("splits"), opts)
+    rows, inputs = ingest(root, sources, log, opts, parallelism=int(pre.get("parallelism", 8)))
+    raw = assemble(data.get("name") or dataset_name(root), rows, log)
+    if data.get("strict"):
+        log.check_strict()
+    dataset = prepare_splits(
+        raw,
+        mode=split_cfg.get("mode", "standard"),
+        valid_fraction=float(split_cfg.get("valid_fraction", 0.1)),
+        unseen_fraction=float(split_cfg.get("unseen_fraction", 0.1)),
+        seed=int(split_cfg.get("seed", 0)),
+    )
+    parsed_at = time.perf_counter()
+    io.makedirs(out, opts)
+    fs = arrow_filesystem(out, opts)
+    outputs = write_tables(table_rows(dataset), out, fs)
+    graphs = write_graphs(dataset, out, int(pre.get("parallelism", 8)))
+    log.write(io.join(out, "rejects.jsonl"))
+    manifest = {
+        "dataset": dataset.name,
+        "source": root,
+        "splits": sorted(dataset.qrels),
+        "counts": dataset.summary(),
+        "rejects": {"total": len(log), "by_file": log.counts(), "by_reason": log.reason_counts()},
+        "notes": dict(log.notes),
+        "inputs": inputs,
+        "outputs": outputs,
+        "graphs": graphs,
+        "config": cfg,
+        "ray_version": ray.__version__,
+        "seconds": {"ingest": parsed_at - started, "total": time.perf_counter() - started},
+    }
+    io.write_bytes(io.join(out, MANIFEST), json.dumps(manifest, indent=2, default=str).encode(), opts)
+    return manifest

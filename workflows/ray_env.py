@@ -1,0 +1,40 @@
+"""Starting or joining Ray, in entry points only (the library never calls ``ray.init``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+
+
+def init_ray(cfg: dict[str, Any] | None = None) -> None:
+    """Join the cluster named by ``ray.address`` / ``RAY_ADDRESS``, or start a local Ray.
+
+    A local Ray binds to 127.0.0.1 and starts no dashboard, so the quickstart and the tests open
+    no port beyond loopback. Under ``ray job submit`` the job's driver joins its cluster.
+    """
+    if ray.is_initialized():
+        return
+    cfg = cfg or {}
+    address = cfg.get("address") or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+        return
+    ray.init(
+        num_cpus=cfg.get("num_cpus"),
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        log_to_driver=bool(cfg.get("log_to_driver", False)),
+        _node_ip_address="127.0.0.1",
+    )
+    quiet_data_progress(cfg.get("progress_bars", True))
+
+
+def quiet_data_progress(show_bars: bool) -> None:
+    """Keep Ray Data's progress bars but drop its per-operator log spam."""
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = show_bars
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
