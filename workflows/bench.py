@@ -1,0 +1,89 @@
+"""``toolscout bench``: train each method, select its settings on valid, report on the test splits.
+
+Model selection never sees test: every candidate setting of a method is scored on ``valid``
+(carved from train), the best by ``bench.select_metric`` is kept, and only that one is scored on
+``test`` (and ``test_unseen`` in the cold-start split mode).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from components import methods
+from components.config import merge
+from components.data import Dataset, open_dataset
+from workflows.evaluate import score
+from workflows.report import write_report
+from workflows.train import fit_method, run_spec
+
+TEST_SPLITS = ("test", "test_unseen")
+
+
+def expand_grid(grid: dict[str, list] | None) -> list[dict[str, Any]]:
+    """Every combination of a ``{param: [values]}`` grid (one empty combination if no grid)."""
+    if not grid:
+        return [{}]
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def bench_entry(
+    name: str, entry: dict[str, Any], dataset: Dataset, cfg: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Select one method entry's settings on valid; return its valid and test rows."""
+    method_name = entry.get("method", name)
+    metric = cfg["bench"].get("select_metric", "ndcg@3")
+    best: tuple[float, dict, Any, dict, dict] | None = None
+    for combo in tqdm(expand_grid(entry.get("grid")), desc=f"{name}: select on valid", leave=False):
+        params = merge(entry.get("params") or {}, combo)
+        method = methods.build(method_name, params)
+        trained = fit_method(method, dataset, run_spec(cfg, f"{dataset.name}-{name}"))
+        valid = score(method, dataset, "valid")
+        if best is None or valid[metric] > best[0]:
+            best = (valid[metric], params, method, trained, valid)
+    assert best is not None
+    _, params, method, trained, valid = best
+    rows = [{"method": name, "config": method.config(), "split": "valid", "metrics": valid}]
+    for split in TEST_SPLITS:
+        if dataset.qrels.get(split):
+            metrics = score(method, dataset, split)
+            rows.append({"method": name, "config": method.config(), "split": split, "metrics": metrics})
+    for row in rows:
+        row["train_seconds"] = trained["train_seconds"]
+        row["eval_seconds"] = row["metrics"].pop("eval_seconds")
+    return rows
+
+
+def bench(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run the benchmark described by ``cfg`` and write JSON, markdown and a Recall@K plot.
+
+    ``cfg["bench"]["methods"]`` maps entry names to ``{method, params, grid}``;
+    ``cfg["bench"]["run"]`` lists the entries to run (all by default).
+    """
+    bcfg = cfg["bench"]
+    started = time.perf_counter()
+    dataset = open_dataset(
+        cfg["data"]["path"], cfg.get("splits"), storage_options=cfg["data"].get("storage_options")
+    )
+    entries = bcfg["methods"]
+    wanted = bcfg.get("run") or list(entries)
+    unknown = [w for w in wanted if w not in entries]
+    if unknown:
+        raise KeyError(f"bench: unknown method entries {unknown}; configured: {sorted(entries)}")
+    results = []
+    for name in tqdm(wanted, desc="methods"):
+        results += bench_entry(name, entries[name], dataset, cfg)
+    report = {
+        "dataset": dataset.name,
+        "split_mode": (cfg.get("splits") or {}).get("mode", "standard"),
+        "select_metric": bcfg.get("select_metric", "ndcg@3"),
+        "results": results,
+        "seconds": time.perf_counter() - started,
+    }
+    if bcfg.get("out"):
+        write_report(report, bcfg["out"], title=bcfg.get("title", ""), plot=bool(bcfg.get("plot", True)))
+    return report

@@ -1,0 +1,189 @@
+"""The ``toolscout`` command line: preprocess | train | evaluate | bench | run.
+
+Every command reads ``configs/default.yaml``, then ``--config FILE``, then ``key=value``
+overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from components.config import ConfigError, load_config, load_yaml, merge
+from components.data.rejects import DatasetError
+
+app = typer.Typer(help="toolscout: learned tool retrieval for LLM agents, on Ray.", no_args_is_help=True)
+console = Console(stderr=True)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.num_workers=2")]
+
+
+def packaged_config(name: str) -> dict[str, Any]:
+    """A config shipped in ``workflows/configs``."""
+    with resources.as_file(resources.files("workflows") / "configs" / f"{name}.yaml") as path:
+        return load_yaml(path)
+
+
+def build_config(
+    config: Path | None, overrides: list[str] | None, base: str | None = None, **flags: Any
+) -> dict:
+    """Defaults (+ a packaged base config), then the user's file, then CLI flags, then overrides.
+
+    Flags arrive as ``section__key=value`` keyword arguments; ``None`` means "not given".
+    """
+    defaults = packaged_config("default")
+    if base:
+        defaults = merge(defaults, packaged_config(base))
+    cfg = load_config(config, [], defaults)
+    for dotted, value in flags.items():
+        if value is not None:
+            *parents, leaf = dotted.split("__")
+            node = cfg
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+    return load_config(None, overrides or [], cfg)
+
+
+def require(cfg: dict, dotted: str, flag: str) -> None:
+    """Fail early, naming the flag, when a required setting is missing."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if node in (None, ""):
+        raise ConfigError(f"{dotted} is not set: pass {flag} or set it in the config")
+
+
+def guarded(fn):
+    """Turn the expected failures into one red line and exit code 1, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigError, DatasetError, FileNotFoundError, KeyError, ValueError) as e:
+            console.print(f"[bold red]error:[/] {e}")
+            raise typer.Exit(1) from e
+
+    return wrapper
+
+
+def start_ray(cfg: dict) -> None:
+    from workflows.ray_env import init_ray
+
+    init_ray(cfg.get("ray"))
+
+
+@app.command()
+@guarded
+def preprocess(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    data: Annotated[str | None, typer.Option(help="Dataset dir or s3:// URL.")] = None,
+    out: Annotated[str | None, typer.Option(help="Output dir or s3:// URL.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Fail on any rejected row.")] = False,
+) -> None:
+    """Validate a dataset with Ray Data; write parquet, graphs, rejects and a manifest."""
+    cfg = build_config(
+        config, overrides, data__path=data, preprocess__output=out, data__strict=strict or None
+    )
+    require(cfg, "data.path", "--data")
+    start_ray(cfg)
+    from workflows.preprocess import preprocess as run_preprocess
+
+    manifest = run_preprocess(cfg)
+    console.print(f"counts: {manifest['counts']}")
+    console.print(f"rejected rows: {manifest['rejects']['total']} {manifest['rejects']['by_file']}")
+    console.print(f"wrote {cfg['preprocess']['output']}")
+
+
+@app.command()
+@guarded
+def train(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    data: Annotated[str | None, typer.Option(help="Prepared or raw dataset dir.")] = None,
+    method: Annotated[str | None, typer.Option(help="Registered method name.")] = None,
+) -> None:
+    """Run a method's training stages and save its artifact directory."""
+    cfg = build_config(config, overrides, data__path=data, method__name=method)
+    require(cfg, "data.path", "--data")
+    start_ray(cfg)
+    from workflows.train import train as run_train
+
+    report = run_train(cfg)
+    console.print(f"saved {report['artifact']} ({report['train_seconds']:.1f}s)")
+
+
+@app.command()
+@guarded
+def evaluate(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    data: Annotated[str | None, typer.Option(help="Prepared or raw dataset dir.")] = None,
+    artifact: Annotated[str | None, typer.Option(help="Artifact dir written by train.")] = None,
+    split: Annotated[list[str] | None, typer.Option(help="Split(s); test only for final reports.")] = None,
+    out: Annotated[str | None, typer.Option(help="Write the report JSON here.")] = None,
+) -> None:
+    """Score a saved artifact on a split."""
+    cfg = build_config(config, overrides, data__path=data, evaluate__artifact=artifact, evaluate__output=out)
+    if split:
+        cfg["evaluate"]["splits"] = split
+    require(cfg, "data.path", "--data")
+    from workflows.evaluate import evaluate as run_evaluate
+    from workflows.report import markdown_table
+
+    print(markdown_table(run_evaluate(cfg)))
+
+
+@app.command()
+@guarded
+def bench(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    data: Annotated[str | None, typer.Option(help="Prepared or raw dataset dir.")] = None,
+    methods: Annotated[
+        str | None, typer.Option(help="Comma-separated bench entries, e.g. bm25,bm25_lucene.")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="Results JSON (.md and .png beside it).")] = None,
+) -> None:
+    """Train each method, select settings on valid, report on test; write JSON, table and plot."""
+    cfg = build_config(config, overrides, data__path=data, bench__out=out)
+    if methods:
+        cfg["bench"]["run"] = [m.strip() for m in methods.split(",") if m.strip()]
+    require(cfg, "data.path", "--data")
+    start_ray(cfg)
+    from workflows.bench import bench as run_bench
+    from workflows.report import markdown_table
+
+    print(markdown_table(run_bench(cfg)))
+
+
+@app.command()
+@guarded
+def run(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """Quickstart: generate data, preprocess, train and evaluate on a local Ray."""
+    cfg = build_config(config, overrides, base="quickstart")
+    start_ray(cfg)
+    from workflows.report import markdown_table
+    from workflows.run import run as run_quickstart
+
+    report = run_quickstart(cfg)
+    print(markdown_table(report))
+    console.print(f"results: {Path(cfg['run']['workdir']).resolve() / 'results.json'}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

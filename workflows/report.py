@@ -1,0 +1,65 @@
+"""Result tables (markdown) and the Recall@K plot written next to benchmark JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+COLUMNS = ("recall@1", "recall@3", "recall@5", "ndcg@1", "ndcg@3", "ndcg@5", "comp@3", "comp@5")
+
+
+def markdown_table(report: dict[str, Any], columns: tuple[str, ...] = COLUMNS) -> str:
+    """A markdown table with one row per (method, split) and the chosen metric columns."""
+    present = [c for c in columns if any(c in r["metrics"] for r in report["results"])]
+    extra = [c for c in ("train_seconds", "eval_seconds") if any(c in r for r in report["results"])]
+    head = ["method", "split", *present, *extra]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in report["results"]:
+        cells = [
+            r["method"],
+            r["split"],
+            *(f"{r['metrics'][c]:.4f}" if c in r["metrics"] else "" for c in present),
+        ]
+        cells += [f"{r[c]:.1f}" if c in r else "" for c in extra]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def recall_plot(report: dict[str, Any], path: str, split: str = "test") -> None:
+    """Recall@K against K for each method on ``split``, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in report["results"]:
+        if r["split"] != split:
+            continue
+        ks = sorted(int(k.split("@")[1]) for k in r["metrics"] if k.startswith("recall@"))
+        ax.plot(ks, [r["metrics"][f"recall@{k}"] for k in ks], marker="o", label=r["method"])
+    ax.set_xlabel("K")
+    ax.set_ylabel(f"Recall@K ({split})")
+    ax.set_title(report["dataset"])
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(report: dict[str, Any], out_json: str, title: str = "", plot: bool = True) -> list[str]:
+    """Write ``out_json``, the ``.md`` table beside it and (optionally) the ``.png`` plot."""
+    os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
+    with open(out_json, "w") as f:
+        json.dump(report, f, indent=2)
+    stem = os.path.splitext(out_json)[0]
+    header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
+    with open(stem + ".md", "w") as f:
+        f.write(header + "\n" + markdown_table(report))
+    written = [out_json, stem + ".md"]
+    if plot:
+        recall_plot(report, stem + ".png")
+        written.append(stem + ".png")
+    return written
