@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from components.data.quickstart import generate_quickstart
-
 from components.config import merge
 from components.data import io
+from components.data.quickstart import generate_quickstart
 from workflows.evaluate import evaluate
 from workflows.preprocess import preprocess
 from workflows.report import write_report

@@ -69,10 +69,12 @@ def cooccurrence(basket: np.ndarray, tool: np.ndarray, n_tools: int) -> sp.csr_m
 def qrels_pairs(
     qrels: dict[str, dict[str, int]], queries: IdMap, tools: IdMap
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(query index, tool index) arrays of the positive pairs in ``qrels``."""
+    """(query index, tool index) arrays of the positive pairs in ``qrels``, sorted by query."""
     qi, ti = queries.index(), tools.index()
     pairs = [(qi[q], ti[t]) for q, rel in qrels.items() for t, s in rel.items() if s > 0]
     arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    # Sorted by query: downstream builds take a shuffle-free path on basket-sorted pairs.
+    arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]
     return arr[:, 0], arr[:, 1]
 
 

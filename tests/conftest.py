@@ -1,0 +1,91 @@
+"""Shared fixtures: one local Ray for the session, tiny datasets, and the ToolLens location."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+TOOLLENS = Path(
+    os.environ.get("TOOLSCOUT_TOOLLENS", Path(__file__).resolve().parents[1] / "../shared/datasets/toollens")
+)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray (2 CPUs, 127.0.0.1, no dashboard) shared by every test that needs it."""
+    import ray
+
+    from workflows.ray_env import init_ray
+
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def toollens() -> Path:
+    """The ToolLens dataset, or a skip that says where it was looked for."""
+    if not (TOOLLENS / "corpus.jsonl").exists():
+        pytest.skip(f"ToolLens not found at {TOOLLENS.resolve()} (set TOOLSCOUT_TOOLLENS to its directory)")
+    return TOOLLENS
+
+
+TOOLS = {
+    "0": "category_name:Weather, tool_name:Sky, api_name:forecast, api_description:Weather forecast for a city, "
+    'required_params: [{"name": "city", "type": "STRING", "description": "city name"}], optional_params: [], '
+    'return_schema: {"temp": "float"}',
+    "1": "category_name:Travel, tool_name:Fly, api_name:search flights, api_description:Find flights between "
+    'airports, required_params: [{"name": "from", "type": "STRING", "description": ""}], optional_params: [], '
+    "return_schema: {}",
+    "2": "category_name:Travel, tool_name:Stay, api_name:hotel search, api_description:Find hotels in a city, "
+    "required_params: [], optional_params: [], return_schema: {}",
+    "3": "category_name:Food, tool_name:Chef, api_name:recipes, api_description:Recipes using an ingredient, "
+    "required_params: [], optional_params: [], return_schema: {}",
+}
+QUERIES = {
+    "q1": "what is the weather forecast in Paris",
+    "q2": "find flights to Rome and a hotel there",
+    "q3": "recipes with salmon",
+    "q4": "hotel in Berlin and the weather forecast",
+    "q5": "cheap flights from Oslo",
+    "q6": "dinner recipes using beef",
+    "q7": "weather forecast for Tokyo tomorrow",
+    "q8": "book a hotel near the airport",
+}
+TRAIN = [("q1", "0"), ("q2", "1"), ("q2", "2"), ("q3", "3"), ("q5", "1"), ("q6", "3")]
+TEST = [("q4", "2"), ("q4", "0"), ("q7", "0"), ("q8", "2")]
+
+
+def write_tiny_dataset(root: Path, bad_rows: bool = False) -> Path:
+    """A 4-tool BEIR dataset with scenes and no-tool queries; ``bad_rows`` adds rejectable lines."""
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    (root / "tooldet").mkdir(exist_ok=True)
+    corpus = [json.dumps({"_id": k, "title": "", "text": v, "metadata": {}}) for k, v in TOOLS.items()]
+    queries = [json.dumps({"_id": k, "text": v, "metadata": {}}) for k, v in QUERIES.items()]
+    train = [f"{q}\t{t}\t1" for q, t in TRAIN]
+    if bad_rows:
+        corpus += ['{"_id": "9", "text": ', json.dumps({"_id": "0", "text": "duplicate"})]
+        queries += [json.dumps({"_id": "q9"})]
+        train += ["q1\t99\t1", "q1\t0\tx"]
+    (root / "corpus.jsonl").write_text("\n".join(corpus) + "\n")
+    (root / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(train) + "\n")
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "\n".join(f"{q}\t{t}\t1" for q, t in TEST) + "\n"
+    )
+    scenes = {"s0": ["0"], "s1": ["1", "2"], "s2": ["3"], "s3": ["1"], "s4": ["0", "2"], "s5": ["2"]}
+    (root / "scene_tool.txt").write_text("".join(f"{s}\t{t}\n" for s, ts in scenes.items() for t in ts))
+    (root / "query_scene_train.txt").write_text("q1\ts0\nq2\ts1\nq3\ts2\nq5\ts3\nq6\ts2\n")
+    (root / "query_scene_test.txt").write_text("q4\ts4\nq7\ts0\nq8\ts5\n")
+    neg = ["hello there", "tell me a joke", "what is love?", "translate 'cat' to French"]
+    (root / "tooldet" / "neg_queries.jsonl").write_text("".join(json.dumps(n) + "\n" for n in neg))
+    return root
+
+
+@pytest.fixture
+def tiny_dataset(tmp_path: Path) -> Path:
+    """A clean tiny dataset directory."""
+    return write_tiny_dataset(tmp_path / "tiny")

@@ -1,0 +1,62 @@
+"""YAML configs, key=value overrides, and every shipped config."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from components.config import ConfigError, apply_overrides, load_config, load_yaml, merge
+from components.methods import REGISTRY
+
+SHIPPED = sorted(
+    p.name for p in (resources.files("workflows") / "configs").iterdir() if p.name.endswith(".yaml")
+)
+
+
+def test_overrides_reach_nested_keys_and_parse_values():
+    cfg = apply_overrides(
+        {"train": {"epochs": 1}}, ["train.epochs=3", "train.use_gpu=true", "x.y=[1, 2]", "s=a=b"]
+    )
+    assert cfg == {"train": {"epochs": 3, "use_gpu": True}, "x": {"y": [1, 2]}, "s": "a=b"}
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=3", "a.b=[1,"])
+def test_bad_overrides_are_errors(bad):
+    with pytest.raises(ConfigError, match="override"):
+        apply_overrides({}, [bad])
+
+
+def test_override_into_a_value_is_an_error():
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        apply_overrides({"a": 1}, ["a.b=2"])
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("a: 1\nb: [1, 2\nc: 3\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:\d+: invalid YAML"):
+        load_yaml(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_yaml(tmp_path / "missing.yaml")
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_yaml(path)
+
+
+def test_merge_is_deep_and_does_not_mutate():
+    base = {"a": {"b": 1, "c": 2}, "d": [1]}
+    out = merge(base, {"a": {"b": 5}, "d": [2]})
+    assert out == {"a": {"b": 5, "c": 2}, "d": [2]} and base["a"]["b"] == 1
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_loads_over_defaults(name):
+    root = resources.files("workflows") / "configs"
+    defaults = load_yaml(root / "default.yaml")
+    cfg = load_config(root / name, [], defaults)
+    for section in ("data", "splits", "preprocess", "method", "train", "evaluate", "bench"):
+        assert isinstance(cfg[section], dict), section
+    for name, entry in cfg["bench"]["methods"].items():
+        assert entry.get("method", name) in REGISTRY, name
+    assert cfg["method"]["name"] in REGISTRY

@@ -1,0 +1,78 @@
+"""The toolscout command line: the quickstart end to end, and clear errors with exit code 1."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from workflows.cli import app
+
+runner = CliRunner()
+
+
+def test_run_quickstart_end_to_end(ray_session, tmp_path):
+    work = tmp_path / "qs"
+    result = runner.invoke(app, ["run", f"run.workdir={work}", "run.n_queries=400", "run.n_neg=50"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((work / "results.json").read_text())
+    assert {r["split"] for r in report["results"]} == {"valid", "test"}
+    test_row = next(r for r in report["results"] if r["split"] == "test")
+    assert 0.0 < test_row["metrics"]["recall@3"] <= 1.0
+    assert (work / "results.md").exists() and (work / "results.png").stat().st_size > 0
+    assert (work / "prepared" / "manifest.json").exists()
+    assert (work / "models" / "bm25" / "config.json").exists()
+
+
+def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):
+    out = tmp_path / "bench" / "r.json"
+    result = runner.invoke(
+        app, ["bench", "--data", str(tiny_dataset), "--methods", "bm25,bm25_lucene", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    methods = {(r["method"], r["split"]) for r in report["results"]}
+    assert {("bm25", "valid"), ("bm25", "test"), ("bm25_lucene", "test")} <= methods
+    row = report["results"][0]
+    assert {"recall@3", "ndcg@3", "comp@3"} <= set(row["metrics"]) and "train_seconds" in row
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
+
+
+def test_train_then_evaluate(tiny_dataset, tmp_path):
+    models = tmp_path / "models"
+    result = runner.invoke(app, ["train", "--data", str(tiny_dataset), f"train.output={models}"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        app, ["evaluate", "--data", str(tiny_dataset), "--artifact", str(models / "bm25"), "--split", "test"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "| bm25 | test |" in result.output
+
+
+def test_missing_data_is_a_clear_error():
+    result = runner.invoke(app, ["preprocess"])
+    assert result.exit_code == 1
+    assert "data.path is not set: pass --data" in result.output
+
+
+def test_missing_split_is_a_clear_error(tiny_dataset):
+    result = runner.invoke(
+        app, ["evaluate", "--data", str(tiny_dataset), "--split", "nope", "--artifact", "x"]
+    )
+    assert result.exit_code == 1
+
+
+def test_bad_override_and_bad_config(tmp_path):
+    result = runner.invoke(app, ["preprocess", "--data", "x", "novalue"])
+    assert result.exit_code == 1 and "expected key=value" in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    result = runner.invoke(app, ["preprocess", "--config", str(bad)])
+    assert result.exit_code == 1 and "bad.yaml" in result.output and "invalid YAML" in result.output
+
+
+def test_unknown_method_is_a_clear_error(tiny_dataset, tmp_path):
+    result = runner.invoke(
+        app, ["train", "--data", str(tiny_dataset), "--method", "nope", f"train.output={tmp_path}"]
+    )
+    assert result.exit_code == 1 and "unknown method 'nope'" in result.output

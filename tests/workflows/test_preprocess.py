@@ -1,0 +1,103 @@
+"""The Ray Data preprocessing job equals the single-process loader and scipy graph builds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import write_tiny_dataset
+
+from components.data.graphs import IdMap, cooccurrence, incidence, load_sparse, qrels_pairs
+from components.data.loader import load_dataset
+from components.data.prepared import load_prepared, read_manifest
+from components.data.rejects import RejectLog, StrictModeError
+from components.data.splits import prepare_splits
+from workflows.preprocess import preprocess
+
+
+def run_job(data, out, **extra):
+    cfg = {"data": {"path": str(data), **extra}, "preprocess": {"output": str(out), "parallelism": 3}}
+    return preprocess(cfg)
+
+
+def test_prepared_dataset_equals_single_process_load(ray_session, tmp_path):
+    data = write_tiny_dataset(tmp_path / "d", bad_rows=True)
+    manifest = run_job(data, tmp_path / "out")
+    log = RejectLog()
+    expected = prepare_splits(load_dataset(str(data), log=log))
+    got = load_prepared(str(tmp_path / "out"))
+    assert got.corpus == expected.corpus
+    assert got.queries == expected.queries
+    assert got.qrels == expected.qrels
+    assert got.scene_tool == expected.scene_tool
+    assert got.query_scene == expected.query_scene
+    assert got.neg_queries == expected.neg_queries
+    assert got.neg_split == expected.neg_split
+    # The same rows are rejected, with the same file, line and reason, and written to rejects.jsonl.
+    written = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["file"], r["line"], r["reason"]) for r in written] == [
+        (r.file, r.line, r.reason) for r in log.sorted()
+    ]
+    assert manifest["rejects"]["total"] == len(log) == 5
+    assert manifest["inputs"]["corpus.jsonl"]["bytes"] == (data / "corpus.jsonl").stat().st_size
+
+
+def test_graphs_equal_scipy_builds(ray_session, tmp_path):
+    data = write_tiny_dataset(tmp_path / "d")
+    run_job(data, tmp_path / "out")
+    ds = prepare_splits(load_dataset(str(data)))
+    tools, train = IdMap.of(ds.corpus), ds.qrels["train"]
+    queries = IdMap.of(train)
+    q, t = qrels_pairs(train, queries, tools)
+    cooc, rows, cols = load_sparse(str(tmp_path / "out" / "graphs" / "cooccurrence"))
+    assert rows == cols == tools
+    np.testing.assert_array_equal(cooc.toarray(), cooccurrence(q, t, len(tools)).toarray())
+    qt, qrows, _ = load_sparse(str(tmp_path / "out" / "graphs" / "query_tool"))
+    assert qrows == queries
+    np.testing.assert_array_equal(qt.toarray(), incidence(q, t, (len(queries), len(tools))).toarray())
+    st, srows, _ = load_sparse(str(tmp_path / "out" / "graphs" / "scene_tool"))
+    si = srows.index()
+    pairs = np.array([(si[s], tools.index()[x]) for s, ts in ds.scene_tool.items() for x in ts])
+    np.testing.assert_array_equal(st.toarray(), incidence(pairs[:, 0], pairs[:, 1], st.shape).toarray())
+    qs, _, scols = load_sparse(str(tmp_path / "out" / "graphs" / "query_scene"))
+    assert qs.sum() == len(ds.query_scene["train"]) and scols == srows
+
+
+def test_strict_mode_fails_with_file_and_line(ray_session, tmp_path):
+    data = write_tiny_dataset(tmp_path / "d", bad_rows=True)
+    with pytest.raises(StrictModeError, match=r"corpus.jsonl:5: malformed JSON"):
+        run_job(data, tmp_path / "out", strict=True)
+
+
+def test_manifest_hashes_are_stable(ray_session, tmp_path):
+    data = write_tiny_dataset(tmp_path / "d")
+    run_job(data, tmp_path / "a")
+    run_job(data, tmp_path / "b")
+    a, b = read_manifest(str(tmp_path / "a")), read_manifest(str(tmp_path / "b"))
+    assert a["outputs"] == b["outputs"] and a["inputs"] == b["inputs"]
+    assert a["counts"]["train_queries"] + a["counts"]["valid_queries"] == 5
+
+
+def test_toollens_ingest_matches_loader(ray_session, toollens, tmp_path):
+    manifest = run_job(toollens, tmp_path / "out")
+    expected = prepare_splits(load_dataset(str(toollens)))
+    got = load_prepared(str(tmp_path / "out"))
+    assert got.qrels == expected.qrels and got.corpus == expected.corpus
+    assert manifest["counts"]["tools"] == 464
+    assert manifest["counts"]["test_queries"] == 1877
+    assert manifest["rejects"]["total"] == 0
+    assert manifest["notes"]["qrels/test.tsv: merged duplicate pairs"] == 23
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 16])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_ray_cooccurrence_exact_for_any_blocking(ray_session, blocks, shuffled):
+    from workflows.ray_graphs import pairs_dataset, ray_cooccurrence
+
+    rng = np.random.default_rng(blocks)
+    basket = np.repeat(np.arange(400), rng.integers(1, 5, 400))
+    tool = rng.integers(0, 30, len(basket))
+    order = rng.permutation(len(basket)) if shuffled else np.arange(len(basket))
+    built = ray_cooccurrence(pairs_dataset(basket[order], tool[order], blocks), 30, num_partitions=3)
+    np.testing.assert_array_equal(built.toarray(), cooccurrence(basket, tool, 30).toarray())
