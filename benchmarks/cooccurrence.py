@@ -135,9 +135,8 @@ def write_report_cooc(report: dict, out: str) -> None:
     lines = ["| input | method | pairs | seconds (median) | ratio |", "|---|---|---|---|---|"]
     for r in report["results"]:
         ratio = f"{r['metrics']['ratio']:.2f}" if "ratio" in r["metrics"] else "1.00"
-        lines.append(
-            f"| {r['split']} | {r['method']} | {r['config']['pairs']:,} | {r['metrics']['seconds']:.2f} | {ratio} |"
-        )
+        pairs, seconds = r["config"]["pairs"], r["metrics"]["seconds"]
+        lines.append(f"| {r['split']} | {r['method']} | {pairs:,} | {seconds:.2f} | {ratio} |")
     with open(os.path.splitext(out)[0] + ".md", "w") as f:
         f.write("# Co-occurrence build: Ray Data vs single process\n\n" + report["notes"] + "\n")
         f.write("\n".join(lines) + "\n")

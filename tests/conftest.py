@@ -34,13 +34,16 @@ def toollens() -> Path:
 
 
 TOOLS = {
-    "0": "category_name:Weather, tool_name:Sky, api_name:forecast, api_description:Weather forecast for a city, "
+    "0": "category_name:Weather, tool_name:Sky, api_name:forecast, "
+    "api_description:Weather forecast for a city, "
     'required_params: [{"name": "city", "type": "STRING", "description": "city name"}], optional_params: [], '
     'return_schema: {"temp": "float"}',
     "1": "category_name:Travel, tool_name:Fly, api_name:search flights, api_description:Find flights between "
-    'airports, required_params: [{"name": "from", "type": "STRING", "description": ""}], optional_params: [], '
+    'airports, required_params: [{"name": "from", "type": "STRING", "description": ""}], '
+    "optional_params: [], "
     "return_schema: {}",
-    "2": "category_name:Travel, tool_name:Stay, api_name:hotel search, api_description:Find hotels in a city, "
+    "2": "category_name:Travel, tool_name:Stay, api_name:hotel search, "
+    "api_description:Find hotels in a city, "
     "required_params: [], optional_params: [], return_schema: {}",
     "3": "category_name:Food, tool_name:Chef, api_name:recipes, api_description:Recipes using an ingredient, "
     "required_params: [], optional_params: [], return_schema: {}",

@@ -94,7 +94,9 @@ def write_tables(
     return summary
 
 
-def write_graphs(dataset: Dataset, out: str, parallelism: int) -> dict[str, dict]:
+def write_graphs(
+    dataset: Dataset, out: str, parallelism: int, storage_options: dict | None = None
+) -> dict[str, dict]:
     """Co-occurrence and bipartite graphs of the training split, built on Ray Data."""
     tools = IdMap.of(dataset.corpus)
     train = dataset.qrels.get(GRAPH_SPLIT, {})
@@ -113,13 +115,21 @@ def write_graphs(dataset: Dataset, out: str, parallelism: int) -> dict[str, dict
         graphs["query_scene"] = (ray_bipartite(qs, queries, scenes, parallelism), queries, scenes)
     summary = {}
     for name, (matrix, rows, cols) in graphs.items():
-        save_sparse(io.join(out, "graphs", name), matrix, rows, cols)
+        save_sparse(io.join(out, "graphs", name), matrix, rows, cols, storage_options)
         summary[name] = {
             "shape": list(matrix.shape),
             "nnz": int(matrix.nnz),
             "sum": float(np.asarray(matrix.sum())),
         }
     return summary
+
+
+def redact(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config for the manifest, with storage options (they may hold credentials) masked."""
+    data = dict(cfg.get("data", {}))
+    if data.get("storage_options"):
+        data["storage_options"] = {k: "***" for k in data["storage_options"]}
+    return {**cfg, "data": data}
 
 
 def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -149,19 +159,20 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     io.makedirs(out, opts)
     fs = arrow_filesystem(out, opts)
     outputs = write_tables(table_rows(dataset), out, fs)
-    graphs = write_graphs(dataset, out, int(pre.get("parallelism", 8)))
-    log.write(io.join(out, "rejects.jsonl"))
+    graphs = write_graphs(dataset, out, int(pre.get("parallelism", 8)), opts)
+    log.write(io.join(out, "rejects.jsonl"), opts)
     manifest = {
         "dataset": dataset.name,
         "source": root,
         "splits": sorted(dataset.qrels),
+        "neg_splits": sorted(dataset.neg_split),
         "counts": dataset.summary(),
         "rejects": {"total": len(log), "by_file": log.counts(), "by_reason": log.reason_counts()},
         "notes": dict(log.notes),
         "inputs": inputs,
         "outputs": outputs,
         "graphs": graphs,
-        "config": cfg,
+        "config": redact(cfg),
         "ray_version": ray.__version__,
         "seconds": {"ingest": parsed_at - started, "total": time.perf_counter() - started},
     }

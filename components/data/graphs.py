@@ -78,19 +78,21 @@ def qrels_pairs(
     return arr[:, 0], arr[:, 1]
 
 
-def save_sparse(path: str, matrix: sp.spmatrix, row_ids: IdMap, col_ids: IdMap) -> None:
+def save_sparse(
+    path: str, matrix: sp.spmatrix, row_ids: IdMap, col_ids: IdMap, storage_options: dict | None = None
+) -> None:
     """Save ``matrix`` as ``<path>.npz`` (scipy, no pickle) and its id maps as ``<path>.ids.json``."""
     if not io.is_remote(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with io.filesystem(path).open(path + ".npz", "wb") as f:
+    with io.filesystem(path, storage_options).open(path + ".npz", "wb") as f:
         sp.save_npz(f, sp.csr_matrix(matrix))
     ids = {"rows": list(row_ids.ids), "cols": list(col_ids.ids), "shape": list(matrix.shape)}
-    io.write_bytes(path + ".ids.json", json.dumps(ids).encode())
+    io.write_bytes(path + ".ids.json", json.dumps(ids).encode(), storage_options)
 
 
-def load_sparse(path: str) -> tuple[sp.csr_matrix, IdMap, IdMap]:
+def load_sparse(path: str, storage_options: dict | None = None) -> tuple[sp.csr_matrix, IdMap, IdMap]:
     """Inverse of :func:`save_sparse`."""
-    with io.filesystem(path).open(path + ".npz", "rb") as f:
+    with io.filesystem(path, storage_options).open(path + ".npz", "rb") as f:
         matrix = sp.load_npz(f).tocsr()
-    ids = json.loads(io.read_bytes(path + ".ids.json"))
+    ids = json.loads(io.read_bytes(path + ".ids.json", storage_options))
     return matrix, IdMap(tuple(ids["rows"])), IdMap(tuple(ids["cols"]))

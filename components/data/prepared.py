@@ -66,7 +66,7 @@ def load_prepared(path: str, storage_options: dict[str, Any] | None = None) -> D
         else:
             query_scene.setdefault(r["split"], {})[r["left"]] = r["right"]
     neg = sorted(read_table(path, "neg_queries", storage_options), key=lambda r: r["order"])
-    neg_split: dict[str, list[str]] = {}
+    neg_split: dict[str, list[str]] = {name: [] for name in manifest.get("neg_splits", [])}
     for r in neg:
         neg_split.setdefault(r["split"], []).append(r["text"])
     return Dataset(

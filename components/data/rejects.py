@@ -69,10 +69,10 @@ class RejectLog:
         """Rejects in file, line order (workers report them out of order)."""
         return sorted(self.rejects, key=lambda r: (r.file, r.line, r.reason))
 
-    def write(self, path: str) -> None:
+    def write(self, path: str, storage_options: dict | None = None) -> None:
         """Write the log as JSON lines: one ``{file, line, reason, content}`` per reject."""
         lines = [json.dumps(asdict(r), ensure_ascii=False) for r in self.sorted()]
-        io.write_bytes(path, ("\n".join(lines) + ("\n" if lines else "")).encode())
+        io.write_bytes(path, ("\n".join(lines) + ("\n" if lines else "")).encode(), storage_options)
 
     def check_strict(self, limit: int = 20) -> None:
         """Raise :class:`StrictModeError` listing the first ``limit`` rejects, if there are any."""

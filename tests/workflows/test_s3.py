@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def test_preprocess_s3_to_s3(ray_session, s3_endpoint, tmp_path):
     }
     manifest = preprocess(cfg)
     assert manifest["counts"]["tools"] == 4
+    assert "testing" not in json.dumps(manifest)  # credentials never reach the manifest
     got = load_prepared("s3://jobs/out", storage_options=opts)
     expected = prepare_splits(load_dataset(str(local)))
     assert got.qrels == expected.qrels and got.corpus == expected.corpus
