@@ -93,3 +93,23 @@ def parse_tool_text(tool_id: str, text: str) -> ToolRecord:
         optional_params=_parse_params(values.get("optional_params", "")),
         return_schema=values.get("return_schema", ""),
     )
+
+
+TOOL_FIELDS = ("category", "tool", "api", "description", "required_params", "optional_params")
+
+
+def tool_document(record: dict, fields: str | list[str] | tuple[str, ...] = "raw") -> str:
+    """The text a retriever reads for a tool: the raw document, or chosen parsed fields.
+
+    Parameter lists contribute their names and descriptions, not their JSON punctuation.
+    """
+    if fields == "raw":
+        return " ".join(p for p in (record.get("title", ""), record["text"]) if p)
+    tool = parse_tool_text(record["_id"], record["text"])
+    parts = []
+    for name in fields:
+        value = getattr(tool, name)
+        if name.endswith("_params"):
+            value = " ".join(f"{p.get('name', '')} {p.get('description', '')}".strip() for p in value)
+        parts.append(str(value))
+    return " ".join(p for p in parts if p)

@@ -6,9 +6,11 @@ from typing import Any
 
 from components.methods.base import Method, read_config
 from components.methods.bm25 import BM25Method
+from components.methods.dense import DenseMethod
 
 REGISTRY: dict[str, type] = {
     BM25Method.name: BM25Method,
+    DenseMethod.name: DenseMethod,
 }
 
 

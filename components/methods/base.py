@@ -26,6 +26,8 @@ class RunSpec:
     use_gpu: bool = False
     resources_per_worker: dict[str, float] = field(default_factory=dict)
     max_failures: int = 0
+    keep_checkpoints: int | None = None  # None keeps every epoch's checkpoint
+    local_dir: str = "runs/checkpoints"  # where checkpoints from remote storage are downloaded
     seed: int = 0
 
 

@@ -9,26 +9,10 @@ from typing import Any, ClassVar
 import bm25s
 import numpy as np
 
-from components.data.tooltext import parse_tool_text
+from components.data.tooltext import tool_document
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.methods.analyzers import PROFILES, Analyzer
 from components.methods.base import RunSpec, read_config, write_config
-
-TOOL_FIELDS = ("category", "tool", "api", "description", "required_params", "optional_params")
-
-
-def tool_document(record: dict, fields: str | list[str]) -> str:
-    """The text BM25 indexes for a tool: the raw document or the chosen parsed fields."""
-    if fields == "raw":
-        return " ".join(p for p in (record.get("title", ""), record["text"]) if p)
-    tool = parse_tool_text(record["_id"], record["text"])
-    parts = []
-    for name in fields:
-        value = getattr(tool, name)
-        if name.endswith("_params"):
-            value = " ".join(f"{p.get('name', '')} {p.get('description', '')}" for p in value)
-        parts.append(str(value))
-    return " ".join(p for p in parts if p)
 
 
 class BM25Method:

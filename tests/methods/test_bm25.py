@@ -9,8 +9,9 @@ from conftest import TOOLS
 
 from components import methods
 from components.data.loader import load_dataset
+from components.data.tooltext import tool_document
 from components.methods.analyzers import PROFILES, Analyzer
-from components.methods.bm25 import BM25Method, tool_document
+from components.methods.bm25 import BM25Method
 from components.metrics import evaluate_retrieval
 
 CORPUS = {k: {"_id": k, "title": "", "text": v, "metadata": {}} for k, v in TOOLS.items()}

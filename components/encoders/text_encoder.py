@@ -1,0 +1,146 @@
+"""A text encoder: a Hugging Face backbone plus pooling, loadable by hub name or local path.
+
+With ``name_or_path`` set, the backbone and its tokenizer come from ``from_pretrained`` (a hub
+name such as ``sentence-transformers/msmarco-distilbert-base-tas-b`` or a local directory).
+Without it, a WordPiece tokenizer is trained on the given texts and a small BERT is built from
+the spec's sizes, so everything works offline and is trained from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+
+from components.encoders.tokenizer import train_wordpiece
+
+ENCODER_CONFIG = "encoder.json"
+
+# Backbones the tool-retrieval papers used (COLT, MassTool, 2412.03573), with their pooling.
+PAPER_BACKBONES: dict[str, dict[str, str]] = {
+    "ance": {"name_or_path": "castorini/ance-msmarco-passage", "pooling": "cls"},
+    "tas-b": {"name_or_path": "sentence-transformers/msmarco-distilbert-base-tas-b", "pooling": "cls"},
+    "co-condenser": {"name_or_path": "Luyu/co-condenser-marco", "pooling": "cls"},
+    "contriever": {"name_or_path": "facebook/contriever-msmarco", "pooling": "mean"},
+}
+
+
+@dataclass
+class EncoderSpec:
+    """How to get an encoder. ``name_or_path`` wins; otherwise a small BERT of these sizes."""
+
+    name_or_path: str | None = None
+    pooling: str = "mean"  # "cls" | "mean"
+    max_length: int = 64
+    vocab_size: int = 8000
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+
+    def __post_init__(self) -> None:
+        if self.pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        if self.name_or_path in PAPER_BACKBONES:
+            preset = PAPER_BACKBONES[self.name_or_path]
+            self.name_or_path, self.pooling = preset["name_or_path"], preset["pooling"]
+
+
+class TextEncoder(nn.Module):
+    """Backbone + pooling; ``forward`` maps token ids to one vector per text."""
+
+    def __init__(self, backbone: nn.Module, tokenizer, pooling: str = "mean", max_length: int = 64) -> None:
+        super().__init__()
+        # Pooling happens here, so a backbone's own pooler would only be unused weights (and
+        # unused parameters make DDP fail); drop it.
+        if getattr(backbone, "pooler", None) is not None:
+            backbone.pooler = None
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.max_length = max_length
+
+    @property
+    def dim(self) -> int:
+        """Output vector size."""
+        return int(self.backbone.config.hidden_size)
+
+    @classmethod
+    def from_spec(cls, spec: EncoderSpec, texts: Iterable[str] = (), seed: int = 0) -> TextEncoder:
+        """Load a pretrained backbone, or train a tokenizer on ``texts`` and build a small BERT."""
+        if spec.name_or_path:
+            tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path)
+            return cls(AutoModel.from_pretrained(spec.name_or_path), tokenizer, spec.pooling, spec.max_length)
+        tokenizer = train_wordpiece(texts, vocab_size=spec.vocab_size)
+        config = BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_heads,
+            intermediate_size=spec.intermediate_size,
+            max_position_embeddings=max(512, spec.max_length),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        torch.manual_seed(seed)
+        return cls(BertModel(config, add_pooling_layer=False), tokenizer, spec.pooling, spec.max_length)
+
+    def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+        """Padded token ids and attention mask, truncated to ``max_length``."""
+        return self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=max_length or self.max_length,
+            return_tensors="pt",
+        )
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Pooled embeddings, shape ``(batch, dim)``."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+    @torch.no_grad()
+    def encode(self, texts: list[str], batch_size: int = 256, max_length: int | None = None) -> torch.Tensor:
+        """Embeddings of ``texts`` in eval mode, batched, on the encoder's device."""
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        out = []
+        for i in range(0, len(texts), batch_size):
+            batch = self.tokenize(texts[i : i + batch_size], max_length)
+            out.append(self(batch["input_ids"].to(device), batch["attention_mask"].to(device)))
+        self.train(was_training)
+        return torch.cat(out) if out else torch.empty(0, self.dim)
+
+    def save(self, path: str) -> None:
+        """HF layout (``config.json`` + ``model.safetensors`` + tokenizer files) plus pooling settings."""
+        os.makedirs(path, exist_ok=True)
+        self.backbone.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        with open(os.path.join(path, ENCODER_CONFIG), "w") as f:
+            json.dump({"pooling": self.pooling, "max_length": self.max_length}, f)
+
+    @classmethod
+    def load(cls, path: str) -> TextEncoder:
+        """Reload a saved encoder through ``from_pretrained`` (the same path a hub name takes)."""
+        with open(os.path.join(path, ENCODER_CONFIG)) as f:
+            extra = json.load(f)
+        return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), **extra)
+
+
+def spec_from(params: dict | None) -> EncoderSpec:
+    """An :class:`EncoderSpec` from a config mapping, naming unknown keys in the error."""
+    params = dict(params or {})
+    known = set(asdict(EncoderSpec()))
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"unknown encoder settings {unknown}; expected some of {sorted(known)}")
+    return EncoderSpec(**params)

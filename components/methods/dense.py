@@ -1,0 +1,300 @@
+"""Dense retrieval: a bi-encoder trained with in-batch negatives, plus an optional tool-ID head.
+
+The text tower follows the dense baselines of the tool-retrieval papers (COLT, CIKM 2024;
+MassTool, arXiv 2507.00487): queries and tool documents share an encoder, trained with the
+multiple-negatives ranking loss, with other relevant tools of a multi-tool query masked out of the
+negatives. The ID head (one learned vector per training tool) adds a classifier-style score;
+``mix`` weighs the two at retrieval time and is selected on valid. Unseen tools (cold start) have
+no ID vector and are scored by their text alone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import ray
+import torch
+
+from components.data.tooltext import TOOL_FIELDS, tool_document
+from components.data.types import Corpus, Dataset, Queries, Results
+from components.encoders import TextEncoder
+from components.encoders.text_encoder import spec_from
+from components.methods.base import RunSpec, read_config, write_config
+from components.methods.dense_model import BiEncoder, contrastive_loss
+from components.metrics import evaluate_retrieval
+
+
+@dataclass
+class DenseParams:
+    """Hyper-parameters of the dense method (the ``method.params`` config section)."""
+
+    encoder: dict[str, Any] = field(default_factory=dict)  # EncoderSpec fields or a hub name
+    id_head: bool = True
+    mix: float = 0.5  # retrieval score = (1 - mix) * text + mix * id
+    mix_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    temperature: float = 0.05
+    id_loss_weight: float = 1.0
+    epochs: int = 8
+    batch_size: int = 64
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    tool_fields: tuple[str, ...] = TOOL_FIELDS
+    tool_max_length: int = 96
+    select_metric: str = "ndcg@3"
+    progress: bool = False
+
+
+def tool_texts(corpus: Corpus, ids: list[str], fields: tuple[str, ...]) -> list[str]:
+    """The text tower's input for each tool id."""
+    return [tool_document(corpus[t], list(fields)) for t in ids]
+
+
+def score_matrix(
+    query: torch.Tensor, tools: torch.Tensor, ids: torch.Tensor | None, mix: float
+) -> torch.Tensor:
+    """``(1 - mix) * text + mix * id`` cosine scores; tools without an ID row use their text score.
+
+    Args:
+        query: ``(Q, d)`` normalised queries.
+        tools: ``(T, d)`` normalised tool-text embeddings.
+        ids: ``(T, d)`` normalised ID vectors aligned with ``tools`` (NaN rows for unseen tools).
+    """
+    text = query @ tools.T
+    if ids is None or mix == 0.0:
+        return text
+    by_id = torch.nan_to_num(query @ ids.T, nan=0.0)
+    seen = ~torch.isnan(ids[:, 0])
+    by_id = torch.where(seen.unsqueeze(0), by_id, text)
+    return (1.0 - mix) * text + mix * by_id
+
+
+def top_k(scores: torch.Tensor, qids: list[str], tool_ids: list[str], k: int) -> Results:
+    """Results dict from a score matrix."""
+    values, index = scores.topk(min(k, scores.shape[1]), dim=1)
+    return {
+        q: {tool_ids[j]: float(v) for v, j in zip(values[i].tolist(), index[i].tolist(), strict=True)}
+        for i, q in enumerate(qids)
+    }
+
+
+class DenseTask:
+    """The contrastive training stage, built in each Ray Train worker (see ``StageTask``)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.params = DenseParams(**config["params"])
+        data = config["dataset"]
+        self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
+        self.tool_ids: list[str] = list(self.data.corpus)
+        self.tool_index = {t: i for i, t in enumerate(self.tool_ids)}
+        self._tokens: dict[str, torch.Tensor] | None = None
+
+    def build_model(self) -> BiEncoder:
+        model = BiEncoder.load(self.config["init_dir"])
+        texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
+        # Tool documents are tokenized once; batches gather rows instead of re-tokenizing.
+        self._tokens = model.encoder.tokenize(texts, self.params.tool_max_length)
+        self._tokenizer = model.encoder.tokenizer
+        self._max_length = model.encoder.max_length
+        return model
+
+    def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        out = []
+        for qid, rel in self.data.qrels["train"].items():
+            relevant = tuple(self.tool_index[t] for t, s in rel.items() if s > 0)
+            out += [(self.data.queries[qid], pos, relevant) for pos in relevant]
+        return out
+
+    def collate(self, items: list[tuple[str, int, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+        assert self._tokens is not None, "build_model() runs before batches are made"
+        queries = self._tokenizer(
+            [q for q, _, _ in items],
+            padding=True,
+            truncation=True,
+            max_length=self._max_length,
+            return_tensors="pt",
+        )
+        positives = torch.tensor([p for _, p, _ in items])
+        unique, target = torch.unique(positives, return_inverse=True)
+        relevant = torch.zeros(len(items), len(self.tool_ids), dtype=torch.bool)
+        for i, (_, _, rel) in enumerate(items):
+            relevant[i, list(rel)] = True
+        tool_mask = self._tokens["attention_mask"][unique]
+        width = int(tool_mask.sum(1).max())
+        return {
+            "query_ids": queries["input_ids"],
+            "query_mask": queries["attention_mask"],
+            "tool_ids": self._tokens["input_ids"][unique, :width],
+            "tool_mask": tool_mask[:, :width],
+            "target": target,
+            "positive": positives,
+            "relevant_batch": relevant[:, unique],
+            "relevant_all": relevant,
+        }
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        p = self.params
+        query, tools, ids = model(
+            batch["query_ids"], batch["query_mask"], batch["tool_ids"], batch["tool_mask"]
+        )
+        loss = contrastive_loss(query, tools, batch["target"], batch["relevant_batch"], p.temperature)
+        if ids is not None:
+            loss = loss + p.id_loss_weight * contrastive_loss(
+                query, ids, batch["positive"], batch["relevant_all"], p.temperature
+            )
+        return loss
+
+    def validate(self, model: torch.nn.Module) -> dict[str, float]:
+        method = DenseMethod.from_model(model, self.params)
+        method.index(self.data.corpus)
+        out: dict[str, float] = {}
+        for mode, mix in method.variants().items():
+            method.mix = mix
+            metrics = evaluate_retrieval(
+                self.data.qrels["valid"], method.retrieve(self.data.split_queries("valid"), 10)
+            )
+            out |= {f"{mode}_{m}": metrics[m] for m in ("recall@3", "ndcg@3", "recall@5")}
+        # The score that ranks checkpoints: the best scoring mode on valid.
+        out[self.params.select_metric] = max(
+            v for k, v in out.items() if k.endswith(self.params.select_metric)
+        )
+        return out
+
+    def save_model(self, model: torch.nn.Module, path: str) -> None:
+        model.save(path)
+
+
+class DenseMethod:
+    """Bi-encoder dense retrieval with an optional tool-ID head (see module docstring)."""
+
+    name: ClassVar[str] = "dense"
+    stages: ClassVar[tuple[str, ...]] = ("contrastive",)
+
+    def __init__(self, **params: Any) -> None:
+        self.params = DenseParams(**params)
+        self.mix = self.params.mix if self.params.id_head else 0.0
+        self.model: BiEncoder | None = None
+        self.tool_ids: list[str] = []
+        self._tools: torch.Tensor | None = None
+        self._ids: torch.Tensor | None = None
+
+    @classmethod
+    def from_model(cls, model: BiEncoder, params: DenseParams) -> DenseMethod:
+        method = cls(**asdict(params))
+        method.model = model
+        return method
+
+    @classmethod
+    def stage_task(cls, stage: str, config: dict[str, Any]) -> DenseTask:
+        if stage != "contrastive":
+            raise ValueError(f"dense has stages {cls.stages}, not {stage!r}")
+        return DenseTask(config)
+
+    def config(self) -> dict[str, Any]:
+        return {**asdict(self.params), "mix": self.mix}
+
+    def variants(self) -> dict[str, float]:
+        """Scoring modes reported by ``bench``: text tower, ID head and their selected mix."""
+        if self.model is None or self.model.id_embeddings is None:
+            return {"text": 0.0}
+        return {"text": 0.0, "id": 1.0, "mixed": self.mix}
+
+    def initial_model(self, data: Dataset, path: str, seed: int) -> None:
+        """Train the tokenizer on tools + training queries, build the model, save it to ``path``."""
+        texts = tool_texts(data.corpus, list(data.corpus), self.params.tool_fields)
+        texts += [data.queries[q] for q in data.qrels["train"]]
+        encoder = TextEncoder.from_spec(spec_from(self.params.encoder), texts, seed=seed)
+        train_tools = sorted(
+            {t for rel in data.qrels["train"].values() for t in rel}, key=list(data.corpus).index
+        )
+        BiEncoder(encoder, train_tools if self.params.id_head else None).save(path)
+
+    def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
+        """Run the contrastive stage on Ray Train, keep the best checkpoint, select ``mix`` on valid."""
+        from components.training.runner import run_stage
+
+        init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
+        self.initial_model(data, init_dir, run.seed)
+        loop = {
+            **asdict(self.params),
+            "params": asdict(self.params),
+            "init_dir": init_dir,
+            "dataset": ray.put(data),
+        }
+        result = run_stage(self.name, stage, loop, run, score=f"valid_{self.params.select_metric}")
+        self.model = BiEncoder.load(result.model_dir)
+        self.select_mix(data)
+        return {**result.metrics, "mix": self.mix, "stage_seconds": result.seconds}
+
+    def select_mix(self, data: Dataset) -> None:
+        """Pick the text/ID mixing weight on valid (never test)."""
+        if self.model is None or self.model.id_embeddings is None:
+            self.mix = 0.0
+            return
+        self.index(data.corpus)
+        queries = data.split_queries("valid")
+        best = (-1.0, self.mix)
+        for mix in self.params.mix_grid:
+            self.mix = mix
+            value = evaluate_retrieval(data.qrels["valid"], self.retrieve(queries, 10))[
+                self.params.select_metric
+            ]
+            best = max(best, (value, mix))
+        self.mix = best[1]
+
+    def index(self, corpus: Corpus) -> None:
+        """Embed every tool's text; align the ID table (NaN rows for tools it has no vector for)."""
+        if self.model is None:
+            raise RuntimeError("dense: train (fit) or load a model before indexing")
+        self.tool_ids = list(corpus)
+        texts = tool_texts(corpus, self.tool_ids, self.params.tool_fields)
+        self._tools = self.model.embed_texts(texts, self.params.tool_max_length)
+        self.index_ids()
+
+    def retrieve(self, queries: Queries, k: int) -> Results:
+        if self.model is None or self._tools is None:
+            raise RuntimeError("dense: call index() before retrieve()")
+        qids = list(queries)
+        out: Results = {}
+        for i in range(0, len(qids), 1024):
+            chunk = qids[i : i + 1024]
+            q = self.model.embed_texts([queries[x] for x in chunk])
+            out |= top_k(score_matrix(q, self._tools, self._ids, self.mix), chunk, self.tool_ids, k)
+        return out
+
+    def save(self, path: str) -> None:
+        """``config.json`` + the bi-encoder (HF encoder, safetensors heads) + the tool index (.npy)."""
+        if self.model is None or self._tools is None:
+            raise RuntimeError("dense: nothing to save; fit/load and index first")
+        write_config(path, {"method": self.name, **self.config(), "tool_ids": self.tool_ids})
+        self.model.save(os.path.join(path, "model"))
+        np.save(os.path.join(path, "tool_embeddings.npy"), self._tools.numpy())
+
+    @classmethod
+    def load(cls, path: str) -> DenseMethod:
+        config = read_config(path)
+        tool_ids, mix = config.pop("tool_ids"), config.pop("mix")
+        config.pop("method")
+        config = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+        method = cls(**config)
+        method.model = BiEncoder.load(os.path.join(path, "model"))
+        method.mix = mix
+        method.tool_ids = tool_ids
+        method._tools = torch.from_numpy(np.load(os.path.join(path, "tool_embeddings.npy")))
+        method.index_ids()
+        return method
+
+    def index_ids(self) -> None:
+        """Re-align the ID table to ``tool_ids`` (after load, without re-embedding tool texts)."""
+        assert self.model is not None and self._tools is not None
+        self._ids = None
+        if self.model.id_embeddings is not None:
+            table = torch.nn.functional.normalize(self.model.id_embeddings.weight.detach(), dim=-1)
+            row = {t: i for i, t in enumerate(self.model.id_tool_ids)}
+            self._ids = torch.full_like(self._tools, float("nan"))
+            for j, t in enumerate(self.tool_ids):
+                if t in row:
+                    self._ids[j] = table[row[t]]

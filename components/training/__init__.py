@@ -1,0 +1,1 @@
+"""Generic staged training on Ray Train: one ``TorchTrainer`` run per method stage."""

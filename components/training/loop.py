@@ -1,0 +1,126 @@
+"""The one training loop every method stage runs in, inside Ray Train workers.
+
+Per epoch: shuffle (seeded by epoch, so a resumed run sees the same order), train, validate,
+then report the metrics and a checkpoint (model weights and optimizer state in safetensors,
+trainer state in JSON). On start it resumes from ``ray.train.get_checkpoint()`` when Ray hands
+one over (a retry after a worker failure, or a restarted run with the same name and storage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+from safetensors.torch import load_model, save_model
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from components.training.state import load_optimizer, load_trainer_state, save_optimizer, save_trainer_state
+from components.training.task import StageTask
+
+MODEL_STATE = "model_state.safetensors"
+STAGE_OUTPUT = "model"  # sub-directory of each checkpoint holding the task's reloadable model
+
+
+def make_task(config: dict[str, Any]) -> StageTask:
+    """Build the stage task named by ``config["method"]`` / ``config["stage"]`` (in the worker)."""
+    from components.methods import REGISTRY
+
+    return REGISTRY[config["method"]].stage_task(config["stage"], config)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP wrapper."""
+    return model.module if hasattr(model, "module") else model
+
+
+def _chaos(config: dict[str, Any], epoch: int) -> None:
+    """Kill this worker process once at a chosen epoch (fault-tolerance tests and drills)."""
+    chaos = config.get("chaos") or {}
+    if chaos.get("kill_at_epoch") == epoch and not os.path.exists(chaos["marker"]):
+        with open(chaos["marker"], "w") as f:
+            f.write(str(os.getpid()))
+        os._exit(1)
+
+
+def _log_report(config: dict[str, Any], record: dict[str, Any]) -> None:
+    """Append a reported epoch to ``config["report_log"]`` (rank 0), to audit resumes."""
+    if config.get("report_log"):
+        with open(config["report_log"], "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: StageTask,
+                     epoch: int, history: list[dict]) -> None:  # fmt: skip
+    save_model(model, os.path.join(path, MODEL_STATE))
+    save_optimizer(optimizer, path)
+    save_trainer_state(path, epoch, history)
+    task.save_model(model, os.path.join(path, STAGE_OUTPUT))
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train entry point; ``config`` carries the method, stage, hyper-parameters and data."""
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.manual_seed(int(config.get("seed", 0)))
+    task = make_task(config)
+    model = task.build_model()
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=float(config["lr"]), weight_decay=float(config.get("weight_decay", 0.0))
+    )
+    start, history = 0, []
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as path:
+            load_model(model, os.path.join(path, MODEL_STATE))
+            load_optimizer(optimizer, path)
+            state = load_trainer_state(path)
+        start, history = state["epoch"] + 1, state["history"]
+    model = ray.train.torch.prepare_model(model)
+    generator = torch.Generator()
+    # The global batch stays the same whatever the number of workers.
+    loader = DataLoader(
+        task.train_data(),
+        batch_size=max(1, int(config["batch_size"]) // world),
+        shuffle=True,
+        drop_last=True,
+        collate_fn=task.collate,
+        generator=generator,
+    )
+    loader = ray.train.torch.prepare_data_loader(loader)
+    for epoch in range(start, int(config["epochs"])):
+        generator.manual_seed(int(config.get("seed", 0)) * 1000 + epoch)
+        if world > 1:
+            loader.sampler.set_epoch(epoch)
+        _chaos(config, epoch)
+        started = time.perf_counter()
+        model.train()
+        losses = []
+        bar = tqdm(
+            loader, desc=f"{config['stage']} epoch {epoch}", disable=rank != 0 or not config.get("progress")
+        )
+        for batch in bar:
+            loss = task.loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.get("max_grad_norm", 1.0)))
+            optimizer.step()
+            losses.append(loss.item())
+        model.eval()
+        metrics = {f"valid_{k}": float(v) for k, v in task.validate(unwrap(model)).items()}
+        metrics |= {"epoch": epoch, "train_loss": sum(losses) / max(len(losses), 1),
+                    "epoch_seconds": time.perf_counter() - started}  # fmt: skip
+        history.append(metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = None
+            if rank == 0:
+                _save_checkpoint(tmp, unwrap(model), optimizer, task, epoch, history)
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+                _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
+            ray.train.report(metrics, checkpoint=ckpt)

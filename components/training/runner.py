@@ -1,0 +1,96 @@
+"""Run one method stage as one Ray Train ``TorchTrainer`` run and return its best checkpoint.
+
+Scaling (workers, GPUs, resources per worker), failure handling and checkpoint selection come
+from the ``train`` section of the config (:class:`components.methods.base.RunSpec`). A run
+started again with the same name and storage path resumes from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from components.data import io
+from components.methods.base import RunSpec
+from components.training.loop import STAGE_OUTPUT, train_loop_per_worker
+from components.training.state import load_trainer_state
+
+
+@dataclass
+class StageResult:
+    """What a stage run produced."""
+
+    checkpoint_dir: str  # local directory of the best checkpoint
+    model_dir: str  # the task's reloadable model inside it
+    metrics: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _storage_filesystem(path: str):
+    if not io.is_remote(path):
+        return None
+    import pyarrow.fs as pafs
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(io.filesystem(path)))
+
+
+def run_stage(
+    method: str, stage: str, loop_config: dict[str, Any], run: RunSpec, score: str = "valid_ndcg@3"
+) -> StageResult:
+    """Train one stage with ``TorchTrainer``; the best checkpoint is chosen by ``score`` (max).
+
+    Args:
+        method: Registry name of the method (its ``stage_task`` builds the worker-side task).
+        stage: Stage name.
+        loop_config: Hyper-parameters and data references for :func:`train_loop_per_worker`.
+        run: Scaling, storage and failure settings.
+        score: Reported metric that ranks checkpoints.
+    """
+    started = time.perf_counter()
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={**loop_config, "method": method, "stage": stage, "seed": run.seed},
+        torch_config=TorchConfig(backend="nccl" if run.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=run.num_workers,
+            use_gpu=run.use_gpu,
+            resources_per_worker=run.resources_per_worker or None,
+        ),
+        run_config=RunConfig(
+            name=f"{run.name}-{stage}",
+            storage_path=run.storage_path,
+            storage_filesystem=_storage_filesystem(run.storage_path),
+            failure_config=FailureConfig(max_failures=run.max_failures),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=run.keep_checkpoints,
+                checkpoint_score_attribute=score,
+                checkpoint_score_order="max",
+            ),
+        ),
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    best, metrics = max(result.best_checkpoints, key=lambda cm: cm[1][score])
+    local = best.path
+    if io.is_remote(run.storage_path):
+        local = best.to_directory(
+            os.path.join(run.local_dir, f"{run.name}-{stage}", os.path.basename(best.path))
+        )
+    history = load_trainer_state(local)["history"]
+    latest = result.checkpoint
+    if latest is not None and latest.path != best.path and not io.is_remote(run.storage_path):
+        history = load_trainer_state(latest.path)["history"]
+    return StageResult(
+        checkpoint_dir=local,
+        model_dir=os.path.join(local, STAGE_OUTPUT),
+        metrics=dict(metrics),
+        history=history,
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,59 @@
+"""Checkpoint files without pickle: model weights and optimizer state as safetensors + JSON.
+
+``torch.save`` would pickle the optimizer state; instead its tensors go to safetensors under
+flat names and everything else (step counts, hyper-parameters) to JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_META = "optimizer.json"
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Write an optimizer's state dict as ``optimizer.safetensors`` + ``optimizer.json``."""
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, values in state["state"].items():
+        for key, value in values.items():
+            if torch.is_tensor(value):
+                tensors[f"{pid}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    save_file(tensors, os.path.join(path, OPTIMIZER_TENSORS))
+    with open(os.path.join(path, OPTIMIZER_META), "w") as f:
+        json.dump({"param_groups": state["param_groups"], "scalars": scalars}, f)
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Restore what :func:`save_optimizer` wrote into ``optimizer``."""
+    with open(os.path.join(path, OPTIMIZER_META)) as f:
+        meta = json.load(f)
+    state: dict[int, dict[str, Any]] = {}
+    for name, tensor in load_file(os.path.join(path, OPTIMIZER_TENSORS)).items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = tensor
+    for pid, values in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(values)
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_trainer_state(path: str, epoch: int, history: list[dict[str, float]]) -> None:
+    """The epoch just finished and the metrics of every epoch so far."""
+    with open(os.path.join(path, TRAINER_STATE), "w") as f:
+        json.dump({"epoch": epoch, "history": history}, f, indent=1)
+
+
+def load_trainer_state(path: str) -> dict[str, Any]:
+    """Inverse of :func:`save_trainer_state`."""
+    with open(os.path.join(path, TRAINER_STATE)) as f:
+        return json.load(f)
