@@ -92,3 +92,18 @@ def write_tiny_dataset(root: Path, bad_rows: bool = False) -> Path:
 def tiny_dataset(tmp_path: Path) -> Path:
     """A clean tiny dataset directory."""
     return write_tiny_dataset(tmp_path / "tiny")
+
+
+TINY_ENCODER = {"vocab_size": 400, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
+                "max_length": 24}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def small_quickstart(tmp_path_factory):
+    """A 300-query generated dataset with train / valid / test splits (loaded in-process)."""
+    from components.data import open_dataset
+    from components.data.quickstart import generate_quickstart
+
+    root = tmp_path_factory.mktemp("qs") / "data"
+    generate_quickstart(str(root), seed=3, n_queries=300, n_neg=20)
+    return open_dataset(str(root))

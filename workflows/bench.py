@@ -37,21 +37,37 @@ def bench_entry(
     """Select one method entry's settings on valid; return its valid and test rows."""
     method_name = entry.get("method", name)
     metric = cfg["bench"].get("select_metric", "ndcg@3")
-    best: tuple[float, dict, Any, dict, dict] | None = None
+    best: tuple[float, Any, dict] | None = None
     for combo in tqdm(expand_grid(entry.get("grid")), desc=f"{name}: select on valid", leave=False):
         params = merge(entry.get("params") or {}, combo)
         method = methods.build(method_name, params)
         trained = fit_method(method, dataset, run_spec(cfg, f"{dataset.name}-{name}"))
         valid = score(method, dataset, "valid")
         if best is None or valid[metric] > best[0]:
-            best = (valid[metric], params, method, trained, valid)
+            best = (valid[metric], method, trained)
     assert best is not None
-    _, params, method, trained, valid = best
-    rows = [{"method": name, "config": method.config(), "split": "valid", "metrics": valid}]
-    for split in TEST_SPLITS:
-        if dataset.qrels.get(split):
-            metrics = score(method, dataset, split)
-            rows.append({"method": name, "config": method.config(), "split": split, "metrics": metrics})
+    _, method, trained = best
+    rows = []
+    # A method with several scoring modes (dense: text tower, ID head, their mix) gets a row each.
+    variants = method.variants() if hasattr(method, "variants") else {"": None}
+    for mode, mix in variants.items():
+        label = f"{name}_{mode}" if mode else name
+        if mix is not None:
+            method.mix = mix
+        config = method.config()
+        rows.append(
+            {"method": label, "config": config, "split": "valid", "metrics": score(method, dataset, "valid")}
+        )
+        for split in TEST_SPLITS:
+            if split in dataset.qrels and dataset.qrels[split]:
+                rows.append(
+                    {
+                        "method": label,
+                        "config": config,
+                        "split": split,
+                        "metrics": score(method, dataset, split),
+                    }
+                )
     for row in rows:
         row["train_seconds"] = trained["train_seconds"]
         row["eval_seconds"] = row["metrics"].pop("eval_seconds")

@@ -99,6 +99,9 @@ class DenseTask:
         self._tokens = model.encoder.tokenize(texts, self.params.tool_max_length)
         self._tokenizer = model.encoder.tokenizer
         self._max_length = model.encoder.max_length
+        # Corpus index -> row of the ID table (training tools only); -1 for tools without a row.
+        row = {t: i for i, t in enumerate(model.id_tool_ids)}
+        self._id_row = torch.tensor([row.get(t, -1) for t in self.tool_ids])
         return model
 
     def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -122,6 +125,9 @@ class DenseTask:
         relevant = torch.zeros(len(items), len(self.tool_ids), dtype=torch.bool)
         for i, (_, _, rel) in enumerate(items):
             relevant[i, list(rel)] = True
+        seen = self._id_row >= 0
+        relevant_id = torch.zeros(len(items), int(seen.sum()), dtype=torch.bool)
+        relevant_id[:, self._id_row[seen]] = relevant[:, seen]
         tool_mask = self._tokens["attention_mask"][unique]
         width = int(tool_mask.sum(1).max())
         return {
@@ -130,9 +136,9 @@ class DenseTask:
             "tool_ids": self._tokens["input_ids"][unique, :width],
             "tool_mask": tool_mask[:, :width],
             "target": target,
-            "positive": positives,
+            "id_target": self._id_row[positives],
             "relevant_batch": relevant[:, unique],
-            "relevant_all": relevant,
+            "relevant_id": relevant_id,
         }
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -143,7 +149,7 @@ class DenseTask:
         loss = contrastive_loss(query, tools, batch["target"], batch["relevant_batch"], p.temperature)
         if ids is not None:
             loss = loss + p.id_loss_weight * contrastive_loss(
-                query, ids, batch["positive"], batch["relevant_all"], p.temperature
+                query, ids, batch["id_target"], batch["relevant_id"], p.temperature
             )
         return loss
 

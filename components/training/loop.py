@@ -21,11 +21,10 @@ from safetensors.torch import load_model, save_model
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from components.training import checkpoints
+from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT
 from components.training.state import load_optimizer, load_trainer_state, save_optimizer, save_trainer_state
 from components.training.task import StageTask
-
-MODEL_STATE = "model_state.safetensors"
-STAGE_OUTPUT = "model"  # sub-directory of each checkpoint holding the task's reloadable model
 
 
 def make_task(config: dict[str, Any]) -> StageTask:
@@ -56,6 +55,21 @@ def _log_report(config: dict[str, Any], record: dict[str, Any]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
+    """The newest checkpoint to resume from: Ray's, or a newer one found persisted in storage."""
+    given = ray.train.get_checkpoint()
+    if not config.get("storage_path"):
+        return given
+    found = checkpoints.latest(config["storage_path"], config["run_name"])
+    if found is None:
+        return given
+    if given is not None:
+        with given.as_directory() as path:
+            if load_trainer_state(path)["epoch"] >= found[1]["epoch"]:
+                return given
+    return ray.train.Checkpoint(found[0])
+
+
 def _save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: StageTask,
                      epoch: int, history: list[dict]) -> None:  # fmt: skip
     save_model(model, os.path.join(path, MODEL_STATE))
@@ -75,7 +89,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         model.parameters(), lr=float(config["lr"]), weight_decay=float(config.get("weight_decay", 0.0))
     )
     start, history = 0, []
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = resume_checkpoint(config)
     if checkpoint is not None:
         with checkpoint.as_directory() as path:
             load_model(model, os.path.join(path, MODEL_STATE))

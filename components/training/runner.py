@@ -17,8 +17,9 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from components.data import io
 from components.methods.base import RunSpec
-from components.training.loop import STAGE_OUTPUT, train_loop_per_worker
-from components.training.state import load_trainer_state
+from components.training import checkpoints
+from components.training.checkpoints import STAGE_OUTPUT
+from components.training.loop import train_loop_per_worker
 
 
 @dataclass
@@ -53,9 +54,17 @@ def run_stage(
         score: Reported metric that ranks checkpoints.
     """
     started = time.perf_counter()
+    name = f"{run.name}-{stage}"
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={**loop_config, "method": method, "stage": stage, "seed": run.seed},
+        train_loop_config={
+            **loop_config,
+            "method": method,
+            "stage": stage,
+            "seed": run.seed,
+            "storage_path": run.storage_path,
+            "run_name": name,
+        },
         torch_config=TorchConfig(backend="nccl" if run.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=run.num_workers,
@@ -63,7 +72,7 @@ def run_stage(
             resources_per_worker=run.resources_per_worker or None,
         ),
         run_config=RunConfig(
-            name=f"{run.name}-{stage}",
+            name=name,
             storage_path=run.storage_path,
             storage_filesystem=_storage_filesystem(run.storage_path),
             failure_config=FailureConfig(max_failures=run.max_failures),
@@ -77,16 +86,15 @@ def run_stage(
     result = trainer.fit()
     if result.error is not None:
         raise result.error
-    best, metrics = max(result.best_checkpoints, key=lambda cm: cm[1][score])
-    local = best.path
+    # Choose from what is persisted, not only from what the controller registered (see checkpoints).
+    best_path, best_state = checkpoints.best(run.storage_path, name, score)
+    local = best_path
     if io.is_remote(run.storage_path):
-        local = best.to_directory(
-            os.path.join(run.local_dir, f"{run.name}-{stage}", os.path.basename(best.path))
-        )
-    history = load_trainer_state(local)["history"]
-    latest = result.checkpoint
-    if latest is not None and latest.path != best.path and not io.is_remote(run.storage_path):
-        history = load_trainer_state(latest.path)["history"]
+        local = os.path.join(run.local_dir, name, os.path.basename(best_path.rstrip("/")))
+        io.filesystem(best_path).get(best_path, local, recursive=True)
+    final = checkpoints.latest(run.storage_path, name)
+    history = final[1]["history"] if final else best_state["history"]
+    metrics = best_state["history"][-1]
     return StageResult(
         checkpoint_dir=local,
         model_dir=os.path.join(local, STAGE_OUTPUT),

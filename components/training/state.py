@@ -44,7 +44,10 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
         state.setdefault(int(pid), {})[key] = tensor
     for pid, values in meta["scalars"].items():
         state.setdefault(int(pid), {}).update(values)
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    # JSON turned tuples (Adam's betas) into lists; "params" is the one list that must stay a list.
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+              for g in meta["param_groups"]]  # fmt: skip
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 def save_trainer_state(path: str, epoch: int, history: list[dict[str, float]]) -> None:

@@ -1,0 +1,60 @@
+"""Find a run's persisted checkpoints in its storage (local or s3://), independent of Ray's records.
+
+Ray Train registers a checkpoint when its controller next polls the worker that reported it. A
+worker that dies right after ``ray.train.report`` leaves its checkpoint uploaded but unregistered,
+so ``ray.train.get_checkpoint()`` hands back the one before, and that epoch would run twice. The
+loop and the runner therefore also look at what is actually in storage, trusting a checkpoint
+only when every file the loop writes is present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from components.data import io
+from components.training.state import OPTIMIZER_META, OPTIMIZER_TENSORS, TRAINER_STATE
+
+MODEL_STATE = "model_state.safetensors"
+STAGE_OUTPUT = "model"  # sub-directory of each checkpoint holding the task's reloadable model
+REQUIRED = (MODEL_STATE, OPTIMIZER_META, OPTIMIZER_TENSORS, TRAINER_STATE, STAGE_OUTPUT)
+
+
+def run_dir(storage_path: str, run_name: str) -> str:
+    """Where Ray Train keeps a run's checkpoints."""
+    return io.join(storage_path, run_name)
+
+
+def persisted(storage_path: str, run_name: str) -> list[tuple[str, dict]]:
+    """``(checkpoint dir, trainer state)`` of every complete checkpoint of a run, oldest epoch first."""
+    root = run_dir(storage_path, run_name)
+    fs = io.filesystem(root)
+    if not fs.exists(root):
+        return []
+    found = []
+    for path in fs.ls(root, detail=False):
+        if not os.path.basename(path.rstrip("/")).startswith("checkpoint_"):
+            continue
+        names = {os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
+        if not set(REQUIRED) <= names:
+            continue
+        with fs.open(f"{path.rstrip('/')}/{TRAINER_STATE}") as f:
+            state = json.load(f)
+        found.append(
+            (path if not io.is_remote(storage_path) else f"{storage_path.split('://')[0]}://{path}", state)
+        )
+    return sorted(found, key=lambda item: item[1]["epoch"])
+
+
+def latest(storage_path: str, run_name: str) -> tuple[str, dict] | None:
+    """The persisted checkpoint with the highest epoch, or None."""
+    found = persisted(storage_path, run_name)
+    return found[-1] if found else None
+
+
+def best(storage_path: str, run_name: str, score: str) -> tuple[str, dict]:
+    """The persisted checkpoint whose own epoch scored highest on ``score``."""
+    found = persisted(storage_path, run_name)
+    if not found:
+        raise FileNotFoundError(f"{run_dir(storage_path, run_name)}: no complete checkpoint found")
+    return max(found, key=lambda item: (item[1]["history"][-1][score], -item[1]["epoch"]))

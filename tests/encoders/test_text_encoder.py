@@ -1,0 +1,73 @@
+"""Tokenizer training, the small-BERT encoder, pooling, and reloading through from_pretrained."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from components.encoders import EncoderSpec, TextEncoder, train_wordpiece
+from components.encoders.text_encoder import PAPER_BACKBONES, spec_from
+
+TEXTS = [
+    "get the weather forecast for a city",
+    "search flights between two airports",
+    "find hotels near the airport",
+    "recipes using an ingredient like salmon",
+] * 5
+TINY = EncoderSpec(
+    vocab_size=200, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=16
+)
+
+
+def test_wordpiece_learns_corpus_words_and_reloads(tmp_path):
+    tok = train_wordpiece(TEXTS, vocab_size=200, min_frequency=1)
+    assert "forecast" in tok.get_vocab()
+    assert tok.tokenize("Weather FORECAST") == ["weather", "forecast"]
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again("weather forecast")["input_ids"] == tok("weather forecast")["input_ids"]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_encoder_shapes_and_padding_invariance(pooling):
+    enc = TextEncoder.from_spec(EncoderSpec(**{**TINY.__dict__, "pooling": pooling}), TEXTS)
+    alone = enc.encode(["find hotels"])
+    padded = enc.encode(["find hotels", "search flights between two airports near the city"])
+    assert alone.shape == (1, 32) and padded.shape == (2, 32)
+    torch.testing.assert_close(alone[0], padded[0], atol=1e-5, rtol=1e-4)
+
+
+def test_save_load_round_trip_uses_safetensors(tmp_path):
+    enc = TextEncoder.from_spec(TINY, TEXTS)
+    enc.save(str(tmp_path / "enc"))
+    files = os.listdir(tmp_path / "enc")
+    assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    again = TextEncoder.load(str(tmp_path / "enc"))
+    torch.testing.assert_close(enc.encode(TEXTS[:4]), again.encode(TEXTS[:4]))
+    assert again.pooling == enc.pooling and again.max_length == enc.max_length
+
+
+def test_name_or_path_loads_any_hf_checkpoint(tmp_path):
+    tok = train_wordpiece(TEXTS, vocab_size=200, min_frequency=1)
+    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=48))  # fmt: skip
+    model.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    enc = TextEncoder.from_spec(EncoderSpec(name_or_path=str(tmp_path / "hf"), pooling="cls"))
+    assert enc.dim == 24 and enc.encode(["weather"]).shape == (1, 24)
+
+
+def test_paper_backbones_resolve_to_hub_names_and_pooling():
+    spec = EncoderSpec(name_or_path="tas-b")
+    assert spec.name_or_path == PAPER_BACKBONES["tas-b"]["name_or_path"] and spec.pooling == "cls"
+    assert EncoderSpec(name_or_path="contriever").pooling == "mean"
+
+
+def test_bad_specs_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown encoder settings"):
+        spec_from({"hiden_size": 3})
+    with pytest.raises(ValueError, match="pooling"):
+        EncoderSpec(pooling="max")

@@ -1,0 +1,87 @@
+"""Dense retrieval: loss masking, score mixing, training beats no training, save/load, cold start."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import TINY_ENCODER
+
+from components.methods import load
+from components.methods.base import RunSpec
+from components.methods.dense import DenseMethod, score_matrix
+from components.methods.dense_model import BiEncoder, contrastive_loss
+from components.metrics import evaluate_retrieval
+
+
+def test_false_negatives_are_masked_out_of_the_loss():
+    torch.manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(2, 8), dim=-1)
+    keys = torch.nn.functional.normalize(torch.randn(3, 8), dim=-1)
+    target = torch.tensor([0, 1])
+    # Query 0 needs keys 0 and 2: key 2 is no negative for it. Query 1 needs key 1 only.
+    relevant = torch.tensor([[True, False, True], [False, True, False]])
+    logits = q @ keys.T / 0.1
+    expected_0 = -torch.log_softmax(logits[0, [0, 1]], dim=0)[0]
+    expected_1 = -torch.log_softmax(logits[1], dim=0)[1]
+    got = contrastive_loss(q, keys, target, relevant, 0.1)
+    torch.testing.assert_close(got, (expected_0 + expected_1) / 2)
+
+
+def test_mixing_uses_text_score_for_tools_without_an_id_vector():
+    q = torch.nn.functional.normalize(torch.randn(3, 4), dim=-1)
+    tools = torch.nn.functional.normalize(torch.randn(5, 4), dim=-1)
+    ids = torch.nn.functional.normalize(torch.randn(5, 4), dim=-1)
+    ids[4] = float("nan")  # tool 4 was never trained: no ID vector
+    mixed = score_matrix(q, tools, ids, 0.3)
+    text, by_id = q @ tools.T, q @ ids[:4].T
+    torch.testing.assert_close(mixed[:, :4], 0.7 * text[:, :4] + 0.3 * by_id)
+    torch.testing.assert_close(mixed[:, 4], text[:, 4])
+    torch.testing.assert_close(score_matrix(q, tools, ids, 0.0), text)
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, small_quickstart, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dense")
+    method = DenseMethod(encoder=TINY_ENCODER, epochs=4, batch_size=32, lr=3e-3)
+    run = RunSpec(name="dense-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    report = method.fit("contrastive", small_quickstart, run)
+    method.index(small_quickstart.corpus)
+    return method, report, root
+
+
+def test_trained_model_beats_untrained(trained, small_quickstart):
+    method, report, root = trained
+    untrained = DenseMethod.from_model(BiEncoder.load(str(root / "local" / "dense-test-init")), method.params)
+    untrained.index(small_quickstart.corpus)
+    queries = small_quickstart.split_queries("test")
+    before = evaluate_retrieval(small_quickstart.qrels["test"], untrained.retrieve(queries, 10))
+    after = evaluate_retrieval(small_quickstart.qrels["test"], method.retrieve(queries, 10))
+    assert after["ndcg@3"] > before["ndcg@3"] + 0.2
+    assert report["valid_ndcg@3"] > 0.3 and 0.0 <= report["mix"] <= 1.0
+
+
+def test_save_load_round_trip(trained, small_quickstart, tmp_path):
+    method, _, _ = trained
+    method.save(str(tmp_path / "a"))
+    files = [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert not any(f.endswith((".pt", ".pkl", ".bin")) for f in files)
+    loaded = load(str(tmp_path / "a"))
+    queries = dict(list(small_quickstart.split_queries("test").items())[:20])
+    a, b = method.retrieve(queries, 5), loaded.retrieve(queries, 5)
+    assert {q: list(r) for q, r in a.items()} == {q: list(r) for q, r in b.items()}
+
+
+def test_new_tool_is_scored_through_its_text(trained, small_quickstart):
+    method, _, _ = trained
+    qid = next(iter(small_quickstart.qrels["test"]))
+    twin = next(iter(small_quickstart.qrels["test"][qid]))
+    corpus = {**small_quickstart.corpus, "new-tool": {**small_quickstart.corpus[twin], "_id": "new-tool"}}
+    method.index(corpus)  # a tool added after training: no ID vector, same text as ``twin``
+    assert torch.isnan(method._ids[list(corpus).index("new-tool"), 0])
+    method.mix = 0.0
+    scores = method.retrieve({qid: small_quickstart.queries[qid]}, len(corpus))[qid]
+    assert scores["new-tool"] == pytest.approx(scores[twin], abs=1e-5)
+    method.index(small_quickstart.corpus)
+    method.mix = method.params.mix
