@@ -94,8 +94,14 @@ def tiny_dataset(tmp_path: Path) -> Path:
     return write_tiny_dataset(tmp_path / "tiny")
 
 
-TINY_ENCODER = {"vocab_size": 400, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
-                "max_length": 24}  # fmt: skip
+TINY_ENCODER = {
+    "vocab_size": 400,
+    "hidden_size": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "max_length": 24,
+}
 
 
 @pytest.fixture(scope="session")

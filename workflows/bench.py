@@ -38,10 +38,12 @@ def bench_entry(
     method_name = entry.get("method", name)
     metric = cfg["bench"].get("select_metric", "ndcg@3")
     best: tuple[float, Any, dict] | None = None
-    for combo in tqdm(expand_grid(entry.get("grid")), desc=f"{name}: select on valid", leave=False):
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    combos = expand_grid(entry.get("grid"))
+    for i, combo in enumerate(tqdm(combos, desc=f"{name}: select on valid", leave=False)):
         params = merge(entry.get("params") or {}, combo)
         method = methods.build(method_name, params)
-        trained = fit_method(method, dataset, run_spec(cfg, f"{dataset.name}-{name}"))
+        trained = fit_method(method, dataset, run_spec(cfg, f"{dataset.name}-{name}-{stamp}-{i}"))
         valid = score(method, dataset, "valid")
         if best is None or valid[metric] > best[0]:
             best = (valid[metric], method, trained)
@@ -59,7 +61,7 @@ def bench_entry(
             {"method": label, "config": config, "split": "valid", "metrics": score(method, dataset, "valid")}
         )
         for split in TEST_SPLITS:
-            if split in dataset.qrels and dataset.qrels[split]:
+            if dataset.qrels.get(split):
                 rows.append(
                     {
                         "method": label,

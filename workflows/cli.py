@@ -76,8 +76,12 @@ def guarded(fn):
 
 
 def start_ray(cfg: dict) -> None:
+    """Start or join Ray for commands that run Ray jobs."""
+    import transformers
+
     from workflows.ray_env import init_ray
 
+    transformers.logging.set_verbosity_error()
     init_ray(cfg.get("ray"))
 
 

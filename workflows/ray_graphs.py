@@ -52,8 +52,12 @@ def _block_counts(batch: dict[str, np.ndarray], n_tools: int) -> dict[str, list]
     if len(basket) == 0:
         empty = _csr_row(sp.csr_matrix((n_tools, n_tools), dtype=np.int64))
         return {k: [v] for k, v in empty.items()} | {
-            "edge_basket": [b""], "edge_tool": [b""], "lo": [0], "hi": [-1], "sorted": [True]
-        }  # fmt: skip
+            "edge_basket": [b""],
+            "edge_tool": [b""],
+            "lo": [0],
+            "hi": [-1],
+            "sorted": [True],
+        }
     is_sorted = bool(np.all(basket[1:] >= basket[:-1]))
     edge = (basket == basket[0]) | (basket == basket[-1])
     inner = (

@@ -15,17 +15,17 @@ from workflows.train import train
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run the whole pipeline under ``cfg["run"]["workdir"]``; returns the evaluation report."""
+    """Run the whole pipeline under ``cfg["run"]["workdir"]``; returns the evaluation report.
+
+    Trains every method in ``run.methods`` (BM25 indexes; dense runs a Ray Train stage) and
+    evaluates each on ``evaluate.splits``.
+    """
     rcfg = cfg["run"]
     work = os.path.abspath(rcfg["workdir"])
     data_dir = cfg["data"].get("path") or os.path.join(work, "data")
     if not io.exists(os.path.join(data_dir, "corpus.jsonl")):
-        counts = generate_quickstart(
-            data_dir,
-            seed=int(rcfg.get("seed", 0)),
-            n_queries=int(rcfg["n_queries"]),
-            n_neg=int(rcfg["n_neg"]),
-        )
+        seed, n_queries, n_neg = int(rcfg.get("seed", 0)), int(rcfg["n_queries"]), int(rcfg["n_neg"])
+        counts = generate_quickstart(data_dir, seed=seed, n_queries=n_queries, n_neg=n_neg)
         print(f"generated quickstart data in {data_dir}: {counts}")
     prepared = os.path.join(work, "prepared")
     cfg = merge(
@@ -33,14 +33,22 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         {
             "data": {"path": data_dir},
             "preprocess": {"output": prepared},
-            "train": {"output": os.path.join(work, "models"), "storage_path": os.path.join(work, "train")},
+            "train": {
+                "output": os.path.join(work, "models"),
+                "storage_path": os.path.join(work, "train"),
+                "local_dir": os.path.join(work, "checkpoints"),
+            },
         },
     )
     manifest = preprocess(cfg)
     print(f"preprocessed: {manifest['counts']}, rejects: {manifest['rejects']['total']} -> {prepared}")
     cfg = merge(cfg, {"data": {"path": prepared}})
-    trained = train(cfg)
-    print(f"trained {cfg['method']['name']} in {trained['train_seconds']:.1f}s -> {trained['artifact']}")
-    report = evaluate(cfg)
+    rows = []
+    for name in rcfg.get("methods") or [cfg["method"]["name"]]:
+        mcfg = merge(cfg, {"method": {"name": name, "params": (rcfg.get("params") or {}).get(name, {})}})
+        trained = train(mcfg)
+        print(f"trained {name} in {trained['train_seconds']:.1f}s -> {trained['artifact']}")
+        rows += evaluate(merge(mcfg, {"evaluate": {"artifact": trained["artifact"]}}))["results"]
+    report = {"dataset": manifest["dataset"], "results": rows}
     write_report(report, os.path.join(work, "results.json"), title="toolscout quickstart")
     return report

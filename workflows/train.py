@@ -1,4 +1,10 @@
-"""``toolscout train``: run a method's training stages in order, index the corpus, save the artifact."""
+"""``toolscout train``: run a method's stages in order on Ray Train, index, save a versioned artifact.
+
+Each stage is one ``TorchTrainer`` run named ``<run_name>-<stage>`` under ``train.storage_path``;
+starting ``toolscout train`` again with the same ``train.run_name`` resumes those runs from their
+last checkpoints. The trained method lands in ``<train.output>/<method>/vNNNN`` and
+``<train.output>/<method>/LATEST`` names the newest version (what evaluate and serving load).
+"""
 
 from __future__ import annotations
 
@@ -9,24 +15,33 @@ from typing import Any
 from components import methods
 from components.data import Dataset, open_dataset
 from components.methods.base import Method, RunSpec
+from components.registry import next_version, promote
 
 
 def run_spec(cfg: dict[str, Any], name: str) -> RunSpec:
-    """The ``train`` section of a config as a :class:`RunSpec`."""
+    """The ``train`` section of a config as a :class:`RunSpec` (``train.run_name`` overrides ``name``)."""
     t = cfg.get("train", {})
+    storage = t.get("storage_path", "runs/train")
     return RunSpec(
-        name=name,
-        storage_path=os.path.abspath(t.get("storage_path", "runs/train")),
+        name=t.get("run_name") or name,
+        storage_path=storage if "://" in storage else os.path.abspath(storage),
         num_workers=int(t.get("num_workers", 1)),
         use_gpu=bool(t.get("use_gpu", False)),
         resources_per_worker=dict(t.get("resources_per_worker") or {}),
         max_failures=int(t.get("max_failures", 0)),
+        keep_checkpoints=t.get("keep_checkpoints"),
+        local_dir=os.path.abspath(t.get("local_dir", "runs/checkpoints")),
+        env={k: str(v) for k, v in (t.get("env") or {}).items()},
         seed=int(t.get("seed", 0)),
     )
 
 
 def fit_method(method: Method, dataset: Dataset, run: RunSpec) -> dict[str, Any]:
-    """Run every stage of ``method`` in order, then index the corpus; returns per-stage metrics."""
+    """Run every stage of ``method`` in order, then index the corpus; returns per-stage metrics.
+
+    A method carries its own state from one stage to the next (each stage starts from the
+    previous stage's best checkpoint).
+    """
     report: dict[str, Any] = {"stages": {}}
     started = time.perf_counter()
     for stage in method.stages:
@@ -37,17 +52,20 @@ def fit_method(method: Method, dataset: Dataset, run: RunSpec) -> dict[str, Any]
 
 
 def train(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Train the method named in ``cfg["method"]`` on ``cfg["data"]["path"]`` and save it.
+    """Train the method named in ``cfg["method"]`` on ``cfg["data"]["path"]`` and save a new version.
 
     Returns:
-        ``{"artifact": path, "stages": {...}, "train_seconds": ...}``.
+        ``{"artifact": version dir, "stages": {...}, "train_seconds": ...}``.
     """
     mcfg = cfg["method"]
     dataset = open_dataset(
         cfg["data"]["path"], cfg.get("splits"), storage_options=cfg["data"].get("storage_options")
     )
     method = methods.build(mcfg["name"], mcfg.get("params"))
-    report = fit_method(method, dataset, run_spec(cfg, f"{dataset.name}-{mcfg['name']}"))
-    artifact = os.path.join(cfg["train"]["output"], mcfg["name"])
+    artifact = next_version(os.path.join(cfg["train"]["output"], mcfg["name"]))
+    report = fit_method(
+        method, dataset, run_spec(cfg, f"{dataset.name}-{mcfg['name']}-{os.path.basename(artifact)}")
+    )
     method.save(artifact)
+    promote(artifact)
     return {"artifact": artifact, **report}

@@ -7,6 +7,7 @@ from typing import Any
 from components.methods.base import Method, read_config
 from components.methods.bm25 import BM25Method
 from components.methods.dense import DenseMethod
+from components.registry import resolve
 
 REGISTRY: dict[str, type] = {
     BM25Method.name: BM25Method,
@@ -22,7 +23,8 @@ def build(name: str, params: dict[str, Any] | None = None) -> Method:
 
 
 def load(path: str) -> Method:
-    """Load any saved method; ``config.json`` names which one."""
+    """Load any saved method (an artifact dir, or a method dir whose ``LATEST`` names one)."""
+    path = resolve(path)
     name = read_config(path).get("method")
     if name not in REGISTRY:
         raise KeyError(f"{path}: config.json names unknown method {name!r}; registered: {sorted(REGISTRY)}")

@@ -28,6 +28,7 @@ class RunSpec:
     max_failures: int = 0
     keep_checkpoints: int | None = None  # None keeps every epoch's checkpoint
     local_dir: str = "runs/checkpoints"  # where checkpoints from remote storage are downloaded
+    env: dict[str, str] = field(default_factory=dict)  # environment variables for the workers
     seed: int = 0
 
 

@@ -11,6 +11,7 @@ no ID vector and are scored by their text alone.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -25,6 +26,9 @@ from components.encoders.text_encoder import spec_from
 from components.methods.base import RunSpec, read_config, write_config
 from components.methods.dense_model import BiEncoder, contrastive_loss
 from components.metrics import evaluate_retrieval
+
+# (queries, k) -> (scores, indices), as faiss's Index.search returns them.
+Searcher = Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -44,6 +48,7 @@ class DenseParams:
     tool_fields: tuple[str, ...] = TOOL_FIELDS
     tool_max_length: int = 96
     select_metric: str = "ndcg@3"
+    index_backend: str = "exact"  # "exact" (torch matmul) | "faiss" (inner-product index, large corpora)
     progress: bool = False
 
 
@@ -52,23 +57,27 @@ def tool_texts(corpus: Corpus, ids: list[str], fields: tuple[str, ...]) -> list[
     return [tool_document(corpus[t], list(fields)) for t in ids]
 
 
-def score_matrix(
-    query: torch.Tensor, tools: torch.Tensor, ids: torch.Tensor | None, mix: float
-) -> torch.Tensor:
-    """``(1 - mix) * text + mix * id`` cosine scores; tools without an ID row use their text score.
+def combined_tools(tools: torch.Tensor, ids: torch.Tensor | None, mix: float) -> torch.Tensor:
+    """Tool vectors whose inner product with a query is the mixed score.
+
+    ``(1 - mix) * q·t + mix * q·e = q·((1 - mix) * t + mix * e)``, so one inner-product index serves
+    every mix. Tools without an ID vector (added after training) use their text vector for ``e``.
 
     Args:
-        query: ``(Q, d)`` normalised queries.
         tools: ``(T, d)`` normalised tool-text embeddings.
         ids: ``(T, d)`` normalised ID vectors aligned with ``tools`` (NaN rows for unseen tools).
     """
-    text = query @ tools.T
     if ids is None or mix == 0.0:
-        return text
-    by_id = torch.nan_to_num(query @ ids.T, nan=0.0)
-    seen = ~torch.isnan(ids[:, 0])
-    by_id = torch.where(seen.unsqueeze(0), by_id, text)
-    return (1.0 - mix) * text + mix * by_id
+        return tools
+    by_id = torch.where(torch.isnan(ids[:, :1]), tools, ids)
+    return (1.0 - mix) * tools + mix * by_id
+
+
+def score_matrix(
+    query: torch.Tensor, tools: torch.Tensor, ids: torch.Tensor | None, mix: float
+) -> torch.Tensor:
+    """``(Q, T)`` mixed scores (see :func:`combined_tools`)."""
+    return query @ combined_tools(tools, ids, mix).T
 
 
 def top_k(scores: torch.Tensor, qids: list[str], tool_ids: list[str], k: int) -> Results:
@@ -264,12 +273,35 @@ class DenseMethod:
         if self.model is None or self._tools is None:
             raise RuntimeError("dense: call index() before retrieve()")
         qids = list(queries)
+        matrix = combined_tools(self._tools, self._ids, self.mix)
+        search = self._faiss_search(matrix) if self.params.index_backend == "faiss" else None
         out: Results = {}
         for i in range(0, len(qids), 1024):
             chunk = qids[i : i + 1024]
             q = self.model.embed_texts([queries[x] for x in chunk])
-            out |= top_k(score_matrix(q, self._tools, self._ids, self.mix), chunk, self.tool_ids, k)
+            if search is None:
+                out |= top_k(q @ matrix.T, chunk, self.tool_ids, k)
+            else:
+                values, index = search(q, min(k, len(self.tool_ids)))
+                out |= {
+                    qid: {
+                        self.tool_ids[j]: float(v) for v, j in zip(values[r], index[r], strict=True) if j >= 0
+                    }
+                    for r, qid in enumerate(chunk)
+                }
         return out
+
+    def _faiss_search(
+        self, matrix: torch.Tensor
+    ) -> Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]:
+        """An exact inner-product FAISS index over ``matrix`` (install the ``faiss`` extra)."""
+        try:
+            import faiss
+        except ImportError as e:
+            raise RuntimeError("index_backend=faiss needs faiss-cpu: pip install 'toolscout[faiss]'") from e
+        index = faiss.IndexFlatIP(matrix.shape[1])
+        index.add(matrix.numpy().astype(np.float32))
+        return lambda q, k: index.search(q.numpy().astype(np.float32), k)
 
     def save(self, path: str) -> None:
         """``config.json`` + the bi-encoder (HF encoder, safetensors heads) + the tool index (.npy)."""

@@ -70,12 +70,68 @@ def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
     return ray.train.Checkpoint(found[0])
 
 
-def _save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: StageTask,
-                     epoch: int, history: list[dict]) -> None:  # fmt: skip
+def _save_checkpoint(
+    path: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    task: StageTask,
+    epoch: int,
+    history: list[dict],
+) -> None:
     save_model(model, os.path.join(path, MODEL_STATE))
     save_optimizer(optimizer, path)
     save_trainer_state(path, epoch, history)
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
+
+
+def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
+    """AdamW with the stage's learning rate and weight decay."""
+    return torch.optim.AdamW(
+        model.parameters(), lr=float(config["lr"]), weight_decay=float(config.get("weight_decay", 0.0))
+    )
+
+
+def make_loader(
+    task: StageTask, config: dict[str, Any], world: int, generator: torch.Generator
+) -> DataLoader:
+    """Shuffled batches; the global batch stays ``batch_size`` whatever the number of workers."""
+    return DataLoader(
+        task.train_data(),
+        batch_size=max(1, int(config["batch_size"]) // world),
+        shuffle=True,
+        drop_last=True,
+        collate_fn=task.collate,
+        generator=generator,
+    )
+
+
+def run_epoch(
+    task: StageTask,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: Any,
+    config: dict[str, Any],
+    epoch: int,
+    show_bar: bool,
+) -> dict[str, float]:
+    """Train one epoch, then validate; returns the epoch's metrics (``valid_*``, loss, seconds)."""
+    started = time.perf_counter()
+    model.train()
+    losses = []
+    for batch in tqdm(loader, desc=f"{config['stage']} epoch {epoch}", disable=not show_bar):
+        loss = task.loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.get("max_grad_norm", 1.0)))
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    metrics = {f"valid_{k}": float(v) for k, v in task.validate(unwrap(model)).items()}
+    return metrics | {
+        "epoch": epoch,
+        "train_loss": sum(losses) / max(len(losses), 1),
+        "epoch_seconds": time.perf_counter() - started,
+    }
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -85,9 +141,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     torch.manual_seed(int(config.get("seed", 0)))
     task = make_task(config)
     model = task.build_model()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=float(config["lr"]), weight_decay=float(config.get("weight_decay", 0.0))
-    )
+    optimizer = build_optimizer(model, config)
     start, history = 0, []
     checkpoint = resume_checkpoint(config)
     if checkpoint is not None:
@@ -98,38 +152,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         start, history = state["epoch"] + 1, state["history"]
     model = ray.train.torch.prepare_model(model)
     generator = torch.Generator()
-    # The global batch stays the same whatever the number of workers.
-    loader = DataLoader(
-        task.train_data(),
-        batch_size=max(1, int(config["batch_size"]) // world),
-        shuffle=True,
-        drop_last=True,
-        collate_fn=task.collate,
-        generator=generator,
-    )
-    loader = ray.train.torch.prepare_data_loader(loader)
+    loader = ray.train.torch.prepare_data_loader(make_loader(task, config, world, generator))
     for epoch in range(start, int(config["epochs"])):
         generator.manual_seed(int(config.get("seed", 0)) * 1000 + epoch)
         if world > 1:
             loader.sampler.set_epoch(epoch)
         _chaos(config, epoch)
-        started = time.perf_counter()
-        model.train()
-        losses = []
-        bar = tqdm(
-            loader, desc=f"{config['stage']} epoch {epoch}", disable=rank != 0 or not config.get("progress")
+        metrics = run_epoch(
+            task, model, optimizer, loader, config, epoch, rank == 0 and bool(config.get("progress"))
         )
-        for batch in bar:
-            loss = task.loss(model, batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.get("max_grad_norm", 1.0)))
-            optimizer.step()
-            losses.append(loss.item())
-        model.eval()
-        metrics = {f"valid_{k}": float(v) for k, v in task.validate(unwrap(model)).items()}
-        metrics |= {"epoch": epoch, "train_loss": sum(losses) / max(len(losses), 1),
-                    "epoch_seconds": time.perf_counter() - started}  # fmt: skip
         history.append(metrics)
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
@@ -138,3 +169,25 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
             ray.train.report(metrics, checkpoint=ckpt)
+
+
+def train_in_process(config: dict[str, Any], checkpoint_root: str) -> list[dict[str, float]]:
+    """The same stage as :func:`train_loop_per_worker`, in this process without Ray Train.
+
+    Used to measure what Ray Train costs: identical task, batches, optimizer, validation and
+    per-epoch checkpoint files, written under ``checkpoint_root/epoch_<n>``.
+    """
+    torch.manual_seed(int(config.get("seed", 0)))
+    task = make_task(config)
+    model = task.build_model()
+    optimizer = build_optimizer(model, config)
+    generator = torch.Generator()
+    loader = make_loader(task, config, 1, generator)
+    history: list[dict[str, float]] = []
+    for epoch in range(int(config["epochs"])):
+        generator.manual_seed(int(config.get("seed", 0)) * 1000 + epoch)
+        history.append(run_epoch(task, model, optimizer, loader, config, epoch, bool(config.get("progress"))))
+        path = os.path.join(checkpoint_root, f"epoch_{epoch}")
+        os.makedirs(path, exist_ok=True)
+        _save_checkpoint(path, model, optimizer, task, epoch, history)
+    return history

@@ -76,6 +76,7 @@ def run_stage(
             storage_path=run.storage_path,
             storage_filesystem=_storage_filesystem(run.storage_path),
             failure_config=FailureConfig(max_failures=run.max_failures),
+            worker_runtime_env={"env_vars": dict(run.env)} if run.env else None,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=run.keep_checkpoints,
                 checkpoint_score_attribute=score,

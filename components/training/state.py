@@ -45,8 +45,10 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
     for pid, values in meta["scalars"].items():
         state.setdefault(int(pid), {}).update(values)
     # JSON turned tuples (Adam's betas) into lists; "params" is the one list that must stay a list.
-    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
-              for g in meta["param_groups"]]  # fmt: skip
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+        for g in meta["param_groups"]
+    ]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 

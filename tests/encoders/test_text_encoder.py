@@ -52,8 +52,15 @@ def test_save_load_round_trip_uses_safetensors(tmp_path):
 
 def test_name_or_path_loads_any_hf_checkpoint(tmp_path):
     tok = train_wordpiece(TEXTS, vocab_size=200, min_frequency=1)
-    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
-                                 intermediate_size=48))  # fmt: skip
+    model = BertModel(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=24,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=48,
+        )
+    )
     model.save_pretrained(tmp_path / "hf")
     tok.save_pretrained(tmp_path / "hf")
     enc = TextEncoder.from_spec(EncoderSpec(name_or_path=str(tmp_path / "hf"), pooling="cls"))

@@ -85,3 +85,18 @@ def test_new_tool_is_scored_through_its_text(trained, small_quickstart):
     assert scores["new-tool"] == pytest.approx(scores[twin], abs=1e-5)
     method.index(small_quickstart.corpus)
     method.mix = method.params.mix
+
+
+def test_faiss_backend_matches_exact_search(trained, small_quickstart):
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'toolscout[faiss]')")
+    method, _, _ = trained
+    queries = dict(list(small_quickstart.split_queries("test").items())[:30])
+    exact = method.retrieve(queries, 5)
+    method.params.index_backend = "faiss"
+    try:
+        approx = method.retrieve(queries, 5)
+    finally:
+        method.params.index_backend = "exact"
+    for qid in queries:
+        assert list(approx[qid]) == list(exact[qid])
+        assert list(approx[qid].values()) == pytest.approx(list(exact[qid].values()), abs=1e-5)

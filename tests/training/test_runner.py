@@ -17,16 +17,28 @@ from components.training.runner import run_stage
 
 def launch(data, tmp_path, name, epochs=3, workers=1, max_failures=0, chaos=None, batch_size=32):
     method = DenseMethod(encoder=TINY_ENCODER, epochs=epochs, batch_size=batch_size, lr=2e-3)
-    run = RunSpec(name=name, storage_path=str(tmp_path / "store"), local_dir=str(tmp_path / "local"),
-                  num_workers=workers, max_failures=max_failures)  # fmt: skip
+    run = RunSpec(
+        name=name,
+        storage_path=str(tmp_path / "store"),
+        local_dir=str(tmp_path / "local"),
+        num_workers=workers,
+        max_failures=max_failures,
+    )
     init = str(tmp_path / f"{name}-init")
     if not os.path.exists(init):
         method.initial_model(data, init, seed=0)
     log = str(tmp_path / f"{name}.jsonl")
-    loop = {**asdict(method.params), "params": asdict(method.params), "init_dir": init, "dataset": ray.put(data),
-            "report_log": log, "chaos": chaos}  # fmt: skip
+    loop = {
+        **asdict(method.params),
+        "params": asdict(method.params),
+        "init_dir": init,
+        "dataset": ray.put(data),
+        "report_log": log,
+        "chaos": chaos,
+    }
     result = run_stage("dense", "contrastive", loop, run, score="valid_ndcg@3")
-    reports = [json.loads(line) for line in open(log)]
+    with open(log) as f:
+        reports = [json.loads(line) for line in f]
     return result, reports
 
 

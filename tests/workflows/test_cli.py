@@ -13,15 +13,20 @@ runner = CliRunner()
 
 def test_run_quickstart_end_to_end(ray_session, tmp_path):
     work = tmp_path / "qs"
-    result = runner.invoke(app, ["run", f"run.workdir={work}", "run.n_queries=400", "run.n_neg=50"])
+    result = runner.invoke(
+        app, ["run", f"run.workdir={work}", "run.n_queries=400", "run.n_neg=50", "run.params.dense.epochs=1"]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((work / "results.json").read_text())
     assert {r["split"] for r in report["results"]} == {"valid", "test"}
-    test_row = next(r for r in report["results"] if r["split"] == "test")
+    assert {r["method"] for r in report["results"]} == {"bm25", "dense"}
+    assert (work / "models" / "dense" / "v0001" / "model" / "heads.safetensors").exists()
+    test_row = next(r for r in report["results"] if r["split"] == "test" and r["method"] == "bm25")
     assert 0.0 < test_row["metrics"]["recall@3"] <= 1.0
     assert (work / "results.md").exists() and (work / "results.png").stat().st_size > 0
     assert (work / "prepared" / "manifest.json").exists()
-    assert (work / "models" / "bm25" / "config.json").exists()
+    assert (work / "models" / "bm25" / "LATEST").read_text().strip() == "v0001"
+    assert (work / "models" / "bm25" / "v0001" / "config.json").exists()
 
 
 def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):

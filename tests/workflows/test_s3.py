@@ -33,6 +33,11 @@ def s3_endpoint():
     )
     yield endpoint
     server.stop()
+    restore_env(saved)
+
+
+def restore_env(saved: dict[str, str | None]) -> None:
+    """Put environment variables back as they were (removing those that were unset)."""
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -75,3 +80,44 @@ def test_preprocess_s3_to_s3(ray_session, s3_endpoint, tmp_path):
     got = load_prepared("s3://jobs/out", storage_options=opts)
     expected = prepare_splits(load_dataset(str(local)))
     assert got.qrels == expected.qrels and got.corpus == expected.corpus
+
+
+def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart, tmp_path):
+    from dataclasses import asdict
+
+    import ray
+    from conftest import TINY_ENCODER
+
+    from components.methods.base import RunSpec
+    from components.methods.dense import DenseMethod
+    from components.training import checkpoints
+    from components.training.runner import run_stage
+
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="train")
+    env = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the driver lists and downloads checkpoints too
+    try:
+        method = DenseMethod(encoder=TINY_ENCODER, epochs=2, batch_size=32, lr=2e-3)
+        method.initial_model(small_quickstart, str(tmp_path / "init"), seed=0)
+        run = RunSpec(
+            name="s3run", storage_path="s3://train/runs", local_dir=str(tmp_path / "local"), env=env
+        )
+        loop = {
+            **asdict(method.params),
+            "params": asdict(method.params),
+            "init_dir": str(tmp_path / "init"),
+            "dataset": ray.put(small_quickstart),
+        }
+        result = run_stage("dense", "contrastive", loop, run)
+        stored = checkpoints.persisted("s3://train/runs", "s3run-contrastive")
+    finally:
+        restore_env(saved)
+    assert [state["epoch"] for _, state in stored] == [0, 1]
+    assert all(path.startswith("s3://train/runs/s3run-contrastive/checkpoint_") for path, _ in stored)
+    assert result.model_dir.startswith(str(tmp_path / "local")) and os.path.isdir(result.model_dir)
+    assert [h["epoch"] for h in result.history] == [0, 1]

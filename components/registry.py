@@ -1,0 +1,48 @@
+"""Versioned artifact directories: ``<root>/v0001``, ``<root>/v0002``, ... and a ``LATEST`` pointer.
+
+``LATEST`` is a one-line text file naming the newest version, written after the version is
+complete, so a reader never sees a half-written artifact.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+LATEST = "LATEST"
+_VERSION = re.compile(r"^v(\d{4,})$")
+
+
+def versions(root: str) -> list[str]:
+    """Existing version names under ``root``, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = [n for n in os.listdir(root) if _VERSION.match(n)]
+    return sorted(found, key=lambda n: int(_VERSION.match(n).group(1)))
+
+
+def next_version(root: str) -> str:
+    """The directory for a new version (not created)."""
+    existing = versions(root)
+    number = int(existing[-1][1:]) + 1 if existing else 1
+    return os.path.join(root, f"v{number:04d}")
+
+
+def promote(version_dir: str) -> None:
+    """Point ``LATEST`` (beside ``version_dir``) at it."""
+    root = os.path.dirname(os.path.abspath(version_dir))
+    tmp = os.path.join(root, f".{LATEST}.tmp")
+    with open(tmp, "w") as f:
+        f.write(os.path.basename(version_dir) + "\n")
+    os.replace(tmp, os.path.join(root, LATEST))
+
+
+def resolve(path: str) -> str:
+    """An artifact dir from either itself or its parent holding ``LATEST``."""
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    pointer = os.path.join(path, LATEST)
+    if os.path.exists(pointer):
+        with open(pointer) as f:
+            return os.path.join(path, f.read().strip())
+    return path
