@@ -45,7 +45,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg = merge(cfg, {"data": {"path": prepared}})
     rows = []
     for name in rcfg.get("methods") or [cfg["method"]["name"]]:
-        mcfg = merge(cfg, {"method": {"name": name, "params": (rcfg.get("params") or {}).get(name, {})}})
+        # Replace (not merge) the method section: each method has its own parameters.
+        mcfg = {**cfg, "method": {"name": name, "params": (rcfg.get("params") or {}).get(name, {})}}
         trained = train(mcfg)
         print(f"trained {name} in {trained['train_seconds']:.1f}s -> {trained['artifact']}")
         rows += evaluate(merge(mcfg, {"evaluate": {"artifact": trained["artifact"]}}))["results"]

@@ -73,7 +73,10 @@ def run_stage(
         ),
         run_config=RunConfig(
             name=name,
-            storage_path=run.storage_path,
+            # With an explicit filesystem Ray wants the path inside it: "bucket/prefix", no scheme.
+            storage_path=run.storage_path.split("://", 1)[1]
+            if io.is_remote(run.storage_path)
+            else run.storage_path,
             storage_filesystem=_storage_filesystem(run.storage_path),
             failure_config=FailureConfig(max_failures=run.max_failures),
             worker_runtime_env={"env_vars": dict(run.env)} if run.env else None,
