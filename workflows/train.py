@@ -32,6 +32,7 @@ def run_spec(cfg: dict[str, Any], name: str) -> RunSpec:
         keep_checkpoints=t.get("keep_checkpoints"),
         local_dir=os.path.abspath(t.get("local_dir", "runs/checkpoints")),
         env={k: str(v) for k, v in (t.get("env") or {}).items()},
+        storage_options=dict(t.get("storage_options") or {}),
         seed=int(t.get("seed", 0)),
     )
 

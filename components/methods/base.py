@@ -29,6 +29,7 @@ class RunSpec:
     keep_checkpoints: int | None = None  # None keeps every epoch's checkpoint
     local_dir: str = "runs/checkpoints"  # where checkpoints from remote storage are downloaded
     env: dict[str, str] = field(default_factory=dict)  # environment variables for the workers
+    storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec options for s3:// storage
     seed: int = 0
 
 

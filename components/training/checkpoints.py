@@ -25,10 +25,12 @@ def run_dir(storage_path: str, run_name: str) -> str:
     return io.join(storage_path, run_name)
 
 
-def persisted(storage_path: str, run_name: str) -> list[tuple[str, dict]]:
+def persisted(
+    storage_path: str, run_name: str, storage_options: dict | None = None
+) -> list[tuple[str, dict]]:
     """``(checkpoint dir, trainer state)`` of every complete checkpoint of a run, oldest epoch first."""
     root = run_dir(storage_path, run_name)
-    fs = io.filesystem(root)
+    fs = io.filesystem(root, storage_options)
     if not fs.exists(root):
         return []
     found = []
@@ -46,15 +48,17 @@ def persisted(storage_path: str, run_name: str) -> list[tuple[str, dict]]:
     return sorted(found, key=lambda item: item[1]["epoch"])
 
 
-def latest(storage_path: str, run_name: str) -> tuple[str, dict] | None:
+def latest(storage_path: str, run_name: str, storage_options: dict | None = None) -> tuple[str, dict] | None:
     """The persisted checkpoint with the highest epoch, or None."""
-    found = persisted(storage_path, run_name)
+    found = persisted(storage_path, run_name, storage_options)
     return found[-1] if found else None
 
 
-def best(storage_path: str, run_name: str, score: str) -> tuple[str, dict]:
+def best(
+    storage_path: str, run_name: str, score: str, storage_options: dict | None = None
+) -> tuple[str, dict]:
     """The persisted checkpoint whose own epoch scored highest on ``score``."""
-    found = persisted(storage_path, run_name)
+    found = persisted(storage_path, run_name, storage_options)
     if not found:
         raise FileNotFoundError(f"{run_dir(storage_path, run_name)}: no complete checkpoint found")
     return max(found, key=lambda item: (item[1]["history"][-1][score], -item[1]["epoch"]))

@@ -14,6 +14,7 @@ import tempfile
 import time
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray.train
 import ray.train.torch
 import torch
@@ -21,6 +22,7 @@ from safetensors.torch import load_model, save_model
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from components.data import io
 from components.training import checkpoints
 from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT
 from components.training.state import load_optimizer, load_trainer_state, save_optimizer, save_trainer_state
@@ -60,14 +62,19 @@ def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
     given = ray.train.get_checkpoint()
     if not config.get("storage_path"):
         return given
-    found = checkpoints.latest(config["storage_path"], config["run_name"])
+    found = checkpoints.latest(config["storage_path"], config["run_name"], config.get("storage_options"))
     if found is None:
         return given
     if given is not None:
         with given.as_directory() as path:
             if load_trainer_state(path)["epoch"] >= found[1]["epoch"]:
                 return given
-    return ray.train.Checkpoint(found[0])
+    if "://" not in found[0]:
+        return ray.train.Checkpoint(found[0])
+    fs = io.filesystem(found[0], config.get("storage_options"))
+    return ray.train.Checkpoint(
+        found[0].split("://", 1)[1], filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+    )
 
 
 def _save_checkpoint(

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.fs as pafs
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -33,12 +34,11 @@ class StageResult:
     seconds: float = 0.0
 
 
-def _storage_filesystem(path: str):
+def _storage_filesystem(path: str, storage_options: dict) -> pafs.FileSystem | None:
+    """A pyarrow view of the fsspec filesystem, so its options (endpoint, keys) reach Ray's actors."""
     if not io.is_remote(path):
         return None
-    import pyarrow.fs as pafs
-
-    return pafs.PyFileSystem(pafs.FSSpecHandler(io.filesystem(path)))
+    return pafs.PyFileSystem(pafs.FSSpecHandler(io.filesystem(path, storage_options)))
 
 
 def run_stage(
@@ -63,6 +63,7 @@ def run_stage(
             "stage": stage,
             "seed": run.seed,
             "storage_path": run.storage_path,
+            "storage_options": run.storage_options,
             "run_name": name,
         },
         torch_config=TorchConfig(backend="nccl" if run.use_gpu else "gloo"),
@@ -77,7 +78,7 @@ def run_stage(
             storage_path=run.storage_path.split("://", 1)[1]
             if io.is_remote(run.storage_path)
             else run.storage_path,
-            storage_filesystem=_storage_filesystem(run.storage_path),
+            storage_filesystem=_storage_filesystem(run.storage_path, run.storage_options),
             failure_config=FailureConfig(max_failures=run.max_failures),
             worker_runtime_env={"env_vars": dict(run.env)} if run.env else None,
             checkpoint_config=CheckpointConfig(
@@ -91,12 +92,12 @@ def run_stage(
     if result.error is not None:
         raise result.error
     # Choose from what is persisted, not only from what the controller registered (see checkpoints).
-    best_path, best_state = checkpoints.best(run.storage_path, name, score)
+    best_path, best_state = checkpoints.best(run.storage_path, name, score, run.storage_options)
     local = best_path
     if io.is_remote(run.storage_path):
         local = os.path.join(run.local_dir, name, os.path.basename(best_path.rstrip("/")))
-        io.filesystem(best_path).get(best_path, local, recursive=True)
-    final = checkpoints.latest(run.storage_path, name)
+        io.filesystem(best_path, run.storage_options).get(best_path, local, recursive=True)
+    final = checkpoints.latest(run.storage_path, name, run.storage_options)
     history = final[1]["history"] if final else best_state["history"]
     metrics = best_state["history"][-1]
     return StageResult(

@@ -94,29 +94,22 @@ def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart,
     from components.training.runner import run_stage
 
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="train")
-    env = {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
+    # The options travel with the filesystem object to Ray's controller and workers, whose
+    # environment was fixed when Ray started: they must not depend on this process's variables.
+    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    method = DenseMethod(encoder=TINY_ENCODER, epochs=2, batch_size=32, lr=2e-3)
+    method.initial_model(small_quickstart, str(tmp_path / "init"), seed=0)
+    run = RunSpec(
+        name="s3run", storage_path="s3://train/runs", local_dir=str(tmp_path / "local"), storage_options=opts
+    )
+    loop = {
+        **asdict(method.params),
+        "params": asdict(method.params),
+        "init_dir": str(tmp_path / "init"),
+        "dataset": ray.put(small_quickstart),
     }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the driver lists and downloads checkpoints too
-    try:
-        method = DenseMethod(encoder=TINY_ENCODER, epochs=2, batch_size=32, lr=2e-3)
-        method.initial_model(small_quickstart, str(tmp_path / "init"), seed=0)
-        run = RunSpec(
-            name="s3run", storage_path="s3://train/runs", local_dir=str(tmp_path / "local"), env=env
-        )
-        loop = {
-            **asdict(method.params),
-            "params": asdict(method.params),
-            "init_dir": str(tmp_path / "init"),
-            "dataset": ray.put(small_quickstart),
-        }
-        result = run_stage("dense", "contrastive", loop, run)
-        stored = checkpoints.persisted("s3://train/runs", "s3run-contrastive")
-    finally:
-        restore_env(saved)
+    result = run_stage("dense", "contrastive", loop, run)
+    stored = checkpoints.persisted("s3://train/runs", "s3run-contrastive", opts)
     assert [state["epoch"] for _, state in stored] == [0, 1]
     assert all(path.startswith("s3://train/runs/s3run-contrastive/checkpoint_") for path, _ in stored)
     assert result.model_dir.startswith(str(tmp_path / "local")) and os.path.isdir(result.model_dir)
