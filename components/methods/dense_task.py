@@ -1,0 +1,111 @@
+"""The contrastive training stage of the dense method, built inside each Ray Train worker.
+
+It turns the training qrels into (query, positive tool, all relevant tools) examples, batches
+them with pre-tokenized tool documents, and computes the in-batch text loss plus the ID-head loss
+(see :func:`components.methods.dense_model.contrastive_loss`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from components.data.types import Dataset
+from components.methods.dense import DenseMethod, DenseParams, tool_texts
+from components.methods.dense_model import BiEncoder, contrastive_loss
+from components.metrics import evaluate_retrieval
+
+
+class DenseTask:
+    """The contrastive training stage, built in each Ray Train worker (see ``StageTask``)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.params = DenseParams(**config["params"])
+        data = config["dataset"]
+        self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
+        self.tool_ids: list[str] = list(self.data.corpus)
+        self.tool_index = {t: i for i, t in enumerate(self.tool_ids)}
+        self._tokens: dict[str, torch.Tensor] | None = None
+
+    def build_model(self) -> BiEncoder:
+        model = BiEncoder.load(self.config["init_dir"])
+        texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
+        # Tool documents are tokenized once; batches gather rows instead of re-tokenizing.
+        self._tokens = model.encoder.tokenize(texts, self.params.tool_max_length)
+        self._tokenizer = model.encoder.tokenizer
+        self._max_length = model.encoder.max_length
+        # Corpus index -> row of the ID table (training tools only); -1 for tools without a row.
+        row = {t: i for i, t in enumerate(model.id_tool_ids)}
+        self._id_row = torch.tensor([row.get(t, -1) for t in self.tool_ids])
+        return model
+
+    def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        out = []
+        for qid, rel in self.data.qrels["train"].items():
+            relevant = tuple(self.tool_index[t] for t, s in rel.items() if s > 0)
+            out += [(self.data.queries[qid], pos, relevant) for pos in relevant]
+        return out
+
+    def collate(self, items: list[tuple[str, int, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+        assert self._tokens is not None, "build_model() runs before batches are made"
+        queries = self._tokenizer(
+            [q for q, _, _ in items],
+            padding=True,
+            truncation=True,
+            max_length=self._max_length,
+            return_tensors="pt",
+        )
+        positives = torch.tensor([p for _, p, _ in items])
+        unique, target = torch.unique(positives, return_inverse=True)
+        relevant = torch.zeros(len(items), len(self.tool_ids), dtype=torch.bool)
+        for i, (_, _, rel) in enumerate(items):
+            relevant[i, list(rel)] = True
+        seen = self._id_row >= 0
+        relevant_id = torch.zeros(len(items), int(seen.sum()), dtype=torch.bool)
+        relevant_id[:, self._id_row[seen]] = relevant[:, seen]
+        tool_mask = self._tokens["attention_mask"][unique]
+        width = int(tool_mask.sum(1).max())
+        return {
+            "query_ids": queries["input_ids"],
+            "query_mask": queries["attention_mask"],
+            "tool_ids": self._tokens["input_ids"][unique, :width],
+            "tool_mask": tool_mask[:, :width],
+            "target": target,
+            "id_target": self._id_row[positives],
+            "relevant_batch": relevant[:, unique],
+            "relevant_id": relevant_id,
+        }
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        p = self.params
+        query, tools, ids = model(
+            batch["query_ids"], batch["query_mask"], batch["tool_ids"], batch["tool_mask"]
+        )
+        loss = contrastive_loss(query, tools, batch["target"], batch["relevant_batch"], p.temperature)
+        if ids is not None:
+            loss = loss + p.id_loss_weight * contrastive_loss(
+                query, ids, batch["id_target"], batch["relevant_id"], p.temperature
+            )
+        return loss
+
+    def validate(self, model: torch.nn.Module) -> dict[str, float]:
+        method = DenseMethod.from_model(model, self.params)
+        method.index(self.data.corpus)
+        out: dict[str, float] = {}
+        for mode, mix in method.variants().items():
+            method.mix = mix
+            metrics = evaluate_retrieval(
+                self.data.qrels["valid"], method.retrieve(self.data.split_queries("valid"), 10)
+            )
+            out |= {f"{mode}_{m}": metrics[m] for m in ("recall@3", "ndcg@3", "recall@5")}
+        # The score that ranks checkpoints: the best scoring mode on valid.
+        out[self.params.select_metric] = max(
+            v for k, v in out.items() if k.endswith(self.params.select_metric)
+        )
+        return out
+
+    def save_model(self, model: torch.nn.Module, path: str) -> None:
+        model.save(path)
