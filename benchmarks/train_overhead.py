@@ -15,7 +15,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 
 import ray
 import torch
@@ -61,18 +60,11 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="overhead-")
     init = os.path.join(work, "init")
     method.initial_model(data, init, seed=0)
-    loop = {
-        **asdict(method.params),
-        "params": asdict(method.params),
-        "init_dir": init,
-        "method": "dense",
-        "stage": "contrastive",
-        "seed": 0,
-    }
+    loop = {**method.loop_config(init, data), "method": "dense", "stage": "contrastive", "seed": 0}
 
     torch.set_num_threads(2)
     started = time.perf_counter()
-    plain_history = train_in_process({**loop, "dataset": data}, os.path.join(work, "plain"))
+    plain_history = train_in_process(loop, os.path.join(work, "plain"))
     plain = time.perf_counter() - started
 
     run = RunSpec(

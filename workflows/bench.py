@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from components import methods
 from components.config import merge
-from components.data import Dataset, open_dataset
+from components.data import Dataset, dataset_from_config
 from workflows.evaluate import score
 from workflows.report import write_report
 from workflows.train import fit_method, run_spec
@@ -84,9 +84,7 @@ def bench(cfg: dict[str, Any]) -> dict[str, Any]:
     """
     bcfg = cfg["bench"]
     started = time.perf_counter()
-    dataset = open_dataset(
-        cfg["data"]["path"], cfg.get("splits"), storage_options=cfg["data"].get("storage_options")
-    )
+    dataset = dataset_from_config(cfg)
     entries = bcfg["methods"]
     wanted = bcfg.get("run") or list(entries)
     unknown = [w for w in wanted if w not in entries]

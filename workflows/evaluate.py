@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from components import methods
-from components.data import Dataset, open_dataset
+from components.data import Dataset, dataset_from_config
 from components.methods.base import Method
 from components.metrics import DEFAULT_KS, evaluate_retrieval
 
@@ -29,9 +29,7 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
     """
     ecfg = cfg.get("evaluate", {})
     artifact = ecfg.get("artifact") or os.path.join(cfg["train"]["output"], cfg["method"]["name"])
-    dataset = open_dataset(
-        cfg["data"]["path"], cfg.get("splits"), storage_options=cfg["data"].get("storage_options")
-    )
+    dataset = dataset_from_config(cfg)
     method = methods.load(artifact)
     rows = []
     for split in ecfg.get("splits", ["valid"]):

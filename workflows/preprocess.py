@@ -23,11 +23,11 @@ from components.data.graphs import IdMap, qrels_pairs, save_sparse
 from components.data.loader import assemble, dataset_name, discover
 from components.data.prepared import MANIFEST
 from components.data.rejects import RejectLog
-from components.data.splits import prepare_splits
+from components.data.splits import splits_from_config
 from components.data.tooltext import parse_tool_text
 from components.data.types import Dataset
 from workflows.ray_graphs import pairs_dataset, ray_bipartite, ray_cooccurrence
-from workflows.ray_ingest import arrow_filesystem, ingest
+from workflows.ray_ingest import ingest
 
 GRAPH_SPLIT = "train"  # graphs see training pairs only: valid/test pairs would leak into the model
 
@@ -138,7 +138,7 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     Returns:
         The manifest that was written next to the artifacts.
     """
-    data, split_cfg, pre = cfg["data"], cfg.get("splits", {}), cfg["preprocess"]
+    data, pre = cfg["data"], cfg["preprocess"]
     root, out = data["path"], pre["output"]
     opts = data.get("storage_options") or None
     started = time.perf_counter()
@@ -148,16 +148,10 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     raw = assemble(data.get("name") or dataset_name(root), rows, log)
     if data.get("strict"):
         log.check_strict()
-    dataset = prepare_splits(
-        raw,
-        mode=split_cfg.get("mode", "standard"),
-        valid_fraction=float(split_cfg.get("valid_fraction", 0.1)),
-        unseen_fraction=float(split_cfg.get("unseen_fraction", 0.1)),
-        seed=int(split_cfg.get("seed", 0)),
-    )
+    dataset = splits_from_config(raw, cfg.get("splits"))
     parsed_at = time.perf_counter()
     io.makedirs(out, opts)
-    fs = arrow_filesystem(out, opts)
+    fs = io.arrow_filesystem(out, opts)
     outputs = write_tables(table_rows(dataset), out, fs)
     graphs = write_graphs(dataset, out, int(pre.get("parallelism", 8)), opts)
     log.write(io.join(out, "rejects.jsonl"), opts)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
-import pyarrow.fs as pafs
 import ray
 
 from components.data import io
@@ -24,13 +23,6 @@ from components.data.resolve import parse_lines
 
 _EMPTY = -1  # line number marking an empty file
 _META = 0  # line number of the per-file row carrying its hash and size
-
-
-def arrow_filesystem(root: str, storage_options: dict[str, Any] | None = None) -> pafs.FileSystem | None:
-    """A pyarrow filesystem over fsspec for remote roots (so s3fs endpoints apply), else None."""
-    if not io.is_remote(root):
-        return None
-    return pafs.PyFileSystem(pafs.FSSpecHandler(io.filesystem(root, storage_options)))
 
 
 def explode(row: dict, sources: dict[str, SourceFile]) -> Iterator[dict]:
@@ -88,7 +80,7 @@ def ingest(
     ds = ray.data.read_binary_files(
         [io.join(root, s.rel) for s in sources],
         include_paths=True,
-        filesystem=arrow_filesystem(root, storage_options),
+        filesystem=io.arrow_filesystem(root, storage_options),
     )
     ds = ds.flat_map(explode, fn_kwargs={"sources": by_rel})
     ds = ds.repartition(parallelism).map_batches(parse_batch, batch_format="pandas", batch_size=4096)

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from components import methods
-from components.data import Dataset, open_dataset
+from components.data import Dataset, dataset_from_config
 from components.methods.base import Method, RunSpec
 from components.registry import next_version, promote
 
@@ -59,9 +59,7 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         ``{"artifact": version dir, "stages": {...}, "train_seconds": ...}``.
     """
     mcfg = cfg["method"]
-    dataset = open_dataset(
-        cfg["data"]["path"], cfg.get("splits"), storage_options=cfg["data"].get("storage_options")
-    )
+    dataset = dataset_from_config(cfg)
     method = methods.build(mcfg["name"], mcfg.get("params"))
     artifact = next_version(os.path.join(cfg["train"]["output"], mcfg["name"]))
     report = fit_method(

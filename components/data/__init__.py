@@ -7,7 +7,7 @@ from typing import Any
 from components.data.loader import load_dataset
 from components.data.prepared import is_prepared, load_prepared
 from components.data.rejects import DatasetError, RejectLog
-from components.data.splits import prepare_splits
+from components.data.splits import splits_from_config
 from components.data.types import Corpus, Dataset, Qrels, Queries, Results
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Queries",
     "RejectLog",
     "Results",
+    "dataset_from_config",
     "open_dataset",
 ]
 
@@ -40,11 +41,10 @@ def open_dataset(
     dataset = load_dataset(path, strict=strict, log=log, storage_options=storage_options)
     if len(log):
         print(f"warning: {len(log)} row(s) rejected while loading {path}: {log.counts()}")
-    s = splits or {}
-    return prepare_splits(
-        dataset,
-        mode=s.get("mode", "standard"),
-        valid_fraction=float(s.get("valid_fraction", 0.1)),
-        unseen_fraction=float(s.get("unseen_fraction", 0.1)),
-        seed=int(s.get("seed", 0)),
-    )
+    return splits_from_config(dataset, splits)
+
+
+def dataset_from_config(cfg: dict[str, Any]) -> Dataset:
+    """:func:`open_dataset` for a full config (``data.path``, ``data.storage_options``, ``splits``)."""
+    data = cfg["data"]
+    return open_dataset(data["path"], cfg.get("splits"), storage_options=data.get("storage_options"))

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import fsspec
+import pyarrow.fs as pafs
 
 
 def is_remote(path: str) -> bool:
@@ -29,6 +30,17 @@ def filesystem(path: str, storage_options: dict[str, Any] | None = None) -> fssp
     """The fsspec filesystem that serves ``path``."""
     fs, _ = fsspec.core.url_to_fs(path, **storage_options_for(path, storage_options))
     return fs
+
+
+def arrow_filesystem(path: str, storage_options: dict[str, Any] | None = None) -> pafs.FileSystem | None:
+    """A pyarrow filesystem over fsspec for remote paths (so s3fs options apply), else None.
+
+    Ray Data and Ray Train take pyarrow filesystems; wrapping the fsspec one keeps a single
+    place where endpoints and credentials are set, and they travel with it to Ray's processes.
+    """
+    if not is_remote(path):
+        return None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem(path, storage_options)))
 
 
 def join(base: str, *parts: str) -> str:

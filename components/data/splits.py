@@ -92,6 +92,18 @@ def regroup(query_scene: dict[str, dict[str, str]], qrels: dict[str, Qrels]) -> 
     return {name: m for name, m in out.items() if m}
 
 
+def splits_from_config(dataset: Dataset, cfg: dict | None) -> Dataset:
+    """:func:`prepare_splits` with the ``splits`` config section (mode, fractions, seed)."""
+    s = cfg or {}
+    return prepare_splits(
+        dataset,
+        mode=s.get("mode", "standard"),
+        valid_fraction=float(s.get("valid_fraction", 0.1)),
+        unseen_fraction=float(s.get("unseen_fraction", 0.1)),
+        seed=int(s.get("seed", 0)),
+    )
+
+
 def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dict[str, list[str]]:
     """Assign items (e.g. no-tool queries) to named parts by hashed position, order kept.
 

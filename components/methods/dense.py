@@ -140,18 +140,18 @@ class DenseMethod:
         )
         BiEncoder(encoder, train_tools if self.params.id_head else None).save(path)
 
+    def loop_config(self, init_dir: str, dataset: Dataset | ray.ObjectRef) -> dict[str, Any]:
+        """What the generic training loop reads (lr, epochs, batch size at the top level) and the task."""
+        params = asdict(self.params)
+        return {**params, "params": params, "init_dir": init_dir, "dataset": dataset}
+
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
         """Run the contrastive stage on Ray Train, keep the best checkpoint, select ``mix`` on valid."""
         from components.training.runner import run_stage
 
         init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
         self.initial_model(data, init_dir, run.seed)
-        loop = {
-            **asdict(self.params),
-            "params": asdict(self.params),
-            "init_dir": init_dir,
-            "dataset": ray.put(data),
-        }
+        loop = self.loop_config(init_dir, ray.put(data))
         result = run_stage(self.name, stage, loop, run, score=f"valid_{self.params.select_metric}")
         self.model = BiEncoder.load(result.model_dir)
         self.select_mix(data)

@@ -54,11 +54,8 @@ def latest(storage_path: str, run_name: str, storage_options: dict | None = None
     return found[-1] if found else None
 
 
-def best(
-    storage_path: str, run_name: str, score: str, storage_options: dict | None = None
-) -> tuple[str, dict]:
-    """The persisted checkpoint whose own epoch scored highest on ``score``."""
-    found = persisted(storage_path, run_name, storage_options)
+def best_of(found: list[tuple[str, dict]], score: str) -> tuple[str, dict]:
+    """Of :func:`persisted` checkpoints, the one whose own epoch scored highest on ``score``."""
     if not found:
-        raise FileNotFoundError(f"{run_dir(storage_path, run_name)}: no complete checkpoint found")
+        raise FileNotFoundError("no complete checkpoint found for this run")
     return max(found, key=lambda item: (item[1]["history"][-1][score], -item[1]["epoch"]))

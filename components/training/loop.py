@@ -14,7 +14,6 @@ import tempfile
 import time
 from typing import Any
 
-import pyarrow.fs as pafs
 import ray.train
 import ray.train.torch
 import torch
@@ -58,23 +57,20 @@ def _log_report(config: dict[str, Any], record: dict[str, Any]) -> None:
 
 
 def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
-    """The newest checkpoint to resume from: Ray's, or a newer one found persisted in storage."""
-    given = ray.train.get_checkpoint()
-    if not config.get("storage_path"):
-        return given
-    found = checkpoints.latest(config["storage_path"], config["run_name"], config.get("storage_options"))
+    """The newest complete checkpoint in the run's storage, else the one Ray hands over.
+
+    Every checkpoint Ray registered is also in storage, so the newest one there is never older
+    than Ray's; it is newer when a worker died between reporting and the controller's next poll.
+    """
+    found = None
+    if config.get("storage_path"):
+        found = checkpoints.latest(config["storage_path"], config["run_name"], config.get("storage_options"))
     if found is None:
-        return given
-    if given is not None:
-        with given.as_directory() as path:
-            if load_trainer_state(path)["epoch"] >= found[1]["epoch"]:
-                return given
-    if "://" not in found[0]:
+        return ray.train.get_checkpoint()
+    if not io.is_remote(found[0]):
         return ray.train.Checkpoint(found[0])
-    fs = io.filesystem(found[0], config.get("storage_options"))
-    return ray.train.Checkpoint(
-        found[0].split("://", 1)[1], filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs))
-    )
+    fs = io.arrow_filesystem(found[0], config.get("storage_options"))
+    return ray.train.Checkpoint(found[0].split("://", 1)[1], filesystem=fs)
 
 
 def _save_checkpoint(

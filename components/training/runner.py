@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.fs as pafs
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -32,13 +31,6 @@ class StageResult:
     metrics: dict[str, float]
     history: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
-
-
-def _storage_filesystem(path: str, storage_options: dict) -> pafs.FileSystem | None:
-    """A pyarrow view of the fsspec filesystem, so its options (endpoint, keys) reach Ray's actors."""
-    if not io.is_remote(path):
-        return None
-    return pafs.PyFileSystem(pafs.FSSpecHandler(io.filesystem(path, storage_options)))
 
 
 def run_stage(
@@ -78,7 +70,7 @@ def run_stage(
             storage_path=run.storage_path.split("://", 1)[1]
             if io.is_remote(run.storage_path)
             else run.storage_path,
-            storage_filesystem=_storage_filesystem(run.storage_path, run.storage_options),
+            storage_filesystem=io.arrow_filesystem(run.storage_path, run.storage_options),
             failure_config=FailureConfig(max_failures=run.max_failures),
             worker_runtime_env={"env_vars": dict(run.env)} if run.env else None,
             checkpoint_config=CheckpointConfig(
@@ -92,13 +84,13 @@ def run_stage(
     if result.error is not None:
         raise result.error
     # Choose from what is persisted, not only from what the controller registered (see checkpoints).
-    best_path, best_state = checkpoints.best(run.storage_path, name, score, run.storage_options)
+    found = checkpoints.persisted(run.storage_path, name, run.storage_options)
+    best_path, best_state = checkpoints.best_of(found, score)
     local = best_path
     if io.is_remote(run.storage_path):
         local = os.path.join(run.local_dir, name, os.path.basename(best_path.rstrip("/")))
         io.filesystem(best_path, run.storage_options).get(best_path, local, recursive=True)
-    final = checkpoints.latest(run.storage_path, name, run.storage_options)
-    history = final[1]["history"] if final else best_state["history"]
+    history = found[-1][1]["history"]  # the last epoch's state holds every epoch's metrics
     metrics = best_state["history"][-1]
     return StageResult(
         checkpoint_dir=local,

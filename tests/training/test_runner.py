@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 
 import pytest
 import ray
@@ -28,14 +27,7 @@ def launch(data, tmp_path, name, epochs=3, workers=1, max_failures=0, chaos=None
     if not os.path.exists(init):
         method.initial_model(data, init, seed=0)
     log = str(tmp_path / f"{name}.jsonl")
-    loop = {
-        **asdict(method.params),
-        "params": asdict(method.params),
-        "init_dir": init,
-        "dataset": ray.put(data),
-        "report_log": log,
-        "chaos": chaos,
-    }
+    loop = {**method.loop_config(init, ray.put(data)), "report_log": log, "chaos": chaos}
     result = run_stage("dense", "contrastive", loop, run, score="valid_ndcg@3")
     with open(log) as f:
         reports = [json.loads(line) for line in f]

@@ -83,7 +83,6 @@ def test_preprocess_s3_to_s3(ray_session, s3_endpoint, tmp_path):
 
 
 def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart, tmp_path):
-    from dataclasses import asdict
 
     import ray
     from conftest import TINY_ENCODER
@@ -102,12 +101,7 @@ def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart,
     run = RunSpec(
         name="s3run", storage_path="s3://train/runs", local_dir=str(tmp_path / "local"), storage_options=opts
     )
-    loop = {
-        **asdict(method.params),
-        "params": asdict(method.params),
-        "init_dir": str(tmp_path / "init"),
-        "dataset": ray.put(small_quickstart),
-    }
+    loop = method.loop_config(str(tmp_path / "init"), ray.put(small_quickstart))
     result = run_stage("dense", "contrastive", loop, run)
     stored = checkpoints.persisted("s3://train/runs", "s3run-contrastive", opts)
     assert [state["epoch"] for _, state in stored] == [0, 1]
