@@ -1,0 +1,121 @@
+"""Causal LMs by hub name or local path, or small Llama-style models built here from a config.
+
+With ``name_or_path`` set, model and tokenizer come from ``from_pretrained`` (e.g.
+``meta-llama/Meta-Llama-3-8B`` as in ToolGen, or ``Qwen/Qwen2.5-0.5B``). Without it, a byte-level
+BPE tokenizer is trained on the given texts and a small ``LlamaForCausalLM`` is built from the
+spec's sizes, so everything runs offline and is trained from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+# Backbones from the papers, by short name (ToolGen used Llama-3-8B; Qwen2.5 is a smaller option).
+PAPER_LMS: dict[str, str] = {
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
+}
+
+
+@dataclass
+class LMSpec:
+    """How to get a causal LM. ``name_or_path`` wins; otherwise a small Llama of these sizes."""
+
+    name_or_path: str | None = None
+    vocab_size: int = 8000
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 768
+    max_length: int = 256
+
+    def __post_init__(self) -> None:
+        if self.name_or_path in PAPER_LMS:
+            self.name_or_path = PAPER_LMS[self.name_or_path]
+
+
+def lm_spec_from(params: dict | None) -> LMSpec:
+    """An :class:`LMSpec` from a config mapping, naming unknown keys in the error."""
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(asdict(LMSpec())))
+    if unknown:
+        raise ValueError(f"unknown LM settings {unknown}; expected some of {sorted(asdict(LMSpec()))}")
+    return LMSpec(**params)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (GPT-2 / Llama-3 style: no unknown characters), BOS prepended."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        model_max_length=4096,
+    )
+
+
+def build_causal_lm(
+    spec: LMSpec, texts: Iterable[str] = (), seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load a pretrained LM, or train a tokenizer on ``texts`` and build a small Llama."""
+    if spec.name_or_path:
+        return load_causal_lm(spec.name_or_path)
+    tokenizer = train_bpe(texts, vocab_size=spec.vocab_size)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_length,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config), tokenizer
+
+
+def load_causal_lm(name_or_path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """``from_pretrained`` for model and tokenizer (hub name or local dir); a pad token is ensured."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(name_or_path)
+    return model, tokenizer
+
+
+def save_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str) -> None:
+    """HF layout (config + safetensors + tokenizer files): :func:`load_causal_lm` reloads it."""
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
