@@ -1,4 +1,4 @@
-"""The ``toolscout`` command line: preprocess | train | evaluate | bench | run.
+"""The ``toolscout`` command line: preprocess | train | evaluate | bench | run | serve.
 
 Every command reads ``configs/default.yaml``, then ``--config FILE``, then ``key=value``
 overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
@@ -182,6 +182,55 @@ def run(config: ConfigOpt = None, overrides: Overrides = None) -> None:
     report = run_quickstart(cfg)
     print(markdown_table(report))
     console.print(f"results: {Path(cfg['run']['workdir']).resolve() / 'results.json'}")
+
+
+@app.command()
+@guarded
+def serve(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    model: Annotated[str | None, typer.Option(help="Artifact dir (or method dir with LATEST).")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="Dataset dir: tool catalog and detector calibration.")
+    ] = None,
+    serve_config: Annotated[
+        Path | None, typer.Option(help="Serve config file (default: deploy/serve_config.yaml).")
+    ] = None,
+    detector: Annotated[str | None, typer.Option(help="Detector calibrations JSON (read/written).")] = None,
+    selector_lm: Annotated[str | None, typer.Option(help="Selector LM dir or hub name (backend lm).")] = None,
+    train_selector: Annotated[
+        str | None, typer.Option(help="Train the selector LM on --data into this dir, then serve it.")
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="HTTP host (default from the config, else 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default from the config, else 8000).")] = None,
+    calibrate_only: Annotated[bool, typer.Option("--calibrate-only", help="Calibrate, then exit.")] = False,
+) -> None:
+    """Serve detection -> retrieval -> selection on Ray Serve (``serve.*`` overrides reach the app args)."""
+    from workflows.serve import app_args, prepare, read_serve_config, run_server
+    from workflows.serve import train_selector as fit_selector
+
+    cfg = build_config(config, [o for o in overrides or [] if not o.startswith("serve.")], data__path=data)
+    file = read_serve_config(serve_config)
+    flags = {"artifact": model, "detector_file": detector}
+    if data:
+        flags |= {"catalog": data, "calibration_data": data}
+    if selector_lm:
+        flags["selector"] = {"backend": "lm", "model": selector_lm}
+    args = app_args(file, flags, overrides or [])
+    if not args.get("artifact"):
+        raise ConfigError("no artifact to serve: pass --model or set args.artifact in the serve config")
+    data_path = cfg["data"].get("path") or args.get("calibration_data")
+    args = prepare(args, data_path, cfg.get("splits"))
+    if calibrate_only:
+        return
+    if train_selector:
+        require(cfg, "data.path", "--data")
+        args = fit_selector(args, data_path, train_selector, cfg.get("splits"))
+    http = file.get("http_options") or {}
+    start_ray(cfg)
+    run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)))
 
 
 def main() -> None:

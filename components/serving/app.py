@@ -1,0 +1,111 @@
+"""The application builder: ``serve run deploy/serve_config.yaml`` imports :func:`build_app`.
+
+The graph is Ingress → Detector → [QueryRewriter] → Retriever → [Selector]. Model settings reach
+the deployments as user configs (so changing ``artifact`` and redeploying swaps the version in
+place, through ``reconfigure``); replica settings (autoscaling, CPUs) come from the ``deployments``
+list, in the same format as a Serve config file's, whose values ``serve run`` / ``serve deploy``
+apply on top.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from ray.serve import Application
+
+from components.serving.deployments import Detector, QueryRewriter, Retriever, Selector
+from components.serving.errors import API_KEY_ENV
+from components.serving.ingress import IngressDeployment
+
+# Used when the config names no resources: four 1-CPU replicas would not start on a 2-core machine.
+FALLBACK_ACTOR_OPTIONS = {"num_cpus": 0.25}
+BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
+
+
+class ServeArgs(BaseModel):
+    """``args`` of the application (``applications[].args`` in a Serve config file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    artifact: str = Field(description="Retriever artifact dir, or a method dir with LATEST.")
+    catalog: str = Field(description="Dataset dir (raw or prepared) whose corpus names the tools.")
+    detector_artifact: str | None = Field(None, description="Detector artifact; default: artifact.")
+    detector_file: str | None = Field(
+        None, description="Threshold calibrations JSON (methods without detect)."
+    )
+    calibration_data: str | None = Field(
+        None, description="Dataset to calibrate on when the file has no entry."
+    )
+    splits: dict[str, Any] | None = Field(None, description="The splits config used in training (for valid).")
+    rewriter: dict[str, Any] = Field(default_factory=lambda: {"backend": "passthrough"})
+    selector: dict[str, Any] = Field(default_factory=lambda: {"backend": "none"})
+    batching: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="Per deployment: max_batch_size, batch_wait_timeout_s."
+    )
+    needs_tool_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    api_key: str | None = Field(None, description=f"Sets ${API_KEY_ENV} in the ingress replicas.")
+    deployments: list[dict[str, Any]] = Field(default_factory=list, description="Serve deployment options.")
+
+
+def _local(path: str | None) -> str | None:
+    """Absolute local paths (replicas need not share the builder's working directory); URLs as is."""
+    return path if path is None or "://" in path else os.path.abspath(path)
+
+
+def _options(args: ServeArgs, name: str) -> dict[str, Any]:
+    options = next((dict(d) for d in args.deployments if d.get("name") == name), {})
+    options.pop("name", None)
+    options.setdefault("ray_actor_options", dict(FALLBACK_ACTOR_OPTIONS))
+    return options
+
+
+def _deployment(cls: type, name: str, args: ServeArgs, user_config: dict[str, Any] | None = None) -> Any:
+    options = _options(args, name)
+    if user_config is not None:
+        options["user_config"] = {**user_config, **args.batching.get(name, {})}
+    return serve.deployment(cls, name=name).options(**options)
+
+
+def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
+    """The user config of each model deployment (what a hot-swap changes)."""
+    detector = {
+        "artifact": _local(args.detector_artifact or args.artifact),
+        "detector_file": _local(args.detector_file),
+        "calibration_data": _local(args.calibration_data),
+        "splits": args.splits,
+    }
+    selector = dict(args.selector)
+    if selector.get("backend") == "lm" and "model" in selector:
+        selector["model"] = (
+            _local(selector["model"]) if os.path.exists(selector["model"]) else selector["model"]
+        )
+    return {
+        "Detector": detector,
+        "Retriever": {"artifact": _local(args.artifact)},
+        "QueryRewriter": dict(args.rewriter),
+        "Selector": selector,
+    }
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """The bound graph, ready for ``serve.run`` (or built by ``serve run`` from a config file)."""
+    a = ServeArgs.model_validate(args)
+    configs = user_configs(a)
+    catalog = _local(a.catalog)
+    detector = _deployment(Detector, "Detector", a, configs["Detector"]).bind()
+    retriever = _deployment(Retriever, "Retriever", a, configs["Retriever"]).bind(catalog)
+    rewriter = None
+    if a.rewriter.get("backend", "passthrough") != "passthrough":
+        rewriter = _deployment(QueryRewriter, "QueryRewriter", a, configs["QueryRewriter"]).bind()
+    selector = None
+    if a.selector.get("backend", "none") != "none":
+        selector = _deployment(Selector, "Selector", a, configs["Selector"]).bind(catalog)
+    ingress_options = _options(a, "Ingress")
+    if a.api_key:
+        env = ingress_options["ray_actor_options"].setdefault("runtime_env", {}).setdefault("env_vars", {})
+        env[API_KEY_ENV] = a.api_key
+    ingress = serve.deployment(IngressDeployment, name="Ingress").options(**ingress_options)
+    return ingress.bind(detector, retriever, rewriter, selector, a.needs_tool_threshold)

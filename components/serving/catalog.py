@@ -1,0 +1,139 @@
+"""The tool catalog a server answers with: names and parameter schemas, read from a dataset's corpus.
+
+Artifacts store tool ids only, so the names shown to clients and the schemas the selector fills
+come from the dataset the artifact was trained on (a raw BEIR dir or a prepared one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.data import io
+from components.data.prepared import is_prepared, read_table
+from components.data.tooltext import parse_tool_text
+
+# ToolBench writes parameter types in many spellings; JSON Schema has a handful.
+_JSON_TYPES = {
+    "string": "string",
+    "str": "string",
+    "number": "number",
+    "float": "number",
+    "double": "number",
+    "integer": "integer",
+    "int": "integer",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "array": "array",
+    "object": "object",
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a tool, with its JSON Schema type (``string`` when unknown)."""
+
+    name: str
+    type: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A catalog entry."""
+
+    id: str
+    name: str
+    description: str = ""
+    required: tuple[Param, ...] = ()
+    optional: tuple[Param, ...] = ()
+
+    def json_schema(self) -> dict[str, Any]:
+        """The arguments as a JSON Schema object (``title`` carries the human-readable name)."""
+        props = {
+            p.name: {"type": p.type, "description": p.description} for p in self.required + self.optional
+        }
+        return {
+            "type": "object",
+            "title": self.name,
+            "properties": props,
+            "required": [p.name for p in self.required],
+        }
+
+
+def json_type(raw: Any) -> str:
+    """Map a ToolBench type name to a JSON Schema type."""
+    return _JSON_TYPES.get(str(raw or "").strip().lower(), "string")
+
+
+def _params(items: list[dict]) -> tuple[Param, ...]:
+    # Nameless entries are free-text leftovers of unparsable schemas (see tooltext): no argument.
+    return tuple(
+        Param(str(p["name"]), json_type(p.get("type")), str(p.get("description") or ""))
+        for p in items
+        if p.get("name")
+    )
+
+
+def tool_from_record(record: dict) -> Tool:
+    """A catalog entry from a BEIR corpus record."""
+    parsed = parse_tool_text(str(record["_id"]), record.get("text", ""))
+    name = parsed.name if (parsed.tool or parsed.api) else (record.get("title") or parsed.id)
+    return Tool(
+        id=parsed.id,
+        name=name,
+        description=parsed.description,
+        required=_params(parsed.required_params),
+        optional=_params(parsed.optional_params),
+    )
+
+
+@dataclass
+class ToolCatalog:
+    """Tools by id, with a content hash as the catalog's version."""
+
+    tools: dict[str, Tool]
+    version: str
+    source: str = ""
+    _order: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    def name(self, tool_id: str) -> str:
+        """The tool's display name; its id when the catalog does not know it."""
+        tool = self.tools.get(tool_id)
+        return tool.name if tool else tool_id
+
+    @classmethod
+    def from_records(cls, records: list[dict], source: str = "") -> ToolCatalog:
+        digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
+        tools = {str(r["_id"]): tool_from_record(r) for r in records}
+        return cls(tools=tools, version=digest, source=source, _order=list(tools))
+
+
+def read_corpus_records(path: str, storage_options: dict[str, Any] | None = None) -> list[dict]:
+    """Corpus records of a raw BEIR dir (``corpus.jsonl``) or a prepared dir, in corpus order.
+
+    Only the corpus is read: a server needs no queries or qrels. Unparsable lines are skipped here
+    because ``toolscout preprocess`` is where rejects are reported.
+    """
+    if is_prepared(path, storage_options):
+        rows = sorted(read_table(path, "corpus", storage_options), key=lambda r: r["order"])
+        return [{"_id": r["id"], "title": r["title"], "text": r["raw"], "metadata": {}} for r in rows]
+    records = []
+    for line in io.read_bytes(io.join(path, "corpus.jsonl"), storage_options).decode().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "_id" in rec and isinstance(rec.get("text"), str):
+            records.append(rec)
+    return records
+
+
+def load_catalog(path: str, storage_options: dict[str, Any] | None = None) -> ToolCatalog:
+    """The catalog of the dataset at ``path``."""
+    return ToolCatalog.from_records(read_corpus_records(path, storage_options), source=path)

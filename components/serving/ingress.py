@@ -1,0 +1,155 @@
+"""The HTTP ingress: FastAPI routes that chain the model deployments through their handles.
+
+``POST /v1/select`` runs detection; when no tool is needed it answers at once (retrieval skipped),
+otherwise it rewrites (if a rewriter is deployed), retrieves, and selects (if a selector is
+deployed). Calls to replicas that die mid-request (a node loss, a killed actor) are retried on
+another replica; they are all idempotent reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from components.serving.errors import ApiKeyMiddleware, error, install_error_handlers
+from components.serving.schemas import ErrorResponse, Health, SelectRequest, SelectResponse, ToolsInfo
+
+logger = logging.getLogger("ray.serve")
+
+# Failures of the replica rather than of the request: worth one more try on another replica.
+RETRYABLE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+
+api = FastAPI(
+    title="toolscout",
+    summary="Online tool selection: detection → retrieval → LLM selection, on Ray Serve.",
+    version="1",
+)
+api.add_middleware(ApiKeyMiddleware)
+install_error_handlers(api)
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        400: "Body is not JSON",
+        401: "API key missing or wrong",
+        415: "Content-Type is not application/json",
+        422: "Request does not match the schema",
+        503: "A model deployment is unavailable",
+    }.items()
+}
+
+
+class BackendUnavailable(Exception):
+    """A deployment kept failing after the retries."""
+
+
+class Ingress:
+    """Routes of :data:`api`; handles are injected by :func:`components.serving.app.build_app`.
+
+    Args:
+        detector, retriever: Handles of the Detector and Retriever deployments.
+        rewriter, selector: Handles of the optional deployments, or ``None`` when not deployed.
+        needs_tool_threshold: Default probability above which a request needs a tool.
+        retries: Extra attempts on a replica failure.
+    """
+
+    def __init__(
+        self,
+        detector: DeploymentHandle,
+        retriever: DeploymentHandle,
+        rewriter: DeploymentHandle | None = None,
+        selector: DeploymentHandle | None = None,
+        needs_tool_threshold: float = 0.5,
+        retries: int = 3,
+    ) -> None:
+        self.detector, self.retriever = detector, retriever
+        self.rewriter, self.selector = rewriter, selector
+        self.threshold = needs_tool_threshold
+        self.retries = retries
+
+    async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                return await method.remote(*args)
+            except RETRYABLE as e:
+                if attempt == self.retries:
+                    raise BackendUnavailable(str(e)) from e
+                logger.warning("retrying after replica failure: %s", type(e).__name__)
+                await asyncio.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _timed(timings: dict[str, float], stage: str, call: Awaitable[Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return await call
+        finally:
+            timings[stage] = round((time.perf_counter() - start) * 1000, 3)
+
+    async def _select(self, req: SelectRequest, timings: dict[str, float]) -> dict[str, Any]:
+        detected = await self._timed(timings, "detect", self._call(self.detector.detect, req.query))
+        threshold = self.threshold if req.needs_tool_threshold is None else req.needs_tool_threshold
+        out: dict[str, Any] = {
+            "needs_tool": detected["probability"] >= threshold,
+            "probability": detected["probability"],
+            "tools": [],
+            "call": None,
+            "model_version": detected["version"],
+        }
+        if not out["needs_tool"]:
+            return out
+        text = req.query
+        if self.rewriter is not None:
+            text = await self._timed(
+                timings, "rewrite", self._call(self.rewriter.rewrite, req.query, req.history)
+            )
+        found = await self._timed(timings, "retrieve", self._call(self.retriever.retrieve, (text, req.top_k)))
+        out["tools"], out["model_version"] = found["tools"], found["version"]
+        if self.selector is not None and found["tools"]:
+            ask = {
+                "query": req.query,
+                "history": req.history,
+                "candidates": [t["id"] for t in found["tools"]],
+            }
+            try:
+                out["call"] = await self._timed(timings, "select", self._call(self.selector.select, ask))
+            except Exception as e:  # the ranking is still an answer when the LLM is down
+                logger.warning("selector failed, answering with the ranking only: %s", e)
+        return out
+
+    @api.post("/v1/select", response_model=SelectResponse, responses=ERRORS)
+    async def select(self, body: SelectRequest) -> Any:
+        """Does the request need a tool; if so, the top-k tools and the selected call."""
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        try:
+            out = await self._select(body, timings)
+        except BackendUnavailable as e:
+            return error(503, "backend_unavailable", str(e))
+        timings["total"] = round((time.perf_counter() - start) * 1000, 3)
+        return {**out, "timings_ms": timings}
+
+    @api.get("/v1/tools", response_model=ToolsInfo, responses={401: ERRORS[401], 503: ERRORS[503]})
+    async def tools(self) -> Any:
+        """Catalog size, and the retriever's model and catalog versions."""
+        try:
+            return await self._call(self.retriever.info)
+        except BackendUnavailable as e:
+            return error(503, "backend_unavailable", str(e))
+
+    @api.get("/healthz", response_model=Health)
+    async def healthz(self) -> Any:
+        """Liveness of the ingress (Serve health-checks the model replicas itself)."""
+        return {"status": "ok"}
+
+
+IngressDeployment = serve.ingress(api)(Ingress)

@@ -1,0 +1,107 @@
+"""The detector and retriever as loaded in a replica: one artifact version, held in memory.
+
+These are the in-process fast path: the Serve deployments wrap them, and the load benchmark calls
+them directly for its baseline. Loading happens once per version (never per request).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from components import methods
+from components.data import open_dataset
+from components.registry import resolve
+from components.serving.calibration import (
+    ScoreThreshold,
+    calibrate,
+    find_calibration,
+    model_version,
+    save_calibration,
+    top1_scores,
+)
+from components.serving.catalog import ToolCatalog
+
+Ranking = list[tuple[str, float]]
+
+
+class RetrieverModel:
+    """A trained method's artifact (BM25, dense, MassTool, ...) ready to rank the catalog."""
+
+    def __init__(self, artifact: str) -> None:
+        self.artifact = os.path.abspath(resolve(artifact))
+        self.method = methods.load(self.artifact)
+        self.version = model_version(self.artifact)
+
+    def retrieve(self, texts: list[str], k: int) -> list[Ranking]:
+        """Top-``k`` ``(tool id, score)`` for each text, best first."""
+        results = self.method.retrieve({str(i): t for i, t in enumerate(texts)}, k)
+        return [
+            sorted(results.get(str(i), {}).items(), key=lambda item: -item[1])[:k] for i in range(len(texts))
+        ]
+
+    def size(self) -> int:
+        return len(getattr(self.method, "tool_ids", []))
+
+
+def named(ranking: Ranking, catalog: ToolCatalog) -> list[dict[str, Any]]:
+    """A ranking as API tool hits."""
+    return [{"id": t, "name": catalog.name(t), "score": float(s)} for t, s in ranking]
+
+
+class DetectorModel:
+    """P(needs a tool) per query: the method's own ``detect`` when it has one (MassTool), else a
+    score threshold calibrated on valid (see :mod:`.calibration`).
+
+    Args:
+        artifact: Artifact dir (or a method dir with ``LATEST``).
+        detector_file: JSON of threshold calibrations; read, and written when calibrating here.
+        calibration_data: Dataset dir to calibrate on when ``detector_file`` has no entry.
+        splits: The ``splits`` config used to carve valid from train (as in training).
+    """
+
+    def __init__(
+        self,
+        artifact: str,
+        detector_file: str | None = None,
+        calibration_data: str | None = None,
+        splits: dict[str, Any] | None = None,
+    ) -> None:
+        self.artifact = os.path.abspath(resolve(artifact))
+        self.version = model_version(self.artifact)
+        self.method = methods.load(self.artifact)
+        self.threshold: ScoreThreshold | None = None
+        if hasattr(self.method, "detect"):
+            self.kind = "method"
+            return
+        self.kind = "score_threshold"
+        self.threshold = find_calibration(detector_file, self.artifact)
+        if self.threshold is None:
+            if not calibration_data:
+                raise ValueError(
+                    f"{self.version} has no detect(); calibrate a threshold first (toolscout serve "
+                    f"--calibrate-only) or give calibration_data; {detector_file or 'no detector file'} "
+                    "has no entry for it"
+                )
+            self.threshold = calibrate(self.method, open_dataset(calibration_data, splits))
+            if detector_file:
+                save_calibration(detector_file, self.artifact, self.threshold)
+
+    def probabilities(self, texts: list[str]) -> list[float]:
+        """P(needs a tool) for each text."""
+        if self.threshold is None:
+            probs = self.method.detect({str(i): t for i, t in enumerate(texts)})
+            return [float(probs[str(i)]) for i in range(len(texts))]
+        return [float(p) for p in self.threshold.probability(top1_scores(self.method, texts))]
+
+
+def calibrate_artifact(
+    artifact: str, data: str, detector_file: str, splits: dict[str, Any] | None = None
+) -> ScoreThreshold | None:
+    """Calibrate ``artifact``'s threshold detector on ``data`` and store it (``None``: it has ``detect``)."""
+    method = methods.load(resolve(artifact))
+    if hasattr(method, "detect"):
+        return None
+    detector = calibrate(method, open_dataset(data, splits))
+    save_calibration(detector_file, artifact, detector)
+    return detector

@@ -1,0 +1,36 @@
+"""The selector slot: which backend picks the call among the retrieved candidates.
+
+``selector.backend`` in the serving config:
+
+- ``none``: no LLM; the response carries the ranking and no call;
+- ``lm``: a local causal LM with constrained decoding (:mod:`.selector_lm`), ``model`` = hub name
+  or a dir written by :func:`components.serving.selector_train.train_selector_lm`;
+- ``openai``: an OpenAI-compatible endpoint (:mod:`.selector_http`), ``url`` + ``model``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from components.serving.catalog import ToolCatalog
+
+
+class Selector(Protocol):
+    def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None: ...
+
+
+def build_selector(cfg: dict[str, Any] | None, catalog: ToolCatalog) -> Selector | None:
+    """The configured selector, or ``None`` for ``backend: none``."""
+    cfg = dict(cfg or {})
+    backend = cfg.pop("backend", "none")
+    if backend == "none":
+        return None
+    if backend == "lm":
+        from components.serving.selector_lm import LMSelector
+
+        return LMSelector(catalog=catalog, **cfg)
+    if backend == "openai":
+        from components.serving.selector_http import OpenAISelector
+
+        return OpenAISelector(catalog=catalog, **cfg)
+    raise ValueError(f"unknown selector backend {backend!r}; choose none, lm or openai")

@@ -1,0 +1,107 @@
+"""Selection by an OpenAI-compatible chat endpoint (vLLM, Ray Serve LLM, or any such server).
+
+The retrieved candidates become the request's ``tools`` (function calling), each with its
+parameter schema, and ``tool_choice: "required"`` asks for exactly one call; servers that support
+it constrain decoding to the schemas (vLLM's guided decoding). The answer is checked here as well:
+a tool that was not offered, arguments that are not a JSON object, or a missing required argument
+make the call ``None`` rather than something the agent would execute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+from components.serving.catalog import ToolCatalog
+
+SYSTEM = (
+    "You route a user's request to exactly one of the offered tools and fill its arguments from the "
+    "request. Call the single best tool."
+)
+
+
+class SelectorHTTPError(RuntimeError):
+    """The endpoint could not be reached or answered with something that is not a chat completion."""
+
+
+class OpenAISelector:
+    """Calls ``POST {url}/chat/completions`` (``url`` like ``http://host:8000/v1``).
+
+    Args:
+        url: Base URL including ``/v1``.
+        model: The served model's name.
+        catalog: Tools with their parameter schemas.
+        api_key_env: Environment variable holding the endpoint's key, if it needs one.
+        timeout_s: Per-request timeout.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        catalog: ToolCatalog,
+        api_key_env: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.endpoint = url.rstrip("/") + "/chat/completions"
+        self.model, self.catalog, self.timeout_s = model, catalog, timeout_s
+        self.api_key = os.environ.get(api_key_env) if api_key_env else None
+
+    def request_body(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any]:
+        """The chat-completions request: history as earlier user turns, candidates as functions."""
+        tools = []
+        for i, tool_id in enumerate(candidates):
+            tool = self.catalog.tools.get(tool_id)
+            if tool is not None:  # function names must match ^[a-zA-Z0-9_-]+$: index, not the tool id
+                fn = {"name": f"tool_{i}", "description": tool.description, "parameters": tool.json_schema()}
+                tools.append({"type": "function", "function": fn})
+        messages = [{"role": "system", "content": SYSTEM}]
+        messages += [{"role": "user", "content": turn} for turn in history]
+        messages.append({"role": "user", "content": query})
+        return {
+            "model": self.model,
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": "required",
+            "temperature": 0.0,
+        }
+
+    def post(self, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as e:
+            raise SelectorHTTPError(f"{self.endpoint}: {e}") from e
+
+    def parse(self, answer: dict[str, Any], candidates: list[str]) -> dict[str, Any] | None:
+        """The validated call in ``answer``, or ``None`` if it names no offered tool or breaks the schema."""
+        try:
+            message = answer["choices"][0]["message"]
+        except (KeyError, IndexError, TypeError) as e:
+            raise SelectorHTTPError(f"{self.endpoint}: not a chat completion: {str(answer)[:200]}") from e
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return None
+        fn = calls[0].get("function", {})
+        name = str(fn.get("name", ""))
+        index = int(name[5:]) if name.startswith("tool_") and name[5:].isdigit() else -1
+        if not 0 <= index < len(candidates) or candidates[index] not in self.catalog.tools:
+            return None
+        try:
+            arguments = json.loads(fn.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            return None
+        tool = self.catalog.tools[candidates[index]]
+        if not isinstance(arguments, dict) or any(p.name not in arguments for p in tool.required):
+            return None
+        return {"tool": tool.id, "arguments": arguments}
+
+    def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None:
+        return self.parse(self.post(self.request_body(query, history, candidates)), candidates)

@@ -1,0 +1,149 @@
+"""The real Serve app on 127.0.0.1 over HTTP: answers, versions, OpenAPI, every bad input, the API key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+from serving_helpers import deploy
+
+from components.serving.models import DetectorModel
+from components.serving.schemas import MAX_QUERY_CHARS, MAX_TOP_K
+
+
+@pytest.fixture(scope="module")
+def app_args(bm25_versions, serving_data, selector_lm):
+    return {
+        "artifact": bm25_versions["default"],
+        "catalog": serving_data,
+        "detector_file": bm25_versions["detector_file"],
+        "selector": {"backend": "lm", "model": selector_lm[0]},
+        "rewriter": {"backend": "history", "turns": 1},
+    }
+
+
+@pytest.fixture(scope="module")
+def url(serve_instance, app_args):
+    deploy(app_args)
+    return serve_instance
+
+
+def post(url: str, body, **kwargs) -> requests.Response:
+    return requests.post(f"{url}/v1/select", json=body, timeout=30, **kwargs)
+
+
+def test_health_tools_and_docs(url, dataset, catalog):
+    assert requests.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
+    info = requests.get(f"{url}/v1/tools", timeout=10).json()
+    assert info == {
+        "size": len(dataset.corpus),
+        "model_version": "bm25/v0001",
+        "catalog_version": catalog.version,
+    }
+    assert requests.get(f"{url}/docs", timeout=10).status_code == 200
+    spec = requests.get(f"{url}/openapi.json", timeout=10).json()
+    assert {"/v1/select", "/v1/tools", "/healthz"} <= set(spec["paths"])
+    assert {"query", "top_k", "history", "needs_tool_threshold"} <= set(
+        spec["components"]["schemas"]["SelectRequest"]["properties"]
+    )
+
+
+def test_tool_query_gets_ranking_call_and_version(url, dataset, catalog):
+    query = next(iter(dataset.split_queries("test").values()))
+    r = post(url, {"query": query, "top_k": 4, "needs_tool_threshold": 0.0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["needs_tool"] is True and 0.0 <= body["probability"] <= 1.0
+    assert len(body["tools"]) == 4 and all(t["id"] in dataset.corpus for t in body["tools"])
+    assert [t["name"] for t in body["tools"]] == [catalog.name(t["id"]) for t in body["tools"]]
+    scores = [t["score"] for t in body["tools"]]
+    assert scores == sorted(scores, reverse=True)
+    assert body["call"]["tool"] in [t["id"] for t in body["tools"]]
+    assert set(body["call"]["arguments"]) == {p.name for p in catalog.tools[body["call"]["tool"]].required}
+    assert body["model_version"] == "bm25/v0001"
+    assert {"detect", "rewrite", "retrieve", "select", "total"} <= set(body["timings_ms"])
+
+
+def test_probability_is_the_in_process_detectors(url, dataset, bm25_versions):
+    detector = DetectorModel(bm25_versions["default"], bm25_versions["detector_file"])
+    queries = [*list(dataset.split_queries("test").values())[:3], *dataset.neg_split["test"][:3]]
+    for query, expected in zip(queries, detector.probabilities(queries), strict=True):
+        assert post(url, {"query": query}).json()["probability"] == pytest.approx(expected, abs=1e-9)
+
+
+def test_no_tool_needed_skips_retrieval(url, dataset, bm25_versions):
+    detector = DetectorModel(bm25_versions["default"], bm25_versions["detector_file"])
+    negatives = dataset.neg_split["test"]
+    query = next(q for q, p in zip(negatives, detector.probabilities(negatives), strict=True) if p < 0.5)
+    body = post(url, {"query": query}).json()
+    assert body["needs_tool"] is False and body["tools"] == [] and body["call"] is None
+    assert "retrieve" not in body["timings_ms"] and body["model_version"] == "bm25/v0001"
+
+
+def test_history_is_accepted(url):
+    body = {"query": "and the forecast there?", "history": ["I am flying to Paris"], "top_k": 2}
+    r = post(url, {**body, "needs_tool_threshold": 0.0})
+    assert r.status_code == 200 and r.json()["timings_ms"]["rewrite"] >= 0
+
+
+BAD_JSON = [
+    ("wrong type: query", {"query": 5}),
+    ("wrong type: top_k string", {"query": "weather", "top_k": "5"}),
+    ("wrong type: top_k float", {"query": "weather", "top_k": 2.5}),
+    ("wrong type: history", {"query": "weather", "history": "earlier"}),
+    ("wrong type: threshold", {"query": "weather", "needs_tool_threshold": "high"}),
+    ("unknown field", {"query": "weather", "k": 3}),
+    ("missing query", {"top_k": 3}),
+    ("empty query", {"query": ""}),
+    ("whitespace query", {"query": " \n\t "}),
+    ("over-long query", {"query": "a" * (MAX_QUERY_CHARS + 1)}),
+    ("top_k zero", {"query": "weather", "top_k": 0}),
+    ("top_k too large", {"query": "weather", "top_k": MAX_TOP_K + 1}),
+    ("threshold out of range", {"query": "weather", "needs_tool_threshold": 1.5}),
+    ("body not an object", ["weather"]),
+]
+
+
+@pytest.mark.parametrize(("case", "body"), BAD_JSON, ids=[c for c, _ in BAD_JSON])
+def test_bad_json_input_is_a_422_json_error(url, case, body):
+    r = post(url, body)
+    assert r.status_code == 422, (case, r.status_code, r.text)
+    error = r.json()["error"]
+    assert error["code"] == "invalid_request" and error["details"], case
+
+
+def test_non_json_body_is_a_400(url):
+    r = requests.post(f"{url}/v1/select", data="query=weather", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_wrong_content_type_is_a_415(url):
+    data = json.dumps({"query": "weather"})
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        r = requests.post(f"{url}/v1/select", data=data, headers={"Content-Type": content_type}, timeout=10)
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_unknown_route_and_method_are_json(url):
+    r = requests.get(f"{url}/v1/nope", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = requests.get(f"{url}/v1/select", timeout=10)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_api_key(url, app_args):
+    deploy({**app_args, "api_key": "k-123"})
+    try:
+        good = {"Authorization": "Bearer k-123"}
+        assert post(url, {"query": "weather in Paris"}).status_code == 401
+        wrong = post(url, {"query": "weather in Paris"}, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
+        assert wrong.headers["WWW-Authenticate"] == "Bearer"
+        assert post(url, {"query": 5}).status_code == 401  # no schema hints before authentication
+        assert requests.get(f"{url}/v1/tools", timeout=10).status_code == 401
+        assert post(url, {"query": "weather in Paris"}, headers=good).status_code == 200
+        assert requests.get(f"{url}/healthz", timeout=10).status_code == 200
+    finally:
+        deploy(app_args)
+    assert post(url, {"query": "weather in Paris"}).status_code == 200

@@ -1,0 +1,120 @@
+"""Score-threshold detector: threshold search, logistic fit, per-artifact storage, detect() preference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from components.methods import REGISTRY
+from components.methods.bm25 import BM25Method
+from components.serving.calibration import (
+    artifact_key,
+    best_threshold,
+    calibrate,
+    find_calibration,
+    fit_logistic,
+    model_version,
+)
+from components.serving.models import DetectorModel
+
+
+def acc(tool: np.ndarray, no_tool: np.ndarray, t: float, balanced: bool) -> float:
+    if balanced:
+        return ((tool >= t).mean() + (no_tool < t).mean()) / 2
+    return ((tool >= t).sum() + (no_tool < t).sum()) / (len(tool) + len(no_tool))
+
+
+@pytest.mark.parametrize("balanced", [True, False])
+def test_best_threshold_matches_brute_force(balanced):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        tool, no_tool = rng.normal(2, 1, 40).round(1), rng.normal(0, 1, 15).round(1)
+        threshold, accuracy = best_threshold(tool, no_tool, balanced)
+        points = np.unique(np.concatenate([tool, no_tool, [tool.min() - 1, tool.max() + 1]]))
+        assert accuracy == pytest.approx(max(acc(tool, no_tool, t, balanced) for t in points))
+        assert acc(tool, no_tool, threshold, balanced) == pytest.approx(accuracy)
+
+
+def test_balanced_threshold_does_not_call_everything_a_tool():
+    rng = np.random.default_rng(1)
+    tool, no_tool = rng.normal(1.0, 1, 500), rng.normal(0.0, 1, 20)  # 25:1, overlapping classes
+    plain, _ = best_threshold(tool, no_tool, balanced=False)
+    fair, _ = best_threshold(tool, no_tool, balanced=True)
+    assert (no_tool < fair).mean() > (no_tool < plain).mean() + 0.3
+
+
+def test_logistic_fit_is_monotone_and_calibrated_on_separable_data():
+    x = np.concatenate([np.linspace(-3, -0.5, 50), np.linspace(0.5, 3, 50)])
+    y = (x > 0).astype(float)
+    slope, intercept = fit_logistic(x, y)
+    assert slope > 1.0 and abs(intercept) < 0.5
+    p = 1 / (1 + np.exp(-(slope * x + intercept)))
+    assert (p[y == 1] > 0.5).all() and (p[y == 0] < 0.5).all()
+
+
+def test_calibration_separates_tool_from_chitchat(bm25_versions, dataset):
+    v1 = bm25_versions["default"]
+    stored = find_calibration(bm25_versions["detector_file"], v1)
+    assert stored is not None and stored.accuracy > 0.7 and stored.balanced
+    assert stored.n_tool == len(dataset.qrels["valid"]) and stored.n_no_tool == len(
+        dataset.neg_split["valid"]
+    )
+    detector = DetectorModel(v1, bm25_versions["detector_file"])
+    assert detector.kind == "score_threshold" and detector.version == "bm25/v0001"
+    tool_q = list(dataset.split_queries("test").values())[:40]
+    no_tool_q = dataset.neg_split["test"][:40]
+    p_tool, p_none = detector.probabilities(tool_q), detector.probabilities(no_tool_q)
+    assert np.mean(p_tool) > np.mean(p_none) + 0.2
+    balanced = ((np.array(p_tool) >= 0.5).mean() + (np.array(p_none) < 0.5).mean()) / 2
+    assert balanced > 0.65
+
+
+def test_each_version_has_its_own_entry(bm25_versions):
+    v1, v2 = bm25_versions["default"], bm25_versions["lucene"]
+    assert artifact_key(v1) != artifact_key(v2)
+    assert model_version(bm25_versions["root"]) == "bm25/v0002"  # LATEST
+    a, b = (
+        find_calibration(bm25_versions["detector_file"], v1),
+        find_calibration(bm25_versions["detector_file"], v2),
+    )
+    assert a is not None and b is not None and a != b
+
+
+def test_uncalibrated_artifact_without_data_is_a_clear_error(bm25_versions, tmp_path):
+    with pytest.raises(ValueError, match="calibrate"):
+        DetectorModel(bm25_versions["default"], str(tmp_path / "none.json"))
+
+
+def test_calibrating_in_the_replica_writes_the_file(bm25_versions, serving_data, tmp_path):
+    file = str(tmp_path / "d.json")
+    detector = DetectorModel(bm25_versions["lucene"], file, calibration_data=serving_data)
+    assert find_calibration(file, bm25_versions["lucene"]) == detector.threshold
+
+
+class _BM25WithDetect(BM25Method):
+    """A method with its own detector (as MassTool has): detection by whether any term is known."""
+
+    name = "bm25_detect"
+
+    def detect(self, queries: dict[str, str]) -> dict[str, float]:
+        top = {q: max(r.values(), default=0.0) for q, r in self.retrieve(queries, 1).items()}
+        return {q: float(top.get(q, 0.0) > 0) for q in queries}
+
+
+def test_method_detect_is_preferred_over_calibration(monkeypatch, dataset, tmp_path):
+    monkeypatch.setitem(REGISTRY, _BM25WithDetect.name, _BM25WithDetect)
+    method = _BM25WithDetect()
+    method.index(dataset.corpus)
+    method.save(str(tmp_path / "m" / "v0001"))  # config.json names "bm25_detect"
+    detector = DetectorModel(str(tmp_path / "m" / "v0001"))  # no calibration file needed
+    assert detector.kind == "method" and detector.threshold is None
+    assert detector.probabilities(["weather forecast in Paris", "zzzz qqqq"]) == [1.0, 0.0]
+
+
+def test_calibrate_needs_no_tool_queries(bm25_versions, dataset):
+    from dataclasses import replace
+
+    from components.methods import load
+
+    with pytest.raises(ValueError, match="no-tool"):
+        calibrate(load(bm25_versions["default"]), replace(dataset, neg_split={}))

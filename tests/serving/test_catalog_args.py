@@ -1,0 +1,71 @@
+"""Catalog parsing, JSON schemas, weak argument labels and the call token layout."""
+
+from __future__ import annotations
+
+from components.generative.lm import train_bpe
+from components.serving.callformat import CallFormat
+from components.serving.catalog import Param, Tool, ToolCatalog, json_type
+from components.serving.weak_args import weak_arguments
+
+RECORD = {
+    "_id": "7",
+    "title": "",
+    "text": "category_name:Travel, tool_name:Fly, api_name:search flights, api_description:Find flights, "
+    'required_params: [{"name": "origin", "type": "STRING", "description": "from"}, '
+    '{"name": "seats", "type": "NUMBER", "description": ""}], '
+    'optional_params: [{"name": "cabin", "type": "str"}], return_schema: {}',
+    "metadata": {},
+}
+
+
+def test_catalog_entry_and_schema():
+    catalog = ToolCatalog.from_records([RECORD, {"_id": "8", "title": "Free text", "text": "just words"}])
+    tool = catalog.tools["7"]
+    assert tool.name == "Fly / search flights" and catalog.name("8") == "Free text"
+    assert [(p.name, p.type) for p in tool.required] == [("origin", "string"), ("seats", "number")]
+    schema = tool.json_schema()
+    assert schema["required"] == ["origin", "seats"] and set(schema["properties"]) == {
+        "origin",
+        "seats",
+        "cabin",
+    }
+    assert catalog.name("unknown") == "unknown" and len(catalog.version) == 12
+    assert json_type("INT") == "integer" and json_type("weird") == "string"
+
+
+def test_catalog_version_changes_with_content():
+    a = ToolCatalog.from_records([RECORD])
+    b = ToolCatalog.from_records([{**RECORD, "text": RECORD["text"].replace("Fly", "Soar")}])
+    assert a.version != b.version
+
+
+def test_weak_arguments_copy_entities_and_numbers():
+    tool = Tool(
+        "1",
+        "FX / convert",
+        "Convert money",
+        (
+            Param("amount", "number"),
+            Param("from_currency", "string"),
+            Param("to_currency", "string"),
+        ),
+    )
+    assert weak_arguments("please convert 250 JPY to CHF", tool) == {
+        "amount": 250.0,
+        "from_currency": "JPY",
+        "to_currency": "CHF",
+    }
+    weather = Tool("2", "Sky / weather forecast", "Weather forecast for a city", (Param("city", "string"),))
+    assert weak_arguments("what is the weather forecast in Paris tomorrow", weather) == {"city": "Paris"}
+    assert weak_arguments("forecast please", weather) == {}
+
+
+def test_call_layout_ends_name_and_values_with_eos():
+    tok = train_bpe(["request: hello world tool: Fly search flights origin = Paris"] * 20, vocab_size=300)
+    fmt = CallFormat(tok)
+    tool = Tool("7", "Fly / search flights", "", (Param("origin", "string"),))
+    target = fmt.target(tool, {"origin": "Paris"})
+    assert target[: len(fmt.name(tool))] == fmt.name(tool) and fmt.name(tool)[-1] == tok.eos_token_id
+    assert target[-1] == tok.eos_token_id and target.count(tok.eos_token_id) == 2
+    assert fmt.prompt("hi")[0] == tok.bos_token_id
+    assert fmt.target(tool, {}) == fmt.name(tool)  # unlabelled parameters are not written

@@ -1,0 +1,65 @@
+"""The OpenAI-compatible selector against a real local HTTP server that decodes with the trained LM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from local_openai_server import LocalChatServer
+
+from components.serving.selector_http import OpenAISelector, SelectorHTTPError
+from components.serving.selector_lm import LMSelector
+
+
+@pytest.fixture(scope="module")
+def server(selector_lm, catalog):
+    with LocalChatServer(LMSelector(selector_lm[0], catalog)) as s:
+        yield s
+
+
+def test_request_shape_and_parsed_call(server, catalog, dataset, monkeypatch):
+    monkeypatch.setenv("LLM_KEY", "s3cret")
+    client = OpenAISelector(server.url, "local-selector", catalog, api_key_env="LLM_KEY")
+    query = next(iter(dataset.split_queries("test").values()))
+    candidates = list(catalog.tools)[:4]
+    call = client.select(query, ["earlier turn"], candidates)
+    sent = server.requests[-1]
+    body = sent["body"]
+    assert sent["headers"]["Authorization"] == "Bearer s3cret"
+    assert body["model"] == "local-selector" and body["tool_choice"] == "required"
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "user"]
+    assert body["messages"][-1]["content"] == query
+    names = [t["function"]["name"] for t in body["tools"]]
+    assert names == ["tool_0", "tool_1", "tool_2", "tool_3"]
+    assert body["tools"][0]["function"]["parameters"] == catalog.tools[candidates[0]].json_schema()
+    assert call is not None and call["tool"] in candidates
+    assert set(call["arguments"]) >= {p.name for p in catalog.tools[call["tool"]].required}
+    json.dumps(call["arguments"])
+
+
+def test_a_tool_that_was_not_offered_is_rejected(server, catalog):
+    client = OpenAISelector(server.url, "m", catalog)
+    server.offer_unknown_tool = True
+    try:
+        assert client.select("weather in Paris", [], list(catalog.tools)[:3]) is None
+    finally:
+        server.offer_unknown_tool = False
+
+
+def test_unreachable_endpoint_is_a_selector_error(catalog):
+    from serving_helpers import free_port
+
+    client = OpenAISelector(f"http://127.0.0.1:{free_port()}/v1", "m", catalog, timeout_s=2)
+    with pytest.raises(SelectorHTTPError):
+        client.select("weather in Paris", [], list(catalog.tools)[:3])
+
+
+def test_parse_rejects_malformed_answers(catalog):
+    client = OpenAISelector("http://127.0.0.1:1/v1", "m", catalog)
+    cands = list(catalog.tools)[:2]
+    fn = {"name": "tool_0", "arguments": "not json"}
+    answer = {"choices": [{"message": {"tool_calls": [{"function": fn}]}}]}
+    assert client.parse(answer, cands) is None
+    assert client.parse({"choices": [{"message": {"content": "hi"}}]}, cands) is None
+    with pytest.raises(SelectorHTTPError):
+        client.parse({"error": "nope"}, cands)

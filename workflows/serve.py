@@ -1,0 +1,110 @@
+"""``toolscout serve``: calibrate the detector (if needed), optionally train the selector LM, start Serve.
+
+The application's settings come from a Serve config file (``deploy/serve_config.yaml`` by default,
+the same file ``serve run`` / ``serve deploy`` and the KubeRay ``RayService`` use): its first
+application's ``args`` and ``deployments``, then the command's flags on top. Local Ray and the
+HTTP proxy bind 127.0.0.1 unless the config or ``--host`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from components.config import apply_overrides, load_yaml
+from components.registry import resolve
+
+DEFAULT_SERVE_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "serve_config.yaml"
+APP_NAME = "toolscout"
+
+
+def read_serve_config(path: str | Path | None) -> dict[str, Any]:
+    """A Serve config file (``{}`` when ``path`` is None and the default file is absent)."""
+    if path is None:
+        return load_yaml(DEFAULT_SERVE_CONFIG) if DEFAULT_SERVE_CONFIG.exists() else {}
+    return load_yaml(path)
+
+
+def app_args(serve_config: dict[str, Any], overrides: dict[str, Any], extra: list[str]) -> dict[str, Any]:
+    """The first application's args and deployment options, then flags, then ``serve.*`` overrides."""
+    apps = serve_config.get("applications") or [{}]
+    args = copy.deepcopy(apps[0].get("args") or {})
+    # The app's deployments list (what `serve run` applies) wins over args.deployments, by name.
+    by_name = {d["name"]: d for d in [*(args.get("deployments") or []), *(apps[0].get("deployments") or [])]}
+    args["deployments"] = copy.deepcopy(list(by_name.values()))
+    args.update({k: v for k, v in overrides.items() if v is not None})
+    serve_overrides = [o.split(".", 1)[1] for o in extra if o.startswith("serve.")]
+    return apply_overrides(args, serve_overrides)
+
+
+def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | None) -> dict[str, Any]:
+    """Calibrate the score-threshold detector for the artifact when the detector file lacks it.
+
+    Done here, in the driver, so replicas only read the file; returns the args with
+    ``detector_file`` set.
+    """
+    from components.serving.calibration import find_calibration
+    from components.serving.models import calibrate_artifact
+
+    args = dict(args)
+    args.setdefault("detector_file", os.path.join("runs", "serving", "detector.json"))
+    artifact = args.get("detector_artifact") or args["artifact"]
+    if find_calibration(args["detector_file"], artifact) is not None or has_detect(artifact):
+        return args
+    if not data:
+        raise ValueError(
+            f"{resolve(artifact)} has no detect() and {args['detector_file']} no threshold for it: "
+            "pass --data to calibrate one on its valid split"
+        )
+    detector = calibrate_artifact(artifact, data, args["detector_file"], splits)
+    assert detector is not None
+    print(
+        f"calibrated {resolve(artifact)}: threshold {detector.threshold:.4f}, "
+        f"valid accuracy {detector.accuracy:.4f} -> {args['detector_file']}"
+    )
+    return args
+
+
+def has_detect(artifact: str) -> bool:
+    """Whether the artifact's method detects tool use itself (no calibration needed)."""
+    from components.methods import REGISTRY
+    from components.methods.base import read_config
+
+    return hasattr(REGISTRY[read_config(resolve(artifact))["method"]], "detect")
+
+
+def train_selector(
+    args: dict[str, Any], data: str, out: str, splits: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Train the local selector LM (``args.selector_training``: lm, steps, ...) and select it."""
+    from components.data import open_dataset
+    from components.serving.catalog import load_catalog
+    from components.serving.selector_train import train_selector_lm
+
+    settings = dict(args.pop("selector_training", None) or {})
+    report = train_selector_lm(open_dataset(data, splits), load_catalog(args["catalog"]), out, **settings)
+    loss = f"{report['first_loss']:.3f} -> {report['last_loss']:.3f}"
+    print(f"selector LM: loss {loss} in {report['seconds']:.0f}s")
+    return {**args, "selector": {**dict(args.get("selector") or {}), "backend": "lm", "model": out}}
+
+
+def run_server(args: dict[str, Any], host: str, port: int, blocking: bool = True) -> str:
+    """Start Serve's proxy on ``host:port`` and deploy the graph; blocks until Ctrl-C when ``blocking``."""
+    from ray import serve
+
+    from components.serving.app import build_app
+
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+    url = f"http://{host}:{port}"
+    print(f"serving on {url} (OpenAPI: {url}/docs)")
+    if blocking:
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            serve.shutdown()
+    return url
