@@ -7,17 +7,32 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from components import methods
 from components.data import Dataset, dataset_from_config
 from components.methods.base import Method
-from components.metrics import DEFAULT_KS, evaluate_retrieval
+from components.metrics import DEFAULT_KS, detection_metrics, evaluate_retrieval
 
 
 def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
-    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``)."""
+    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``).
+
+    A method with a tool-usage detector (``detect``) is also scored on detection: the split's
+    queries (they need a tool) against the no-tool queries of the same split, as ``detect_*``.
+    """
     started = time.perf_counter()
-    results = method.retrieve(dataset.split_queries(split), max(ks))
+    queries = dataset.split_queries(split)
+    results = method.retrieve(queries, max(ks))
     metrics = evaluate_retrieval(dataset.qrels[split], results, ks)
+    negatives = dataset.neg_split.get(split, [])
+    if hasattr(method, "detect") and negatives:
+        texts = list(queries.values()) + negatives
+        probs = method.detect({str(i): t for i, t in enumerate(texts)})
+        labels = np.array([1] * len(queries) + [0] * len(negatives))
+        threshold = float(getattr(getattr(method, "params", None), "detect_threshold", 0.5))
+        det = detection_metrics(labels, np.array([probs[str(i)] for i in range(len(texts))]), threshold)
+        metrics |= {f"detect_{k}": v for k, v in det.items()}
     metrics["eval_seconds"] = time.perf_counter() - started
     return metrics
 

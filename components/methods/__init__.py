@@ -7,11 +7,15 @@ from typing import Any
 from components.methods.base import Method, read_config
 from components.methods.bm25 import BM25Method
 from components.methods.dense import DenseMethod
+from components.methods.masstool import MassToolMethod
+from components.methods.toolgen import ToolGenMethod
 from components.registry import resolve
 
 REGISTRY: dict[str, type] = {
     BM25Method.name: BM25Method,
     DenseMethod.name: DenseMethod,
+    MassToolMethod.name: MassToolMethod,
+    ToolGenMethod.name: ToolGenMethod,
 }
 
 

@@ -87,10 +87,17 @@ def _save_checkpoint(
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
 
 
-def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
-    """AdamW with the stage's learning rate and weight decay."""
+def build_optimizer(
+    model: torch.nn.Module, config: dict[str, Any], task: StageTask | None = None
+) -> torch.optim.Optimizer:
+    """AdamW with the stage's learning rate and weight decay.
+
+    A task with a ``param_groups(model)`` method chooses its own groups (e.g. a smaller learning
+    rate for a pretrained encoder than for freshly initialised heads).
+    """
+    params = task.param_groups(model) if hasattr(task, "param_groups") else model.parameters()
     return torch.optim.AdamW(
-        model.parameters(), lr=float(config["lr"]), weight_decay=float(config.get("weight_decay", 0.0))
+        params, lr=float(config["lr"]), weight_decay=float(config.get("weight_decay", 0.0))
     )
 
 
@@ -119,6 +126,9 @@ def run_epoch(
 ) -> dict[str, float]:
     """Train one epoch, then validate; returns the epoch's metrics (``valid_*``, loss, seconds)."""
     started = time.perf_counter()
+    if hasattr(task, "start_epoch"):
+        # Optional hook: e.g. refresh embeddings the task caches between batches (MassTool's pool).
+        task.start_epoch(unwrap(model), epoch)
     model.train()
     losses = []
     for batch in tqdm(loader, desc=f"{config['stage']} epoch {epoch}", disable=not show_bar):
@@ -144,7 +154,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     torch.manual_seed(int(config.get("seed", 0)))
     task = make_task(config)
     model = task.build_model()
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, config, task)
     start, history = 0, []
     checkpoint = resume_checkpoint(config)
     if checkpoint is not None:
@@ -183,7 +193,7 @@ def train_in_process(config: dict[str, Any], checkpoint_root: str) -> list[dict[
     torch.manual_seed(int(config.get("seed", 0)))
     task = make_task(config)
     model = task.build_model()
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, config, task)
     generator = torch.Generator()
     loader = make_loader(task, config, 1, generator)
     history: list[dict[str, float]] = []

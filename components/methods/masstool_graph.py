@@ -1,0 +1,136 @@
+"""The training graphs of MassTool's query-centric graph convolution (arXiv 2507.00487, Sec. QC-GCN).
+
+Two views over the training split only (valid/test edges would leak labels into the model):
+
+- **query–tool**: a bipartite graph on ``queries ∪ tools``, one edge per relevant training pair;
+- **query–scene**: a bipartite graph on ``queries ∪ scenes`` (a scene groups the tools one
+  kind of request needs), with the scene–tool map used to read tool embeddings off this view.
+
+Edges are stored as PyTorch Geometric ``edge_index`` tensors in both directions, so that
+``LGConv`` propagates queries → tools and tools → queries. The same builders preprocessing uses
+(:mod:`components.data.graphs`) give the pairs, so the graphs equal the saved npz artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from components.data.graphs import IdMap, incidence, qrels_pairs
+from components.data.types import Dataset
+
+GRAPH_FILE = "graph.npz"
+
+
+def bipartite_edges(rows: np.ndarray, cols: np.ndarray, n_rows: int) -> torch.Tensor:
+    """``(2, 2E)`` undirected edge index on ``rows ∪ cols`` (columns offset by ``n_rows``)."""
+    src = torch.as_tensor(rows, dtype=torch.long)
+    dst = torch.as_tensor(cols, dtype=torch.long) + n_rows
+    return torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
+
+
+@dataclass
+class QueryGraphs:
+    """Query–tool and query–scene graphs of the training queries.
+
+    Attributes:
+        query_ids: Training query ids (node order of the query side; also SUIM's search pool).
+        tool_ids: Every tool in the corpus (node order of the tool side); tools without a training
+            edge are isolated nodes whose embedding comes from their text alone.
+        scene_ids: Scenes of the training queries (empty when the dataset has no scene files).
+        query_tool: ``(2, E)`` pairs (query index, tool index).
+        query_scene: ``(2, E)`` pairs (query index, scene index).
+        scene_tool: ``(2, E)`` pairs (scene index, tool index).
+        relevant: Per training query, the corpus indices of its relevant tools.
+    """
+
+    query_ids: list[str]
+    tool_ids: list[str]
+    scene_ids: list[str]
+    query_tool: np.ndarray
+    query_scene: np.ndarray
+    scene_tool: np.ndarray
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.query_ids)
+
+    @property
+    def n_tools(self) -> int:
+        return len(self.tool_ids)
+
+    @property
+    def n_scenes(self) -> int:
+        return len(self.scene_ids)
+
+    @property
+    def has_scenes(self) -> bool:
+        return self.n_scenes > 0 and self.query_scene.shape[1] > 0
+
+    def tool_view_edges(self) -> torch.Tensor:
+        """Edge index of the query–tool view on ``queries ∪ tools``."""
+        return bipartite_edges(self.query_tool[0], self.query_tool[1], self.n_queries)
+
+    def scene_view_edges(self) -> torch.Tensor:
+        """Edge index of the query–scene view on ``queries ∪ scenes``."""
+        return bipartite_edges(self.query_scene[0], self.query_scene[1], self.n_queries)
+
+    def scene_tool_matrix(self) -> torch.Tensor:
+        """``(T, S)`` row-normalised map that averages a tool's scenes (zero rows for tools in none)."""
+        m = incidence(self.scene_tool[1], self.scene_tool[0], (self.n_tools, max(self.n_scenes, 1)))
+        dense = torch.as_tensor(m.toarray(), dtype=torch.float32)
+        return dense / dense.sum(1, keepdim=True).clamp(min=1.0)
+
+    def save(self, path: str) -> None:
+        """One ``graph.npz`` (ids as string arrays, edges as int64) in an artifact dir."""
+        os.makedirs(path, exist_ok=True)
+        np.savez(
+            os.path.join(path, GRAPH_FILE),
+            query_ids=np.asarray(self.query_ids, dtype=str),
+            tool_ids=np.asarray(self.tool_ids, dtype=str),
+            scene_ids=np.asarray(self.scene_ids, dtype=str),
+            query_tool=self.query_tool,
+            query_scene=self.query_scene,
+            scene_tool=self.scene_tool,
+        )
+
+    @classmethod
+    def load(cls, path: str) -> QueryGraphs:
+        with np.load(os.path.join(path, GRAPH_FILE)) as z:
+            return cls(
+                query_ids=z["query_ids"].tolist(),
+                tool_ids=z["tool_ids"].tolist(),
+                scene_ids=z["scene_ids"].tolist(),
+                query_tool=z["query_tool"],
+                query_scene=z["query_scene"],
+                scene_tool=z["scene_tool"],
+            )
+
+
+def build_graphs(data: Dataset, split: str = "train") -> QueryGraphs:
+    """The graphs of ``split``'s queries (training queries only; see the module docstring)."""
+    qrels = data.qrels[split]
+    query_ids = list(qrels)
+    tool_ids = list(data.corpus)
+    qmap, tmap = IdMap(tuple(query_ids)), IdMap(tuple(tool_ids))
+    qi, ti = qrels_pairs(qrels, qmap, tmap)
+    scenes = data.query_scene.get(split, {})
+    scene_ids = sorted({scenes[q] for q in query_ids if q in scenes})
+    sidx, qidx = {s: i for i, s in enumerate(scene_ids)}, qmap.index()
+    qs = np.asarray([(qidx[q], sidx[scenes[q]]) for q in query_ids if q in scenes], dtype=np.int64)
+    tidx = tmap.index()
+    st = np.asarray(
+        [(sidx[s], tidx[t]) for s in scene_ids for t in data.scene_tool.get(s, []) if t in tidx],
+        dtype=np.int64,
+    )
+    return QueryGraphs(
+        query_ids=query_ids,
+        tool_ids=tool_ids,
+        scene_ids=scene_ids,
+        query_tool=np.stack([qi, ti]),
+        query_scene=qs.reshape(-1, 2).T.copy(),
+        scene_tool=st.reshape(-1, 2).T.copy(),
+    )

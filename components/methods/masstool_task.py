@@ -1,0 +1,140 @@
+"""MassTool's joint training stage (arXiv 2507.00487), built inside each Ray Train worker.
+
+Examples are the training queries (they need their relevant tools) and the no-tool training
+queries (detection negatives). The loss is ``L_retrieval + λ · L_detection + β · L_contrastive``:
+
+- retrieval: a softmax over every tool per relevant tool, the query's other relevant tools
+  masked out of the negatives (multi-tool queries are not penalised for ranking them high);
+- detection: binary cross-entropy of the needs-a-tool logit;
+- contrastive: QC-GCN's cross-view InfoNCE.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+import torch.nn.functional as F
+
+from components.data.types import Dataset
+from components.methods.dense import tool_texts
+from components.methods.dense_model import BiEncoder
+from components.methods.masstool import MassToolMethod, MassToolParams
+from components.methods.masstool_graph import build_graphs
+from components.methods.masstool_net import MassToolModel
+from components.metrics import detection_metrics, evaluate_retrieval
+
+
+def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
+    """Mean over relevant (query, tool) pairs of ``-log softmax`` against the query's negatives.
+
+    Args:
+        scores: ``(B, T)`` logits.
+        relevant: ``(B, T)`` bool; rows without a relevant tool contribute nothing.
+    """
+    if not bool(relevant.any()):
+        return scores.sum() * 0.0  # keeps every parameter in the graph (DDP) without a signal
+    negatives = torch.logsumexp(scores.masked_fill(relevant, float("-inf")), dim=1, keepdim=True)
+    # -log(e^s / (e^s + Σ_neg e^n)) = softplus(logsumexp(neg) - s)
+    return (F.softplus(negatives - scores) * relevant).sum() / relevant.sum()
+
+
+class MassToolTask:
+    """The joint stage (see ``components.training.task.StageTask``)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.params = MassToolParams(
+            **{**config["params"], "tool_fields": tuple(config["params"]["tool_fields"])}
+        )
+        data = config["dataset"]
+        self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
+        self.graphs = build_graphs(self.data)
+        self.tool_index = {t: i for i, t in enumerate(self.graphs.tool_ids)}
+        self._refreshed = False
+
+    def build_model(self) -> MassToolModel:
+        encoder = BiEncoder.load(self.config["semantic_dir"]).encoder
+        model = MassToolModel(encoder, self.graphs, self.params.model_config())
+        if not self.params.finetune_encoder:
+            model.encoder.requires_grad_(False)
+        self._tokenizer, self._max_length = encoder.tokenizer, encoder.max_length
+        return model
+
+    def param_groups(self, model: MassToolModel) -> list[dict[str, Any]]:
+        """The encoder fine-tunes at ``encoder_lr``; the freshly initialised modules at ``lr``."""
+        encoder = [p for p in model.encoder.parameters() if p.requires_grad]
+        ids = {id(p) for p in encoder}
+        rest = [p for p in model.parameters() if id(p) not in ids]
+        groups = [{"params": rest}]
+        if encoder:
+            groups.append({"params": encoder, "lr": self.params.encoder_lr})
+        return groups
+
+    def start_epoch(self, model: MassToolModel, epoch: int) -> None:
+        """Re-embed the search pool and tools: the encoder moved during the last epoch."""
+        if self.params.finetune_encoder or not self._refreshed:
+            model.refresh(
+                [self.data.queries[q] for q in self.graphs.query_ids],
+                tool_texts(self.data.corpus, self.graphs.tool_ids, self.params.tool_fields),
+                self.params.tool_max_length,
+            )
+            self._refreshed = True
+
+    def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        qrels = self.data.qrels["train"]
+        items = [
+            (self.data.queries[q], i, tuple(self.tool_index[t] for t, s in qrels[q].items() if s > 0))
+            for i, q in enumerate(self.graphs.query_ids)
+        ]
+        # No-tool queries: detection negatives, outside the search pool, no retrieval target.
+        return items + [(text, -1, ()) for text in self.data.neg_split.get("train", [])]
+
+    def collate(self, items: list[tuple[str, int, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+        tokens = self._tokenizer(
+            [t for t, _, _ in items],
+            padding=True,
+            truncation=True,
+            max_length=self._max_length,
+            return_tensors="pt",
+        )
+        relevant = torch.zeros(len(items), self.graphs.n_tools, dtype=torch.bool)
+        for i, (_, _, rel) in enumerate(items):
+            relevant[i, list(rel)] = True
+        return {
+            "input_ids": tokens["input_ids"],
+            "attention_mask": tokens["attention_mask"],
+            "pool_index": torch.tensor([p for _, p, _ in items]),
+            "relevant": relevant,
+            "needs_tool": relevant.any(1).float(),
+        }
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        p = self.params
+        out = model(batch["input_ids"], batch["attention_mask"], batch["pool_index"])
+        loss = retrieval_loss(out["scores"], batch["relevant"])
+        loss = loss + p.detection_weight * F.binary_cross_entropy_with_logits(
+            out["logit"], batch["needs_tool"]
+        )
+        if out["cl"] is not None:
+            loss = loss + p.contrastive_weight * out["cl"]
+        return loss
+
+    def validate(self, model: torch.nn.Module) -> dict[str, float]:
+        method = MassToolMethod.from_model(model, self.params)
+        method.index(self.data.corpus)
+        queries = self.data.split_queries("valid")
+        metrics = evaluate_retrieval(self.data.qrels["valid"], method.retrieve(queries, 10))
+        out = {m: metrics[m] for m in ("recall@3", "ndcg@3", "recall@5", "ndcg@5")}
+        negatives = self.data.neg_split.get("valid", [])
+        if negatives:
+            probs = method.detect({**queries, **{f"neg-{i}": t for i, t in enumerate(negatives)}})
+            labels = np.array([1] * len(queries) + [0] * len(negatives))
+            det = detection_metrics(labels, np.array(list(probs.values())), self.params.detect_threshold)
+            out |= {"detect_accuracy": det["accuracy"], "detect_f1": det["f1"]}
+        return out
+
+    def save_model(self, model: torch.nn.Module, path: str) -> None:
+        model.save(path)

@@ -1,0 +1,264 @@
+"""MassTool: graphs, module invariants, loss, ablation switches, trained beats untrained."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_ENCODER
+from torch_geometric.utils import to_dense_adj
+
+from components.encoders import EncoderSpec, TextEncoder
+from components.methods import load
+from components.methods.base import RunSpec
+from components.methods.masstool import MassToolMethod, MassToolParams
+from components.methods.masstool_graph import build_graphs
+from components.methods.masstool_model import SUIM, AdaKT, ModelConfig
+from components.methods.masstool_net import MassToolModel
+from components.methods.masstool_task import MassToolTask, retrieval_loss
+from components.metrics import auroc, evaluate_retrieval
+
+
+@pytest.fixture(scope="module")
+def graphs(small_quickstart):
+    return build_graphs(small_quickstart)
+
+
+def tiny_model(data, graphs, **cfg) -> MassToolModel:
+    texts = list(data.queries.values())
+    encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), texts)
+    model = MassToolModel(encoder, graphs, ModelConfig(dim=16, detection_hidden=8, **cfg))
+    model.refresh([data.queries[q] for q in graphs.query_ids], [c["text"] for c in data.corpus.values()], 32)
+    return model
+
+
+def test_graphs_hold_training_pairs_only(small_quickstart, graphs):
+    train = small_quickstart.qrels["train"]
+    assert graphs.query_ids == list(train)
+    pairs = {(graphs.query_ids[q], graphs.tool_ids[t]) for q, t in graphs.query_tool.T}
+    assert pairs == {(q, t) for q, rel in train.items() for t, s in rel.items() if s > 0}
+    assert not set(small_quickstart.qrels["test"]) & set(graphs.query_ids)
+    scenes = small_quickstart.query_scene["train"]
+    assert {(graphs.query_ids[q], graphs.scene_ids[s]) for q, s in graphs.query_scene.T} == {
+        (q, scenes[q]) for q in graphs.query_ids if q in scenes
+    }
+    m = graphs.scene_tool_matrix()
+    has = m.sum(1) > 0
+    torch.testing.assert_close(m[has].sum(1), torch.ones(int(has.sum())))
+
+
+def test_graph_save_load_roundtrip(graphs, tmp_path):
+    graphs.save(str(tmp_path))
+    back = type(graphs).load(str(tmp_path))
+    assert back.query_ids == graphs.query_ids and back.scene_ids == graphs.scene_ids
+    np.testing.assert_array_equal(back.query_tool, graphs.query_tool)
+
+
+def test_lightgcn_readout_is_the_mean_of_normalised_propagations(small_quickstart, graphs):
+    model = tiny_model(small_quickstart, graphs, layers=2, edge_dropout=0.0).eval()
+    gcn = model.gcn
+    x = torch.randn(graphs.n_queries + graphs.n_tools, 16)
+    a = to_dense_adj(gcn.tool_edges, max_num_nodes=x.shape[0])[0]
+    d = a.sum(1).pow(-0.5).nan_to_num(0.0, posinf=0.0)
+    norm = d[:, None] * a * d[None, :]
+    expected = (x + norm @ x + norm @ norm @ x) / 3
+    torch.testing.assert_close(gcn.propagate(x, gcn.tool_edges), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_shapes_and_cross_view_loss(small_quickstart, graphs):
+    model = tiny_model(small_quickstart, graphs).train()
+    q, t, cl = model.graph(torch.arange(8))
+    assert q.shape == (graphs.n_queries, 16) and t.shape == (graphs.n_tools, 16)
+    assert cl is not None and cl.ndim == 0 and cl.item() > 0
+    model.eval()
+    assert model.graph(torch.arange(8))[2] is None  # no augmentation, no CL at inference
+
+
+def test_suim_filters_neighbours_below_epsilon():
+    cfg = ModelConfig(dim=4, epsilon=0.5)
+    suim = SUIM(4, cfg)
+    query = torch.randn(2, 4)
+    neighbours = torch.randn(2, 3, 4)
+    sims = torch.tensor([[0.9, 0.4, 0.6], [0.1, 0.2, 0.3]])
+    out, keep = suim(query, sims, neighbours)
+    assert keep.tolist() == [[True, False, True], [False, False, False]]
+    # Row 1 keeps nobody: its search embedding is the query itself.
+    torch.testing.assert_close(out[1], query[1])
+    # Row 0 does not depend on the filtered neighbour.
+    moved = neighbours.clone()
+    moved[0, 1] += 100.0
+    torch.testing.assert_close(suim(query, sims, moved)[0][0], out[0])
+    # Without dynamic filtering every neighbour counts.
+    unfiltered = SUIM(4, ModelConfig(dim=4, epsilon=0.5, dynamic_filter=False))
+    unfiltered.load_state_dict(suim.state_dict())
+    assert not torch.allclose(unfiltered(query, sims, moved)[0][0], out[0])
+
+
+def test_search_never_returns_the_query_itself(small_quickstart, graphs):
+    model = tiny_model(small_quickstart, graphs, neighbours=3)
+    own = torch.arange(5)
+    _sims, index = model.search(model.pool[own], exclude=own)
+    assert not (index == own[:, None]).any()
+    top, _ = model.search(model.pool[own])
+    torch.testing.assert_close(top[:, 0], torch.ones(5))  # otherwise it would be found (cosine 1)
+
+
+@pytest.mark.parametrize("mode", ["gate", "attention", "concat", "add"])
+def test_adakt_modes(mode):
+    torch.manual_seed(0)
+    adakt = AdaKT(hidden=6, dim=4, mode=mode)
+    h, e = torch.randn(3, 6), torch.randn(3, 4)
+    out = adakt(h, e)
+    assert out.shape == (3, 4)
+    if mode == "gate":
+        torch.testing.assert_close(out, torch.sigmoid(adakt.proj(h)) * e)
+    if mode == "add":
+        torch.testing.assert_close(out, e + adakt.proj(h))
+
+
+def test_unknown_adakt_mode_is_rejected():
+    with pytest.raises(ValueError, match="adakt"):
+        MassToolMethod(adakt="multiply")
+
+
+def test_retrieval_loss_masks_other_relevant_tools():
+    scores = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.0, 0.3, 0.2, 0.1]])
+    relevant = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    # Query 0: each relevant tool against the two negatives only; query 1 contributes nothing.
+    neg = torch.tensor([0.5, -1.0])
+    expected = (
+        -torch.log_softmax(torch.cat([scores[0, :1], neg]), 0)[0]
+        - torch.log_softmax(torch.cat([scores[0, 1:2], neg]), 0)[0]
+    ) / 2
+    torch.testing.assert_close(retrieval_loss(scores, relevant), expected)
+
+
+def test_unseen_tool_is_embedded_from_its_text(small_quickstart, graphs):
+    model = tiny_model(small_quickstart, graphs, layers=2).eval()
+    text = torch.nn.functional.normalize(torch.randn(2, model.encoder.dim), dim=-1)
+    vectors = model.tool_index([graphs.tool_ids[0], "brand-new-tool"], text)
+    torch.testing.assert_close(vectors[1], model.gcn.tool_text(text[1]) / 3)
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [
+        {"graph": False},
+        {"suim": False},
+        {"adakt": "none"},
+        {"adakt": "attention"},
+        {"dynamic_filter": False},
+        {"contrastive_weight": 0.0},
+        {"detection_weight": 0.0, "suim": False, "adakt": "none"},
+    ],
+)
+def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):
+    bi = tmp_path / "semantic"
+    from components.methods.dense_model import BiEncoder
+
+    encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(small_quickstart.queries.values()))
+    BiEncoder(encoder).save(str(bi))
+    params = MassToolParams(dim=16, detection_hidden=8, **switches)
+    from dataclasses import asdict
+
+    config = {"params": asdict(params), "semantic_dir": str(bi), "dataset": small_quickstart}
+    task = MassToolTask(config)
+    model = task.build_model()
+    task.start_epoch(model, 0)
+    batch = task.collate(task.train_data()[:16] + task.train_data()[-4:])
+    loss = task.loss(model.train(), batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, small_quickstart, tmp_path_factory):
+    root = tmp_path_factory.mktemp("masstool")
+    method = MassToolMethod(
+        encoder=TINY_ENCODER,
+        semantic={"epochs": 3, "batch_size": 32, "lr": 3e-3},
+        semantic_cache=str(root / "cache"),
+        epochs=8,
+        batch_size=32,
+        lr=1e-2,
+        encoder_lr=1e-3,
+        detection_weight=2.0,
+        dim=32,
+        detection_hidden=16,
+        neighbours=5,
+        epsilon=0.3,
+    )
+    run = RunSpec(name="masstool-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    reports = {stage: method.fit(stage, small_quickstart, run) for stage in method.stages}
+    method.index(small_quickstart.corpus)
+    return method, reports, root, run
+
+
+def test_trained_model_beats_untrained(trained, small_quickstart):
+    method, reports, _root, _ = trained
+    assert reports["joint"]["valid_ndcg@3"] > 0
+    untrained = MassToolMethod.from_model(
+        MassToolModel(
+            TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(small_quickstart.queries.values())),
+            build_graphs(small_quickstart),
+            method.params.model_config(),
+        ),
+        method.params,
+    )
+    untrained.model.refresh(
+        [small_quickstart.queries[q] for q in untrained.model.graphs.query_ids],
+        [c["text"] for c in small_quickstart.corpus.values()],
+        32,
+    )
+    untrained.index(small_quickstart.corpus)
+    queries = small_quickstart.split_queries("test")
+    before = evaluate_retrieval(small_quickstart.qrels["test"], untrained.retrieve(queries, 10))
+    after = evaluate_retrieval(small_quickstart.qrels["test"], method.retrieve(queries, 10))
+    assert after["ndcg@3"] > before["ndcg@3"] + 0.2
+    assert after["recall@5"] > before["recall@5"] + 0.2
+
+
+def test_detector_separates_tool_queries_from_chitchat(trained, small_quickstart):
+    method = trained[0]
+    tool = method.detect(small_quickstart.split_queries("test"))
+    chat = method.detect({str(i): t for i, t in enumerate(small_quickstart.neg_queries)})
+    labels = np.array([1] * len(tool) + [0] * len(chat))
+    scores = np.array(list(tool.values()) + list(chat.values()))
+    assert auroc(labels, scores) > 0.8, (np.mean(list(tool.values())), np.mean(list(chat.values())))
+
+
+def test_new_query_and_new_tool_after_training(trained, small_quickstart):
+    method = trained[0]
+    out = method.retrieve({"new": "a query nobody wrote before, about the weather"}, 5)
+    assert len(out["new"]) == 5 and all(t in small_quickstart.corpus for t in out["new"])
+    _tool_id, entry = next(iter(small_quickstart.corpus.items()))
+    corpus = {**small_quickstart.corpus, "added": {**entry, "_id": "added"}}
+    method.index(corpus)
+    try:
+        ranked = method.retrieve({"q": entry["text"]}, 10)["q"]
+        assert "added" in ranked  # a copy of a known tool's text ranks near it without retraining
+    finally:
+        method.index(small_quickstart.corpus)
+
+
+def test_save_load_roundtrip_and_registry(trained, small_quickstart, tmp_path):
+    method = trained[0]
+    method.save(str(tmp_path / "art"))
+    back = load(str(tmp_path / "art"))
+    queries = small_quickstart.split_queries("valid")
+    got, want = back.retrieve(queries, 5), method.retrieve(queries, 5)
+    for q in queries:
+        assert list(got[q]) == list(want[q])
+        assert list(got[q].values()) == pytest.approx(list(want[q].values()), abs=1e-4)
+    assert back.detect(queries) == pytest.approx(method.detect(queries))
+    assert not any(f.endswith((".pkl", ".pt", ".bin")) for _, _, fs in os.walk(tmp_path) for f in fs)
+
+
+def test_semantic_stage_is_reused_from_the_cache(trained, small_quickstart):
+    method, _, _root, run = trained
+    again = MassToolMethod(**{**method.config(), "epochs": 1})
+    assert again.fit("semantic", small_quickstart, run) == {"reused": 1.0}
+    assert again.semantic_dir == method.semantic_dir
