@@ -230,7 +230,7 @@ def serve(
         args = fit_selector(args, data_path, train_selector, cfg.get("splits"))
     http = file.get("http_options") or {}
     start_ray(cfg)
-    run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)))
+    run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)), file)
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ from components.config import apply_overrides, load_yaml
 from components.registry import resolve
 
 DEFAULT_SERVE_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "serve_config.yaml"
-APP_NAME = "toolscout"
 
 
 def read_serve_config(path: str | Path | None) -> dict[str, Any]:
@@ -91,14 +90,30 @@ def train_selector(
     return {**args, "selector": {**dict(args.get("selector") or {}), "backend": "lm", "model": out}}
 
 
-def run_server(args: dict[str, Any], host: str, port: int, blocking: bool = True) -> str:
-    """Start Serve's proxy on ``host:port`` and deploy the graph; blocks until Ctrl-C when ``blocking``."""
+def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
+    """Local paths made absolute: the app is built in a Ray task whose working directory differs."""
+    args = copy.deepcopy(args)
+    for key in ("artifact", "catalog", "detector_artifact", "detector_file", "calibration_data"):
+        if args.get(key) and "://" not in args[key]:
+            args[key] = os.path.abspath(args[key])
+    for section in ("selector", "rewriter"):
+        model = (args.get(section) or {}).get("model")
+        if model and os.path.exists(model):
+            args[section]["model"] = os.path.abspath(model)
+    return args
+
+
+def run_server(
+    args: dict[str, Any], host: str, port: int, base: dict[str, Any] | None = None, blocking: bool = True
+) -> str:
+    """Start Serve's proxy on ``host:port`` and deploy the graph from a Serve config (as ``serve run``
+    does, so later redeploys with a new artifact reconfigure replicas in place); blocks until Ctrl-C."""
     from ray import serve
 
-    from components.serving.app import build_app
+    from components.serving.deploy import deploy_config, serve_config
 
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+    deploy_config(serve_config(absolute_paths(args), base))
     url = f"http://{host}:{port}"
     print(f"serving on {url} (OpenAPI: {url}/docs)")
     if blocking:

@@ -1,10 +1,11 @@
 """The application builder: ``serve run deploy/serve_config.yaml`` imports :func:`build_app`.
 
 The graph is Ingress → Detector → [QueryRewriter] → Retriever → [Selector]. Model settings reach
-the deployments as user configs (so changing ``artifact`` and redeploying swaps the version in
-place, through ``reconfigure``); replica settings (autoscaling, CPUs) come from the ``deployments``
-list, in the same format as a Serve config file's, whose values ``serve run`` / ``serve deploy``
-apply on top.
+the deployments as user configs, built here from ``args``; replica settings (autoscaling, CPUs)
+come from the ``deployments`` list, in the same format as a Serve config file's, whose entries
+``serve run`` / ``serve deploy`` apply on top. Serve hashes ``args`` into the app's code version,
+so a hot-swap changes a deployment's ``user_config`` in the config file instead (see
+:func:`components.serving.deploy.swap_artifact`): replicas then reconfigure in place.
 """
 
 from __future__ import annotations
@@ -65,12 +66,12 @@ def _options(args: ServeArgs, name: str) -> dict[str, Any]:
 def _deployment(cls: type, name: str, args: ServeArgs, user_config: dict[str, Any] | None = None) -> Any:
     options = _options(args, name)
     if user_config is not None:
-        options["user_config"] = {**user_config, **args.batching.get(name, {})}
+        options["user_config"] = user_config
     return serve.deployment(cls, name=name).options(**options)
 
 
 def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
-    """The user config of each model deployment (what a hot-swap changes)."""
+    """The user config of each model deployment (what a hot-swap changes), batching included."""
     detector = {
         "artifact": _local(args.detector_artifact or args.artifact),
         "detector_file": _local(args.detector_file),
@@ -78,16 +79,15 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         "splits": args.splits,
     }
     selector = dict(args.selector)
-    if selector.get("backend") == "lm" and "model" in selector:
-        selector["model"] = (
-            _local(selector["model"]) if os.path.exists(selector["model"]) else selector["model"]
-        )
-    return {
+    if selector.get("backend") == "lm" and "model" in selector and os.path.exists(selector["model"]):
+        selector["model"] = _local(selector["model"])
+    configs = {
         "Detector": detector,
         "Retriever": {"artifact": _local(args.artifact)},
         "QueryRewriter": dict(args.rewriter),
         "Selector": selector,
     }
+    return {name: {**config, **args.batching.get(name, {})} for name, config in configs.items()}
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -1,8 +1,18 @@
 """Serving fixtures: a generated dataset, trained BM25 artifacts (two versions), a trained selector LM,
-and a helper that runs the real Serve app on 127.0.0.1 and returns its URL."""
+and Serve's proxy on a free loopback port.
+
+Test modules import these fixtures. This is no conftest.py on purpose: the suite imports
+``tests/conftest.py`` as ``conftest`` from many modules, and a second conftest.py would shadow it.
+Because each importing module registers its own copy of a fixture, the expensive builds are cached
+per process (:func:`functools.cache`), so the selector LM is trained once per test run.
+"""
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,19 +28,66 @@ from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.models import calibrate_artifact
 
 
-@pytest.fixture(scope="session")
-def serving_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("serving")
+@functools.cache
+def _root() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="toolscout-serving-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
-@pytest.fixture(scope="session")
-def serving_data(serving_root) -> str:
+@functools.cache
+def _data() -> str:
     """A generated dataset with enough no-tool queries to calibrate a detector on valid."""
     from components.data.quickstart import generate_quickstart
 
-    root = serving_root / "data"
+    root = _root() / "data"
     generate_quickstart(str(root), seed=5, n_queries=1200, n_neg=400)
     return str(root)
+
+
+@functools.cache
+def _bm25_versions() -> dict[str, str]:
+    root = _root() / "models" / "bm25"
+    detector_file = str(_root() / "detector.json")
+    out = {"root": str(root), "detector_file": detector_file}
+    data = open_dataset(_data())
+    for profile in ("default", "lucene"):
+        method = build("bm25", {"profile": profile})
+        method.index(data.corpus)
+        version = next_version(str(root))
+        method.save(version)
+        promote(version)
+        calibrate_artifact(version, _data(), detector_file)
+        out[profile] = version
+    return out
+
+
+@functools.cache
+def _selector_lm() -> tuple[str, dict[str, Any]]:
+    from components.serving.selector_train import train_selector_lm
+
+    out = str(_root() / "selector_lm")
+    with torch_threads(1):
+        report = train_selector_lm(
+            open_dataset(_data()),
+            load_catalog(_data()),
+            out,
+            lm=SELECTOR_LM,
+            steps=400,
+            batch_size=16,
+            lr=3e-3,
+        )
+    return out, report
+
+
+@pytest.fixture(scope="session")
+def serving_root() -> Path:
+    return _root()
+
+
+@pytest.fixture(scope="session")
+def serving_data() -> str:
+    return _data()
 
 
 @pytest.fixture(scope="session")
@@ -44,31 +101,15 @@ def catalog(serving_data) -> ToolCatalog:
 
 
 @pytest.fixture(scope="session")
-def bm25_versions(serving_root, dataset, serving_data) -> dict[str, str]:
+def bm25_versions() -> dict[str, str]:
     """``bm25/v0001`` (default analyzer) and ``bm25/v0002`` (lucene), each calibrated in one file."""
-    root = serving_root / "models" / "bm25"
-    detector_file = str(serving_root / "detector.json")
-    out = {"root": str(root), "detector_file": detector_file}
-    for profile in ("default", "lucene"):
-        method = build("bm25", {"profile": profile})
-        method.index(dataset.corpus)
-        version = next_version(str(root))
-        method.save(version)
-        promote(version)
-        calibrate_artifact(version, serving_data, detector_file)
-        out[profile] = version
-    return out
+    return _bm25_versions()
 
 
 @pytest.fixture(scope="session")
-def selector_lm(serving_root, dataset, catalog) -> tuple[str, dict[str, Any]]:
+def selector_lm() -> tuple[str, dict[str, Any]]:
     """A small Llama trained here for 400 steps on train queries → tool name + weak arguments."""
-    from components.serving.selector_train import train_selector_lm
-
-    out = str(serving_root / "selector_lm")
-    with torch_threads(1):
-        report = train_selector_lm(dataset, catalog, out, lm=SELECTOR_LM, steps=400, batch_size=16, lr=3e-3)
-    return out, report
+    return _selector_lm()
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +122,14 @@ def serve_instance(ray_session) -> Iterator[str]:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
+
+
+__all__ = [
+    "bm25_versions",
+    "catalog",
+    "dataset",
+    "selector_lm",
+    "serve_instance",
+    "serving_data",
+    "serving_root",
+]

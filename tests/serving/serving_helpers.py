@@ -36,10 +36,73 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def deploy(args: dict[str, Any]) -> None:
-    """Run (or update in place) the toolscout app with these args."""
-    from ray import serve
+def deploy(args: dict[str, Any], artifact: str | None = None) -> None:
+    """Deploy the toolscout app with these args, as ``serve run <config>`` does; with ``artifact``,
+    hot-swap the retriever (and detector) to it through user configs."""
+    from components.serving.deploy import deploy_config, serve_config, swap_artifact
 
-    from components.serving.app import build_app
+    config = serve_config(args)
+    deploy_config(swap_artifact(config, artifact) if artifact else config)
 
-    serve.run(build_app(args), name="toolscout", route_prefix="/")
+
+class Load:
+    """Bounded background load over HTTP: ``threads`` clients, each looping until stopped, at most
+    ``max_seconds`` and ``max_requests`` each. Records every status and the versions that answered."""
+
+    def __init__(
+        self, url: str, bodies: list[dict[str, Any]], threads: int = 2, max_seconds: float = 60.0
+    ) -> None:
+        import threading
+
+        self.url, self.bodies, self.max_seconds = url, bodies, max_seconds
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ok = 0
+        self.failures: list[str] = []
+        self.versions: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def _run(self, seed: int) -> None:
+        import time
+
+        import requests
+
+        session = requests.Session()
+        deadline = time.monotonic() + self.max_seconds
+        i = seed
+        while not self.stop.is_set() and time.monotonic() < deadline and i < seed + 5000:
+            body = self.bodies[i % len(self.bodies)]
+            i += 1
+            try:
+                r = session.post(f"{self.url}/v1/select", json=body, timeout=30)
+                with self.lock:
+                    if r.status_code == 200:
+                        self.ok += 1
+                        self.versions.append(r.json()["model_version"])
+                    else:
+                        self.failures.append(f"{r.status_code}: {r.text[:200]}")
+            except requests.RequestException as e:
+                with self.lock:
+                    self.failures.append(repr(e))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def wait_for(self, condition, timeout_s: float = 60.0) -> None:
+        """Wait until ``condition(self)`` holds (e.g. a version was seen)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not condition(self):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"condition not met in {timeout_s}s (ok={self.ok}, failures={self.failures[:3]})"
+                )
+            time.sleep(0.1)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import requests
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import deploy
 
 from components.serving.models import DetectorModel

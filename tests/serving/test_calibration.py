@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 
 from components.methods import REGISTRY
 from components.methods.bm25 import BM25Method

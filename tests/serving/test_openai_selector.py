@@ -6,6 +6,7 @@ import json
 
 import pytest
 from local_openai_server import LocalChatServer
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 
 from components.serving.selector_http import OpenAISelector, SelectorHTTPError
 from components.serving.selector_lm import LMSelector

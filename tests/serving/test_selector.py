@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import SELECTOR_LM, torch_threads
 
 from components.methods import load

@@ -1,0 +1,75 @@
+"""Deploying the app from a Serve config, the way ``serve run <file>`` and ``serve deploy`` do.
+
+Serve versions the code of a config-deployed application by a hash of its import path, runtime
+env and ``args``. A redeploy whose only change is a deployment's ``user_config`` (under
+``deployments:`` in the file) is a lightweight update: the running replicas get ``reconfigure``
+calls, with no restart and no dropped request. That is how a model version is hot-swapped
+(:func:`swap_artifact`). Changing ``args``, or deploying with ``serve.run(app)`` from Python (a new
+random code version on every call), restarts the replicas instead. Hence this module, for
+``toolscout serve``, the tests and the benchmark: they deploy exactly what
+``serve run deploy/serve_config.yaml`` / ``serve deploy`` would.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from ray import serve
+from ray.serve.context import _get_global_client
+from ray.serve.schema import ServeDeploySchema
+
+APP_NAME = "toolscout"
+IMPORT_PATH = "components.serving.app:build_app"
+
+
+def serve_config(
+    args: dict[str, Any], base: dict[str, Any] | None = None, app_name: str = APP_NAME
+) -> dict[str, Any]:
+    """A Serve config for the toolscout app with ``args``, keeping the rest of ``base`` (a config file)."""
+    config = copy.deepcopy(base or {})
+    apps = config.get("applications") or [{}]
+    app = {**apps[0], "name": app_name, "route_prefix": "/", "import_path": IMPORT_PATH, "args": args}
+    config["applications"] = [app]
+    return config
+
+
+def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
+    """``config`` with the Retriever's user config (and the Detector's, unless the args pin a
+    ``detector_artifact``) pointing at another artifact, e.g. ``.../bm25/v0002`` or a dense one.
+
+    Only ``deployments[].user_config`` changes, so redeploying it reconfigures replicas in place.
+    """
+    from components.serving.app import ServeArgs, user_configs
+
+    config = copy.deepcopy(config)
+    app = config["applications"][0]
+    configs = user_configs(ServeArgs.model_validate({**app["args"], "artifact": artifact}))
+    deployments = {d["name"]: d for d in app.get("deployments") or []}
+    for name in ("Retriever", "Detector"):
+        deployments.setdefault(name, {"name": name})["user_config"] = configs[name]
+    app["deployments"] = list(deployments.values())
+    return config
+
+
+def deploy_config(config: dict[str, Any], timeout_s: float = 180.0) -> None:
+    """Apply ``config`` to the running Serve instance and wait until its application is RUNNING.
+
+    Serve must be started (``serve.start``) on this Ray cluster first.
+    """
+    schema = ServeDeploySchema.model_validate(config)
+    name = schema.applications[0].name
+    previous = serve.status().applications.get(name)
+    before = previous.last_deployed_time_s if previous else -1.0
+    _get_global_client().deploy_apps(schema)  # what `serve run <file>` calls
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status().applications.get(name)
+        if status and status.last_deployed_time_s > before and status.status == "RUNNING":
+            return
+        if status and status.status in ("DEPLOY_FAILED", "UNHEALTHY"):
+            raise RuntimeError(f"deploying {name!r} failed: {status.message}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name!r} not RUNNING after {timeout_s}s: {status}")
+        time.sleep(0.2)

@@ -1,0 +1,46 @@
+"""Finding a deployment's replica actors and waiting for it to be healthy (fault drills, benchmarks).
+
+Replicas are named actors in Serve's namespace, ``SERVE_REPLICA::<app>#<deployment>#<id>``; the
+named-actor listing is Ray's public API and needs no dashboard.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+from ray import serve
+from ray.actor import ActorHandle
+
+SERVE_NAMESPACE = "serve"
+
+
+def replica_names(deployment: str, app: str = "toolscout") -> list[str]:
+    """Names of the live replica actors of ``app``'s ``deployment``."""
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == SERVE_NAMESPACE and a["name"].startswith(prefix)
+    )
+
+
+def replica_actor(name: str) -> ActorHandle:
+    return ray.get_actor(name, namespace=SERVE_NAMESPACE)
+
+
+def running_replicas(deployment: str, app: str = "toolscout") -> int:
+    """Replicas Serve reports RUNNING for the deployment."""
+    status = serve.status().applications.get(app)
+    if status is None or deployment not in status.deployments:
+        return 0
+    return int(status.deployments[deployment].replica_states.get("RUNNING", 0))
+
+
+def wait_for_replicas(deployment: str, count: int, timeout_s: float = 60.0, app: str = "toolscout") -> None:
+    """Block until ``count`` replicas are RUNNING (e.g. after a kill, until Serve has replaced it)."""
+    deadline = time.monotonic() + timeout_s
+    while running_replicas(deployment, app) < count or len(replica_names(deployment, app)) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{app}/{deployment}: fewer than {count} running replicas after {timeout_s}s")
+        time.sleep(0.2)

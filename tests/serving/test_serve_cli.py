@@ -1,0 +1,105 @@
+"""``toolscout serve``: calibration from the CLI, clear errors, the server path, and the deploy files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import requests
+import yaml
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+from serving_helpers import free_port
+from typer.testing import CliRunner
+
+from components.serving.app import ServeArgs
+from components.serving.calibration import find_calibration
+from workflows.cli import app
+from workflows.serve import DEFAULT_SERVE_CONFIG, app_args, read_serve_config, run_server
+
+runner = CliRunner()
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def test_calibrate_only_writes_the_detector_file(bm25_versions, serving_data, tmp_path):
+    file = tmp_path / "serving" / "detector.json"
+    result = runner.invoke(
+        app,
+        [
+            "serve",
+            "--model",
+            bm25_versions["root"],
+            "--data",
+            serving_data,
+            "--detector",
+            str(file),
+            "--calibrate-only",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "calibrated" in result.output and find_calibration(str(file), bm25_versions["lucene"]) is not None
+
+
+def test_uncalibrated_without_data_is_a_clear_error(bm25_versions, serving_data, tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({"applications": [{"args": {"catalog": serving_data}}]}))
+    flags = [
+        "--model",
+        bm25_versions["root"],
+        "--detector",
+        str(tmp_path / "d.json"),
+        "--serve-config",
+        str(config),
+    ]
+    result = runner.invoke(app, ["serve", *flags, "--calibrate-only"])
+    assert result.exit_code == 1 and "pass --data" in result.output
+
+
+def test_serve_config_and_rayservice_agree():
+    from ray.serve.schema import ServeDeploySchema
+
+    config = read_serve_config(None)
+    assert Path(DEFAULT_SERVE_CONFIG) == DEPLOY / "serve_config.yaml"
+    ServeDeploySchema.model_validate(config)
+    application = config["applications"][0]
+    assert application["import_path"] == "components.serving.app:build_app"
+    ServeArgs.model_validate(application["args"])
+    assert {d["name"] for d in application["deployments"]} == {"Ingress", "Detector", "Retriever"}
+    for d in application["deployments"]:
+        assert d["ray_actor_options"]["num_cpus"] < 1 and d["autoscaling_config"]["min_replicas"] >= 1
+    service = yaml.safe_load((DEPLOY / "rayservice.yaml").read_text())
+    assert service["kind"] == "RayService"
+    inner = yaml.safe_load(service["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(inner)
+    assert inner["applications"] == config["applications"]
+
+
+def test_flags_and_overrides_reach_the_args():
+    config = read_serve_config(None)
+    args = app_args(config, {"artifact": "a", "catalog": None}, ["serve.selector.backend=lm", "data.path=x"])
+    assert args["artifact"] == "a" and args["catalog"] == config["applications"][0]["args"]["catalog"]
+    assert args["selector"]["backend"] == "lm"
+    names = [d["name"] for d in args["deployments"]]
+    assert {"Ingress", "Detector", "Retriever", "Selector", "QueryRewriter"} == set(names)
+
+
+def test_run_server_deploys_from_the_config_with_relative_paths(
+    ray_session, bm25_versions, serving_data, monkeypatch, tmp_path
+):
+    from ray import serve
+
+    monkeypatch.chdir(Path(bm25_versions["root"]).parents[1])  # paths relative to here
+    args = app_args(read_serve_config(None), {}, [])
+    args |= {
+        "artifact": "models/bm25",
+        "catalog": serving_data,
+        "calibration_data": serving_data,
+        "detector_file": str(Path(bm25_versions["detector_file"]).relative_to(Path.cwd())),
+    }
+    port = free_port()
+    try:
+        url = run_server(args, "127.0.0.1", port, read_serve_config(None), blocking=False)
+        info = requests.get(f"{url}/v1/tools", timeout=10).json()
+        assert info["model_version"] == "bm25/v0002"  # LATEST
+        r = requests.post(f"{url}/v1/select", json={"query": "weather forecast in Paris"}, timeout=30)
+        assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"
+    finally:
+        serve.shutdown()
