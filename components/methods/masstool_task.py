@@ -25,6 +25,7 @@ from components.methods.masstool import MassToolMethod, MassToolParams
 from components.methods.masstool_graph import build_graphs
 from components.methods.masstool_net import MassToolModel
 from components.metrics import detection_metrics, evaluate_retrieval
+from components.training.loop import unwrap
 
 
 def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
@@ -37,8 +38,10 @@ def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor
     if not bool(relevant.any()):
         return scores.sum() * 0.0  # keeps every parameter in the graph (DDP) without a signal
     negatives = torch.logsumexp(scores.masked_fill(relevant, float("-inf")), dim=1, keepdim=True)
-    # -log(e^s / (e^s + Σ_neg e^n)) = softplus(logsumexp(neg) - s)
-    return (F.softplus(negatives - scores) * relevant).sum() / relevant.sum()
+    # -log(e^s / (e^s + Σ_neg e^n)) = softplus(logsumexp(neg) - s); where() keeps masked -inf
+    # scores of non-candidates from turning into inf * 0 = nan.
+    per_pair = torch.where(relevant, F.softplus(negatives - scores), torch.zeros_like(scores))
+    return per_pair.sum() / relevant.sum()
 
 
 class MassToolTask:
@@ -114,7 +117,11 @@ class MassToolTask:
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         p = self.params
         out = model(batch["input_ids"], batch["attention_mask"], batch["pool_index"])
-        loss = retrieval_loss(out["scores"], batch["relevant"])
+        # Tools with no training edge are not candidates in training: in the cold-start split they
+        # stand for tools added later, and pushing them down as negatives would bias against them.
+        trained = unwrap(model).gcn.trained_tool.squeeze(-1) > 0
+        scores = out["scores"].masked_fill(~trained, float("-inf"))
+        loss = retrieval_loss(scores, batch["relevant"])
         loss = loss + p.detection_weight * F.binary_cross_entropy_with_logits(
             out["logit"], batch["needs_tool"]
         )

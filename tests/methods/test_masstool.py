@@ -262,3 +262,12 @@ def test_semantic_stage_is_reused_from_the_cache(trained, small_quickstart):
     again = MassToolMethod(**{**method.config(), "epochs": 1})
     assert again.fit("semantic", small_quickstart, run) == {"reused": 1.0}
     assert again.semantic_dir == method.semantic_dir
+
+
+def test_retrieval_loss_ignores_masked_non_candidates():
+    scores = torch.tensor([[2.0, float("-inf"), 0.5]], requires_grad=True)
+    relevant = torch.tensor([[True, False, False]])
+    loss = retrieval_loss(scores, relevant)
+    loss.backward()
+    torch.testing.assert_close(loss, -torch.log_softmax(torch.tensor([2.0, 0.5]), 0)[0])
+    assert torch.isfinite(scores.grad).all()
