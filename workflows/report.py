@@ -6,7 +6,19 @@ import json
 import os
 from typing import Any
 
-COLUMNS = ("recall@1", "recall@3", "recall@5", "ndcg@1", "ndcg@3", "ndcg@5", "comp@3", "comp@5")
+COLUMNS = (
+    "recall@1",
+    "recall@3",
+    "recall@5",
+    "ndcg@1",
+    "ndcg@3",
+    "ndcg@5",
+    "comp@3",
+    "comp@5",
+    "detect_accuracy",
+    "detect_f1",
+    "detect_auroc",
+)
 
 
 def markdown_table(report: dict[str, Any], columns: tuple[str, ...] = COLUMNS) -> str:

@@ -17,8 +17,8 @@ from workflows.train import train
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the whole pipeline under ``cfg["run"]["workdir"]``; returns the evaluation report.
 
-    Trains every method in ``run.methods`` (BM25 indexes; dense runs a Ray Train stage) and
-    evaluates each on ``evaluate.splits``.
+    Trains every method in ``run.methods`` (BM25 indexes; dense and MassTool run Ray Train
+    stages) and evaluates each on ``evaluate.splits``.
     """
     rcfg = cfg["run"]
     work = os.path.abspath(rcfg["workdir"])

@@ -14,12 +14,23 @@ runner = CliRunner()
 def test_run_quickstart_end_to_end(ray_session, tmp_path):
     work = tmp_path / "qs"
     result = runner.invoke(
-        app, ["run", f"run.workdir={work}", "run.n_queries=400", "run.n_neg=50", "run.params.dense.epochs=1"]
+        app,
+        [
+            "run",
+            f"run.workdir={work}",
+            "run.n_queries=400",
+            "run.n_neg=50",
+            "run.params.dense.epochs=1",
+            "run.params.masstool.epochs=1",
+            "run.params.masstool.semantic.epochs=1",
+        ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads((work / "results.json").read_text())
     assert {r["split"] for r in report["results"]} == {"valid", "test"}
-    assert {r["method"] for r in report["results"]} == {"bm25", "dense"}
+    assert {r["method"] for r in report["results"]} == {"bm25", "dense", "masstool"}
+    masstool = next(r for r in report["results"] if r["split"] == "test" and r["method"] == "masstool")
+    assert 0.0 <= masstool["metrics"]["detect_accuracy"] <= 1.0  # the detection tower is scored too
     assert (work / "models" / "dense" / "v0001" / "model" / "heads.safetensors").exists()
     test_row = next(r for r in report["results"] if r["split"] == "test" and r["method"] == "bm25")
     assert 0.0 < test_row["metrics"]["recall@3"] <= 1.0
