@@ -103,3 +103,15 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
         assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"
     finally:
         serve.shutdown()
+
+
+def test_train_selector_then_serve_it(serving_data, tmp_path):
+    from workflows.serve import train_selector
+
+    small = {"vocab_size": 300, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    args = {"catalog": serving_data, "selector_training": {"lm": small, "steps": 3, "max_examples": 50}}
+    out = str(tmp_path / "lm")
+    updated = train_selector(args, serving_data, out, None)
+    assert updated["selector"] == {"backend": "lm", "model": out} and "selector_training" not in updated
+    assert (tmp_path / "lm" / "selector.json").exists() and (tmp_path / "lm" / "config.json").exists()
+    ServeArgs.model_validate({**updated, "artifact": "any"})

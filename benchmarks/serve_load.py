@@ -1,0 +1,405 @@
+"""Loopback load on the Serve graph vs the same models in-process, and faults under load.
+
+Full run (10 s per load, on a quiet machine)::
+
+    python -m benchmarks.serve_load --data ../shared/datasets/toollens --seconds 10
+
+Short check (what a shared machine allows; the .md says it is a short run)::
+
+    python -m benchmarks.serve_load --seconds 2
+
+Without ``--model`` it trains, once, under ``--work``: BM25 (two versions: default and lucene
+analyzers), a dense bi-encoder (Ray Train) and the selector LM on ToolLens train queries, read in
+place. Loads: detection → retrieval (no LLM) per model and the full graph (constrained selector
+LM), at 8 and 32 concurrent keep-alive clients (asyncio + aiohttp) for ``--seconds`` each, after a
+1 s warm-up. Every request forces retrieval (``needs_tool_threshold: 0``) so each one runs the whole
+chain. The in-process baseline calls the same loaded models sequentially in this process, in the
+same run. Faults: one Retriever replica killed (``ray.kill`` on the actor found by name), and a
+hot-swap of the artifact through the deployments' user configs, each while 8 clients run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import os
+import threading
+import time
+from typing import Any
+
+import aiohttp
+import numpy as np
+import ray
+import torch
+from fastapi import FastAPI
+from ray import serve
+
+from components import methods
+from components.data import Dataset, open_dataset
+from components.methods.base import RunSpec
+from components.registry import promote, resolve
+from components.serving.calibration import find_calibration
+from components.serving.catalog import load_catalog
+from components.serving.deploy import deploy_config, serve_config, swap_artifact
+from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
+from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
+from components.serving.selector_lm import LMSelector
+from components.serving.selector_train import train_selector_lm
+from workflows.ray_env import init_ray
+from workflows.report import write_report
+from workflows.serve import read_serve_config
+from workflows.train import fit_method
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_load.json")
+DENSE = {
+    "epochs": 1,
+    "batch_size": 64,
+    "lr": 1e-3,
+    "tool_max_length": 64,
+    "encoder": {
+        "hidden_size": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "intermediate_size": 512,
+        "max_length": 48,
+    },
+}
+SELECTOR_LM = {
+    "vocab_size": 4000,
+    "hidden_size": 128,
+    "num_layers": 2,
+    "num_heads": 4,
+    "intermediate_size": 256,
+}
+GOAL = {"p50_ms": 15.0, "p99_ms": 50.0, "rps": 120.0}
+NOOP_API = FastAPI()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=128)
+class NoopStage:
+    """A stage that does nothing: what a Serve hop costs without a model."""
+
+    async def run(self, payload: Any) -> dict:
+        return {"probability": 1.0, "version": "noop", "tools": []}
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=128)
+@serve.ingress(NOOP_API)
+class NoopIngress:
+    """The toolscout graph's shape (HTTP -> ingress -> 2 chained handle calls) with no model work."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.first, self.second = first, second
+
+    @NOOP_API.post("/v1/select")
+    async def select(self, body: dict) -> dict:
+        await self.first.run.remote(body["query"])
+        await self.second.run.remote(body["query"])
+        return {"model_version": "noop"}
+
+
+def serve_floor(url: str, bodies: list[dict], clients: list[int], seconds: float) -> list[dict]:
+    """Load on the no-op graph: the floor set by Serve's proxy and handle hops on this machine."""
+    app = NoopIngress.bind(NoopStage.options(name="A").bind(), NoopStage.options(name="B").bind())
+    serve.run(app, name="noop", route_prefix="/")
+    rows = []
+    for n in clients:
+        m = load(url, bodies, n, seconds)
+        m.pop("sample_errors")
+        rows.append(
+            {
+                "method": "serve: no-op graph (same hops, no models)",
+                "config": {"model": "-", "clients": n, "seconds": seconds},
+                "split": "test",
+                "metrics": m,
+            }
+        )
+    serve.delete("noop")
+    return rows
+
+
+def train_artifacts(data: Dataset, work: str, dense_epochs: int) -> dict[str, str]:
+    """BM25 v0001 (default), v0002 (lucene) and dense v0001 under ``work/models``, reused if present."""
+    out = {}
+    for key, (name, params) in {
+        "bm25": ("bm25", {"profile": "default"}),
+        "bm25_v2": ("bm25", {"profile": "lucene"}),
+        "dense": ("dense", {**DENSE, "epochs": dense_epochs}),
+    }.items():
+        version = "v0002" if key == "bm25_v2" else "v0001"
+        path = os.path.join(work, "models", name, version)
+        if not os.path.exists(os.path.join(path, "config.json")):
+            method = methods.build(name, params)
+            train, checkpoints = os.path.join(work, "train"), os.path.join(work, "checkpoints")
+            run = RunSpec(name=f"serve-load-{key}", storage_path=train, local_dir=checkpoints)
+            fit_method(method, data, run)
+            method.save(path)
+            promote(path)
+        out[key] = path
+    return out
+
+
+def selector_model(data: Dataset, catalog_path: str, work: str, steps: int) -> str:
+    path = os.path.join(work, "selector_lm")
+    if not os.path.exists(os.path.join(path, "selector.json")):
+        report = train_selector_lm(data, load_catalog(catalog_path), path, lm=SELECTOR_LM, steps=steps)
+        loss = f"{report['first_loss']:.2f} -> {report['last_loss']:.2f}"
+        print(f"selector LM: loss {loss} ({report['seconds']:.0f}s)")
+    return path
+
+
+def summary(latencies: list[float], errors: int, seconds: float) -> dict[str, float]:
+    ms = np.array(latencies) * 1000 if latencies else np.array([float("nan")])
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "rps": len(latencies) / seconds,
+        "errors": errors,
+        "requests": len(latencies) + errors,
+    }
+
+
+def in_process(
+    detector: DetectorModel, retriever: RetrieverModel, selector: Any, queries: list[str], seconds: float
+):
+    """The same chain called directly, one query after another, for ``seconds``."""
+    latencies = []
+    end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < end:
+        q = queries[i % len(queries)]
+        i += 1
+        start = time.perf_counter()
+        detector.probabilities([q])
+        ranking = retriever.retrieve([q], 5)[0]
+        if selector is not None and ranking:
+            selector.select(q, [], [t for t, _ in ranking])
+        latencies.append(time.perf_counter() - start)
+    return summary(latencies, 0, seconds)
+
+
+async def _load(
+    url: str, bodies: list[dict], clients: int, seconds: float, warmup: float, on_start=None
+) -> dict:
+    """``clients`` keep-alive clients posting in a loop; latencies after the warm-up only."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    versions: list[str] = []
+    connector = aiohttp.TCPConnector(limit=clients, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
+        t0 = time.perf_counter()
+        measure_from, stop_at = t0 + warmup, t0 + warmup + seconds
+
+        async def client(c: int) -> None:
+            i = c
+            while (now := time.perf_counter()) < stop_at:
+                body = bodies[i % len(bodies)]
+                i += clients
+                try:
+                    async with session.post(f"{url}/v1/select", json=body) as r:
+                        payload = await r.json(content_type=None)
+                        ok = r.status == 200
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    ok, payload = False, {"error": repr(e)}
+                if now >= measure_from:
+                    if ok:
+                        latencies.append(time.perf_counter() - now)
+                        versions.append(payload["model_version"])
+                    else:
+                        errors.append(str(payload)[:200])
+
+        tasks = [asyncio.create_task(client(c)) for c in range(clients)]
+        if on_start is not None:
+            await asyncio.sleep(warmup)
+            await asyncio.to_thread(on_start)
+        await asyncio.gather(*tasks)
+    return {
+        **summary(latencies, len(errors), seconds),
+        "versions": sorted(set(versions)),
+        "sample_errors": errors[:3],
+    }
+
+
+def load(url: str, bodies: list[dict], clients: int, seconds: float, on_start=None) -> dict:
+    return asyncio.run(_load(url, bodies, clients, seconds, 1.0, on_start))
+
+
+def fault_drills(
+    url: str, config: dict, bodies: list[dict], artifacts: dict[str, str], seconds: float
+) -> list[dict]:
+    """Kill a Retriever replica, then hot-swap the artifact, each under 8 clients; count failures."""
+    rows = []
+    with_two = copy.deepcopy(config)
+    app = with_two["applications"][0]
+    app["deployments"] = [d for d in app.get("deployments", []) if d["name"] != "Retriever"]
+    app["deployments"].append(
+        {"name": "Retriever", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}}
+    )
+    deploy_config(with_two)
+    wait_for_replicas("Retriever", 2)
+    victim = replica_names("Retriever")[0]
+
+    def kill() -> None:
+        time.sleep(seconds / 3)
+        ray.kill(replica_actor(victim), no_restart=True)
+
+    killed = load(
+        url, bodies, 8, seconds, on_start=lambda: threading.Thread(target=kill, daemon=True).start()
+    )
+    wait_for_replicas("Retriever", 2)
+    rows.append(("kill one Retriever replica", killed, {"replicas": 2, "killed": victim.split("#")[-1]}))
+
+    def swap() -> None:
+        time.sleep(seconds / 3)
+        deploy_config(swap_artifact(with_two, artifacts["bm25_v2"]))
+
+    swapped = load(
+        url, bodies, 8, seconds, on_start=lambda: threading.Thread(target=swap, daemon=True).start()
+    )
+    rows.append(("hot-swap bm25/v0001 -> bm25/v0002", swapped, {"replicas": 2}))
+    return [
+        {
+            "method": f"fault: {name}",
+            "config": {"clients": 8, "seconds": seconds, **extra},
+            "split": "test",
+            "metrics": {k: v for k, v in m.items() if k != "sample_errors"},
+        }
+        for name, m, extra in rows
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/datasets/toollens")
+    parser.add_argument("--model", help="Artifact to serve (default: BM25 trained here)")
+    parser.add_argument("--dense", help="Dense artifact for the dense rows (default: trained here)")
+    parser.add_argument("--work", default="runs/serve_load")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--dense-epochs", type=int, default=1)
+    parser.add_argument("--selector-steps", type=int, default=300)
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args()
+    short = args.seconds < 10
+    load_before = os.getloadavg()[0]
+    torch.set_num_threads(1)  # in-process baseline and training: one thread, as each replica gets
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    data = open_dataset(args.data)
+    work = os.path.abspath(args.work)
+    artifacts = train_artifacts(data, work, args.dense_epochs) if not (args.model and args.dense) else {}
+    artifacts["bm25"] = os.path.abspath(resolve(args.model)) if args.model else artifacts["bm25"]
+    artifacts["dense"] = os.path.abspath(resolve(args.dense)) if args.dense else artifacts["dense"]
+    artifacts.setdefault("bm25_v2", artifacts["bm25"])
+    detector_file = os.path.join(work, "detector.json")
+    for key in ("bm25", "bm25_v2", "dense"):
+        if find_calibration(detector_file, artifacts[key]) is None:
+            calibrate_artifact(artifacts[key], args.data, detector_file)
+    catalog = os.path.abspath(args.data)
+    selector_path = selector_model(data, catalog, work, args.selector_steps)
+    queries = list(data.split_queries("test").values())
+    bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
+
+    port = 18000 + os.getpid() % 1000
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    url = f"http://127.0.0.1:{port}"
+    base = read_serve_config(None)
+    rows = serve_floor(url, bodies, args.clients, args.seconds)
+    scenarios = [
+        ("detect→retrieve", "bm25", None),
+        ("detect→retrieve", "dense", None),
+        ("full graph (LM selector)", "bm25", {"backend": "lm", "model": selector_path}),
+    ]
+    for label, key, selector in scenarios:
+        serve_args = {
+            "artifact": artifacts[key],
+            "catalog": catalog,
+            "detector_file": detector_file,
+            "selector": selector or {"backend": "none"},
+        }
+        deploy_config(serve_config(serve_args, base))
+        detector = DetectorModel(artifacts[key], detector_file)
+        retriever = RetrieverModel(artifacts[key])
+        lm = LMSelector(selector_path, load_catalog(catalog)) if selector else None
+        base_metrics = in_process(detector, retriever, lm, queries, args.seconds)
+        version = retriever.version
+        rows.append(
+            {
+                "method": f"in-process: {label}",
+                "config": {"model": version, "clients": 1},
+                "split": "test",
+                "metrics": {**base_metrics, "ratio": 1.0},
+            }
+        )
+        for clients in args.clients:
+            m = load(url, bodies, clients, args.seconds)
+            m.pop("sample_errors")
+            m["ratio"] = m["p50_ms"] / base_metrics["p50_ms"]
+            m["rps_ratio"] = m["rps"] / base_metrics["rps"]
+            rows.append(
+                {
+                    "method": f"serve: {label}",
+                    "config": {"model": version, "clients": clients, "seconds": args.seconds},
+                    "split": "test",
+                    "metrics": m,
+                }
+            )
+            print(
+                f"{label} {version} x{clients}: p50 {m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms "
+                f"{m['rps']:.0f} req/s errors {m['errors']}"
+            )
+        if key == "bm25" and selector is None:
+            rows += fault_drills(
+                url, serve_config(serve_args, base), bodies, artifacts, max(args.seconds, 4.0)
+            )
+    serve.shutdown()
+    machine = f"1-min load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. "
+    note = (
+        f"**SHORT RUN ({args.seconds:g} s per load) on a shared 2-core machine: a functional check, not the "
+        "reported figures; rerun with --seconds 10 on a quiet machine.** "
+        if short
+        else ""
+    )
+    report = {
+        "dataset": "toollens",
+        "notes": note + machine + f"2 CPU cores, Ray {ray.__version__}, client and server on the same cores; "
+        "p50/p99 per request, rps = completed / seconds; ratio = serve p50 / in-process p50 of the same "
+        "models (in-process = sequential calls in this process, same run); the no-op graph is the same "
+        "HTTP → ingress → 2 handle calls with no model work, i.e. the floor Serve sets on this machine in "
+        "this run; goal for detect→retrieve: "
+        f"p50 ≤ {GOAL['p50_ms']:g} ms, p99 ≤ {GOAL['p99_ms']:g} ms, ≥ {GOAL['rps']:g} req/s, 0 errors.\n",
+        "results": rows,
+    }
+    write_markdown(report, args.out)
+
+
+def write_markdown(report: dict, out: str) -> None:
+    """JSON + a load table and a fault table."""
+    write_report(report, out, title="Serve load: Ray Serve graph vs in-process", plot=False)
+    head = "| scenario | model | clients | p50 ms | p99 ms | req/s | errors | p50 ratio | rps ratio |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    faults = [
+        "| fault | requests | failed | p50 ms | p99 ms | versions answering |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        m, c = r["metrics"], r["config"]
+        if r["method"].startswith("fault"):
+            faults.append(
+                f"| {r['method'][7:]} | {m['requests']} | {m['errors']} | {m['p50_ms']:.1f} | "
+                f"{m['p99_ms']:.1f} | {', '.join(m['versions'])} |"
+            )
+            continue
+        ratios = f"{m['ratio']:.2f} | {m.get('rps_ratio', 1.0):.2f}" if "ratio" in m else "- | -"
+        lines.append(
+            f"| {r['method']} | {c['model']} | {c['clients']} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | "
+            f"{m['rps']:.0f} | {m['errors']} | {ratios} |"
+        )
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write("# Serve load: Ray Serve graph vs in-process\n\n" + report["notes"] + "\n")
+        f.write("\n".join(lines) + "\n\n## Faults under load\n\n" + "\n".join(faults) + "\n")
+    print("\n".join([*lines, "", *faults]))
+
+
+if __name__ == "__main__":
+    main()
