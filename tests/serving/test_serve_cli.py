@@ -10,10 +10,10 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 from serving_helpers import free_port
 from typer.testing import CliRunner
 
-from components.serving.app import ServeArgs
+from components.serving.app import ServeArgs, build_app
 from components.serving.calibration import find_calibration
 from workflows.cli import app
-from workflows.serve import DEFAULT_SERVE_CONFIG, app_args, read_serve_config, run_server
+from workflows.serve import DEFAULT_SERVE_CONFIG, absolute_paths, app_args, read_serve_config, run_server
 
 runner = CliRunner()
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -101,6 +101,9 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
         assert info["model_version"] == "bm25/v0002"  # LATEST
         r = requests.post(f"{url}/v1/select", json={"query": "weather forecast in Paris"}, timeout=30)
         assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"
+        # The builder also works with serve.run (a restart on every update, see components.serving.deploy).
+        serve.run(build_app(absolute_paths(args)), name="toolscout", route_prefix="/")
+        assert requests.get(f"{url}/v1/tools", timeout=10).json()["model_version"] == "bm25/v0002"
     finally:
         serve.shutdown()
 
