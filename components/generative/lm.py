@@ -43,6 +43,7 @@ class LMSpec:
     num_heads: int = 4
     intermediate_size: int = 768
     max_length: int = 256
+    dtype: str | None = None  # e.g. "bfloat16" to load a hub checkpoint in half precision (GPU)
 
     def __post_init__(self) -> None:
         if self.name_or_path in PAPER_LMS:
@@ -58,7 +59,9 @@ def lm_spec_from(params: dict | None) -> LMSpec:
     return LMSpec(**params)
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+def train_bpe(
+    texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (GPT-2 / Llama-3 style: no unknown characters), BOS prepended."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
@@ -87,7 +90,7 @@ def build_causal_lm(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Load a pretrained LM, or train a tokenizer on ``texts`` and build a small Llama."""
     if spec.name_or_path:
-        return load_causal_lm(spec.name_or_path)
+        return load_causal_lm(spec.name_or_path, spec.dtype)
     tokenizer = train_bpe(texts, vocab_size=spec.vocab_size)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -106,12 +109,18 @@ def build_causal_lm(
     return LlamaForCausalLM(config), tokenizer
 
 
-def load_causal_lm(name_or_path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """``from_pretrained`` for model and tokenizer (hub name or local dir); a pad token is ensured."""
+def load_causal_lm(
+    name_or_path: str, dtype: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """``from_pretrained`` for model and tokenizer (hub name or local dir); a pad token is ensured.
+
+    ``dtype`` (e.g. ``"bfloat16"``) loads the weights in that precision; None keeps the default.
+    """
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path)
+    kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     return model, tokenizer
 
 

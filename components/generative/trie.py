@@ -56,6 +56,19 @@ class TokenTrie:
     def values(self) -> list[str]:
         return list(self._values.values())
 
+    def items(self) -> list[tuple[tuple[int, ...], str]]:
+        """Every (token sequence, value) pair, in insertion order."""
+        return list(self._values.items())
+
+    @property
+    def depth(self) -> int:
+        """Length of the longest sequence (1 when every code is a single token, as in ToolGen)."""
+        return max((len(k) for k in self._values), default=0)
+
+    def has_children(self, prefix: Sequence[int]) -> bool:
+        """Whether some longer sequence continues ``prefix``."""
+        return bool(self._node(prefix))
+
 
 def prefix_allowed_fn(
     trie: TokenTrie, prompt_length: int, end_token: int

@@ -1,0 +1,141 @@
+"""Free (unconstrained) or trie-constrained decoding with ``generate``, and the hallucination rate.
+
+ToolGen (arXiv 2410.03439, Sec. 5) measures how often a generative retriever names a tool that
+does not exist, with and without constrained decoding. Here both go through the same Hugging Face
+beam search; the only difference is the ``prefix_allowed_tokens_fn`` built from the tool trie
+(:func:`components.generative.trie.prefix_allowed_fn`). Each returned sequence is parsed: it is a
+real tool if its tokens are exactly a tool's code, or if its text is a tool's token string or name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from components.generative.tool_tokens import ToolCodebook
+from components.generative.trie import TokenTrie, prefix_allowed_fn
+
+
+@dataclass
+class Output:
+    """One generated sequence: its tokens after the prompt, beam score and the tool it names (or None)."""
+
+    tokens: list[int]
+    score: float
+    tool: str | None
+
+
+class OutputParser:
+    """Maps generated tokens to a real tool id, or ``None`` for a hallucinated output.
+
+    Args:
+        codebook: Tool codes.
+        tokenizer: To decode outputs that are not an exact code.
+        names: Tool id -> human-readable name; an output whose text equals a name (case-folded) or
+            a tool's token string also counts as that tool.
+    """
+
+    def __init__(
+        self, codebook: ToolCodebook, tokenizer: PreTrainedTokenizerBase, names: Mapping[str, str]
+    ) -> None:
+        self.codebook = codebook
+        self.tokenizer = tokenizer
+        self.stop = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.by_text = {n.strip().casefold(): t for t, n in names.items()}
+        for tool, code in codebook.codes.items():
+            self.by_text[tokenizer.decode(list(code)).strip().casefold()] = tool
+
+    def strip(self, tokens: Sequence[int]) -> list[int]:
+        """Tokens up to the first end-of-sequence or padding token."""
+        out = []
+        for t in tokens:
+            if int(t) in self.stop:
+                break
+            out.append(int(t))
+        return out
+
+    def tool(self, tokens: Sequence[int]) -> str | None:
+        tokens = self.strip(tokens)
+        found = self.codebook.tool_of(tokens)
+        if found is None and tokens:
+            found = self.by_text.get(self.tokenizer.decode(tokens).strip().casefold())
+        return found
+
+
+@torch.no_grad()
+def generate_outputs(
+    lm: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Sequence[int]],
+    parser: OutputParser,
+    num_beams: int,
+    max_new_tokens: int,
+    trie: TokenTrie | None = None,
+    batch_size: int = 32,
+) -> list[list[Output]]:
+    """``num_beams`` beams per prompt from ``lm.generate``, free or (with ``trie``) constrained.
+
+    Prompts are left-padded per batch (``generate`` continues every row from the same column), so
+    the constraint sees the generated part as everything after the padded prompt width.
+    """
+    lm.eval()
+    device = next(lm.parameters()).device
+    pad = tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id
+    out: list[list[Output]] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
+        generated = lm.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            num_beams=num_beams,
+            num_return_sequences=num_beams,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            prefix_allowed_tokens_fn=prefix_allowed_fn(trie, width, eos) if trie is not None else None,
+            output_scores=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        sequences = generated.sequences[:, width:].tolist()
+        if num_beams > 1:
+            scores = generated.sequences_scores.tolist()
+        else:  # greedy: the summed log-probabilities of the generated tokens, up to the end
+            steps = lm.compute_transition_scores(generated.sequences, generated.logits, normalize_logits=True)
+            scores = [
+                float(steps[r, : max(1, len(parser.strip(sequences[r])))].sum()) for r in range(len(chunk))
+            ]
+        for row in range(len(chunk)):
+            beams = range(row * num_beams, (row + 1) * num_beams)
+            out.append(
+                [Output(parser.strip(sequences[b]), scores[b], parser.tool(sequences[b])) for b in beams]
+            )
+    return out
+
+
+def hallucination_rate(outputs: Sequence[Sequence[Output]]) -> float:
+    """Share of generated sequences that name no real tool."""
+    flat = [o for beams in outputs for o in beams]
+    return sum(o.tool is None for o in flat) / max(len(flat), 1)
+
+
+def outputs_to_results(
+    qids: Sequence[str], outputs: Sequence[Sequence[Output]]
+) -> dict[str, dict[str, float]]:
+    """Retrieval results from generated beams: real tools only, each at its best beam score."""
+    results: dict[str, dict[str, float]] = {}
+    for qid, beams in zip(qids, outputs, strict=True):
+        ranked: dict[str, float] = {}
+        for o in beams:
+            if o.tool is not None and o.tool not in ranked:
+                ranked[o.tool] = o.score
+        results[qid] = ranked
+    return results

@@ -1,0 +1,136 @@
+"""Tool virtualization: one new vocabulary token per tool (ToolGen's atomic indexing).
+
+ToolGen (arXiv 2410.03439, Sec. 3.1) turns every tool into a single token such as
+``<<Worldwide Recipes&&Suggestions>>`` and grows the LM's vocabulary and embedding tables by one row
+per tool. Each new row starts as the mean of the embeddings of the tokens that spell the tool's
+name, so a freshly added tool already sits near the words that describe it; this is also how tools
+added after training become usable without retraining.
+
+A tool's *code* is the token-id sequence that names it; here codes have length 1. ToolWeaver's
+multi-token codes reuse :class:`ToolCodebook` with longer sequences.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from components.generative.trie import TokenTrie
+
+
+def tool_token(name: str) -> str:
+    """The token string of a tool: ``<<tool&&api>>`` as in ToolGen, whitespace folded to ``_``.
+
+    Args:
+        name: The tool's human-readable name, ``"tool / api"`` or just ``"tool"``.
+    """
+    parts = [re.sub(r"\s+", "_", p.strip()) for p in name.split(" / ")]
+    return "<<" + "&&".join(p for p in parts if p) + ">>"
+
+
+class ToolCodebook:
+    """Tool id -> code (token-id sequence), with the prefix trie that constrains decoding to real tools.
+
+    Args:
+        codes: Tool id -> its token ids (length 1 for ToolGen's atomic tokens, longer for ToolWeaver).
+    """
+
+    def __init__(self, codes: Mapping[str, Sequence[int]] | None = None) -> None:
+        self.codes: dict[str, tuple[int, ...]] = {
+            t: tuple(int(i) for i in c) for t, c in (codes or {}).items()
+        }
+        self._by_code = {c: t for t, c in self.codes.items()}
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __contains__(self, tool_id: object) -> bool:
+        return tool_id in self.codes
+
+    def add(self, tool_id: str, code: Sequence[int]) -> None:
+        key = tuple(int(i) for i in code)
+        if key in self._by_code and self._by_code[key] != tool_id:
+            raise ValueError(f"code {key} already names tool {self._by_code[key]!r}, not {tool_id!r}")
+        self.codes[tool_id] = key
+        self._by_code[key] = tool_id
+
+    def tool_of(self, code: Sequence[int]) -> str | None:
+        """The tool a token sequence names exactly, else ``None`` (a hallucinated output)."""
+        return self._by_code.get(tuple(int(i) for i in code))
+
+    def trie(self, candidates: Iterable[str] | None = None) -> TokenTrie:
+        """The decoding constraint over every tool, or narrowed to ``candidates`` (unknown ids ignored)."""
+        tools = self.codes if candidates is None else [t for t in candidates if t in self.codes]
+        return TokenTrie((self.codes[t], t) for t in tools)
+
+    @property
+    def max_length(self) -> int:
+        return max((len(c) for c in self.codes.values()), default=0)
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {t: list(c) for t, c in self.codes.items()}
+
+    @classmethod
+    def from_json(cls, codes: Mapping[str, Sequence[int]]) -> ToolCodebook:
+        return cls(codes)
+
+
+def name_embedding_rows(
+    table: torch.Tensor, tokenizer: PreTrainedTokenizerBase, names: Sequence[str]
+) -> torch.Tensor:
+    """For each name, the mean of the rows of ``table`` of the tokens that spell it.
+
+    A name that tokenizes to nothing (empty) falls back to the mean of the whole table.
+    """
+    rows = []
+    for name in names:
+        ids = tokenizer(name, add_special_tokens=False)["input_ids"]
+        rows.append(table[ids].mean(0) if ids else table.mean(0))
+    return torch.stack(rows) if rows else table.new_zeros(0, table.shape[1])
+
+
+@torch.no_grad()
+def add_tool_tokens(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    names: Mapping[str, str],
+    codebook: ToolCodebook | None = None,
+) -> ToolCodebook:
+    """Give every tool in ``names`` (tool id -> name) a token, unless ``codebook`` already has it.
+
+    New tokens are added to the tokenizer, the embedding tables are resized, and each new row (input
+    embeddings, and output embeddings when they are not tied) is the mean of the rows of the
+    tool's name tokens, computed before the resize so that earlier-added tool tokens never leak in.
+
+    Returns:
+        The codebook with every tool of ``names`` (one token each).
+    """
+    codebook = ToolCodebook() if codebook is None else codebook
+    new = [t for t in names if t not in codebook]
+    if not new:
+        return codebook
+    strings, taken = {}, set(tokenizer.get_vocab())
+    for t in new:
+        token = tool_token(names[t])
+        # Two tools with one name (or a name that is already a token) still need distinct tokens.
+        strings[t] = token if token not in taken else f"{token[:-2]}#{t}>>"
+        taken.add(strings[t])
+    # "tool / api" is spoken as "tool api": the separator would add the same row to every mean.
+    spoken = [" ".join(names[t].split(" / ")) for t in new]
+    inputs = name_embedding_rows(model.get_input_embeddings().weight.detach(), tokenizer, spoken)
+    output_layer = model.get_output_embeddings()
+    tied = output_layer is None or output_layer.weight is model.get_input_embeddings().weight
+    outputs = None if tied else name_embedding_rows(output_layer.weight.detach(), tokenizer, spoken)
+    tokenizer.add_tokens(list(strings.values()))
+    ids = tokenizer.convert_tokens_to_ids(list(strings.values()))
+    # mean_resizing=False: the rows are overwritten just below, so skip HF's covariance sampling.
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    model.get_input_embeddings().weight[ids] = inputs
+    if outputs is not None:
+        model.get_output_embeddings().weight[ids] = outputs
+    for t, i in zip(new, ids, strict=True):
+        codebook.add(t, (i,))
+    return codebook

@@ -1,0 +1,244 @@
+"""ToolGen: tools as LM vocabulary tokens, retrieved by constrained generation (arXiv 2410.03439).
+
+Every tool becomes one new token of a causal LM (initialised from its name's token embeddings);
+the LM is fine-tuned in three stages (memorization: document -> token; retrieval: query -> token;
+agent tuning: ReAct trajectories whose actions are tool tokens), each one Ray Train run starting
+from the previous stage's checkpoint. When the LM is built here from scratch a plain-text warm-up
+comes first. Retrieval generates one tool token per beam under a trie constraint, so the top-k
+beams are k distinct real tools scored by their log-probability; tools indexed after training get
+a token initialised from their name and are retrievable at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import ray
+
+from components.data.types import Corpus, Dataset, Queries, Results
+from components.generative.bundle import load_bundle, save_bundle
+from components.generative.constrained import constrained_top_k
+from components.generative.hallucination import Output, OutputParser, generate_outputs, outputs_to_results
+from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
+from components.generative.perplexity import perplexity
+from components.generative.targeted import TargetedLM
+from components.generative.tool_tokens import ToolCodebook, add_tool_tokens
+from components.generative.trie import TokenTrie
+from components.methods import toolgen_data as td
+from components.methods.base import RunSpec, read_config, write_config
+from components.methods.toolgen_params import STAGES, ToolGenParams
+
+if TYPE_CHECKING:
+    from components.methods.toolgen_task import ToolGenTask
+
+
+class ToolGenMethod:
+    """Generative tool retrieval with one vocabulary token per tool (see module docstring)."""
+
+    name: ClassVar[str] = "toolgen"
+    stages: ClassVar[tuple[str, ...]] = STAGES
+
+    def __init__(self, **params: Any) -> None:
+        self.params = ToolGenParams(**params)
+        self.stage_dirs: dict[str, str] = {}
+        self.report: dict[str, Any] = {}
+        self.tool_ids: list[str] = []
+        self.added_after_training: list[str] = []
+        self._lm = self._tokenizer = None
+        self._model: TargetedLM | None = None
+        self.codebook = ToolCodebook()
+        self._trie: TokenTrie | None = None
+        self._names: dict[str, str] = {}
+
+    @classmethod
+    def stage_task(cls, stage: str, config: dict[str, Any]) -> ToolGenTask:
+        """The worker-side training task of ``stage`` (see :mod:`components.training.task`)."""
+        from components.methods.toolgen_task import ToolGenTask
+
+        if stage not in cls.stages:
+            raise ValueError(f"toolgen has stages {cls.stages}, not {stage!r}")
+        return ToolGenTask(config)
+
+    @classmethod
+    def from_dir(cls, model_dir: str, params: dict[str, Any] | None = None) -> ToolGenMethod:
+        """A method around any stage's output directory (e.g. the retrieval stage alone)."""
+        method = cls(**(params or {}))
+        method.use_model(model_dir)
+        return method
+
+    def config(self) -> dict[str, Any]:
+        return asdict(self.params)
+
+    # --- training -------------------------------------------------------------------------
+
+    def initial_model(self, data: Dataset, run: RunSpec) -> str:
+        """Where the warm-up starts: a hub name/path as is, or a small Llama built and saved here.
+
+        The scratch tokenizer is trained on the known tools' documents and the training queries
+        (tools unseen in a cold-start split are left out, as tools that do not exist yet).
+        """
+        spec = lm_spec_from(self.params.lm)
+        if spec.name_or_path:
+            return spec.name_or_path
+        path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
+        texts = td.warmup_texts(data, td.known_tools(data), self.params.tool_fields, None, run.seed)
+        lm, tokenizer = build_causal_lm(spec, texts, seed=run.seed)
+        save_causal_lm(lm, tokenizer, path)
+        return path
+
+    def loop_config(self, stage: str, init_dir: str, dataset: Dataset | ray.ObjectRef) -> dict[str, Any]:
+        """What the generic loop reads (lr, epochs, batch size at the top level) and the task."""
+        settings = self.params.stages[stage]
+        return {
+            **settings,
+            "weight_decay": settings.get("weight_decay", 0.0),
+            "progress": self.params.progress,
+            "params": asdict(self.params),
+            "init_dir": init_dir,
+            "dataset": dataset,
+        }
+
+    def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
+        """Run one stage on Ray Train from the previous stage's best checkpoint (``epochs: 0`` skips)."""
+        from components.training.runner import run_stage
+
+        if stage not in self.stages:
+            raise ValueError(f"toolgen has stages {self.stages}, not {stage!r}")
+        index = self.stages.index(stage)
+        init = self.initial_model(data, run) if index == 0 else self.stage_dirs[self.stages[index - 1]]
+        out: dict[str, float] = {"stage_seconds": 0.0}
+        if int(self.params.stages[stage]["epochs"]) > 0:
+            loop = self.loop_config(stage, init, ray.put(data))
+            result = run_stage(self.name, stage, loop, run, score="valid_score")
+            self.stage_dirs[stage] = result.model_dir
+            out = {**result.metrics, "stage_seconds": result.seconds}
+        else:
+            self.stage_dirs[stage] = init
+        started = time.perf_counter()
+        if stage == "warmup":
+            # ToolGen's question: do tool tokens cost the LM its language? Measured before ...
+            out |= self._perplexity_report(data, "before")
+        if stage == self.stages[-1]:
+            self.use_model(self.stage_dirs[stage], data)
+            out |= self._perplexity_report(data, "after")  # ... and after all stages.
+            out["vocab_added"] = float(len(self.codebook))
+            out["vocab_size"] = float(len(self._tokenizer))
+        out["driver_seconds"] = time.perf_counter() - started
+        self.report[stage] = out
+        return out
+
+    def _perplexity_report(self, data: Dataset, when: str) -> dict[str, float]:
+        n = self.params.perplexity_texts
+        if not n or not data.qrels.get("valid"):
+            return {}
+        if when == "before":
+            lm, tokenizer, _ = load_bundle(self.stage_dirs["warmup"], lm_spec_from(self.params.lm).dtype)
+        else:
+            lm, tokenizer = self._lm, self._tokenizer
+        texts = [data.queries[q] for q in list(data.qrels["valid"])[:n]]
+        return {
+            f"perplexity_{when}": perplexity(lm, tokenizer, texts, self.params.query_max_length),
+            f"vocab_{when}": float(len(tokenizer)),
+        }
+
+    def use_model(self, model_dir: str, data: Dataset | None = None) -> None:
+        """Load a stage output; with ``data``, make sure every known tool has its token."""
+        self._lm, self._tokenizer, self.codebook = load_bundle(model_dir, lm_spec_from(self.params.lm).dtype)
+        if data is not None:
+            add_tool_tokens(
+                self._lm, self._tokenizer, td.tool_names(data.corpus, td.known_tools(data)), self.codebook
+            )
+        self._lm.eval()
+        self._model = TargetedLM(self._lm)
+        self._prompter = td.Prompter(self._tokenizer)
+
+    # --- retrieval ------------------------------------------------------------------------
+
+    def index(self, corpus: Corpus) -> None:
+        """Constrain decoding to ``corpus``; tools without a token get one now, from their name."""
+        if self._lm is None:
+            raise RuntimeError("toolgen: train (fit) or load a model before indexing")
+        self.tool_ids = list(corpus)
+        self._names = td.tool_names(corpus, self.tool_ids)
+        new = {t: self._names[t] for t in self.tool_ids if t not in self.codebook}
+        add_tool_tokens(self._lm, self._tokenizer, new, self.codebook)
+        self.added_after_training += list(new)  # tokens stay once added, as tools stay in a registry
+        self._trie = self.codebook.trie(self.tool_ids)
+
+    def _prompts(self, queries: Queries) -> list[list[int]]:
+        return [self._prompter.retrieval(queries[q], self.params.query_max_length) for q in queries]
+
+    def retrieve(self, queries: Queries, k: int, candidates: dict[str, list[str]] | None = None) -> Results:
+        """Top-``k`` tools per query; ``candidates`` narrows each query's constraint to given tools."""
+        if self._trie is None:
+            raise RuntimeError("toolgen: call index() before retrieve()")
+        qids = list(queries)
+        if self.params.decoding == "unconstrained" and candidates is None:
+            return outputs_to_results(qids, self.generate(queries, k, constrained=False))
+        tries = (
+            self._trie if candidates is None else [self.codebook.trie(candidates.get(q, [])) for q in qids]
+        )
+        hits = constrained_top_k(
+            self._model,
+            self._prompts(queries),
+            tries,
+            k,
+            self._tokenizer.pad_token_id,
+            num_beams=max(self.params.num_beams, k),
+            end_token=self._tokenizer.eos_token_id,
+            batch_size=self.params.eval_batch_size,
+        )
+        return {q: dict(h) for q, h in zip(qids, hits, strict=True)}
+
+    def generate(self, queries: Queries, k: int, constrained: bool) -> list[list[Output]]:
+        """``max(num_beams, k)`` beams per query through ``generate``, free or trie-constrained.
+
+        Outputs name a real tool (``Output.tool``) or nothing; unconstrained decoding shows how often
+        the model invents tools (ToolGen's hallucination rate), constrained decoding that it cannot.
+        """
+        if self._trie is None:
+            raise RuntimeError("toolgen: call index() before generate()")
+        parser = OutputParser(self.codebook, self._tokenizer, {t: self._names[t] for t in self.tool_ids})
+        return generate_outputs(
+            self._lm,
+            self._tokenizer,
+            self._prompts(queries),
+            parser,
+            num_beams=max(self.params.num_beams, k),
+            max_new_tokens=self.params.free_max_new_tokens,
+            trie=self._trie if constrained else None,
+            batch_size=max(1, self.params.eval_batch_size // 2),
+        )
+
+    # --- artifacts ------------------------------------------------------------------------
+
+    def save(self, path: str) -> None:
+        """``config.json`` (params, indexed tools, training report) + the LM bundle under ``lm/``."""
+        if self._lm is None or self._trie is None:
+            raise RuntimeError("toolgen: nothing to save; fit/load and index first")
+        write_config(
+            path,
+            {
+                "method": self.name,
+                "params": self.config(),
+                "tool_ids": self.tool_ids,
+                "tool_names": self._names,
+                "added_after_training": self.added_after_training,
+                "report": self.report,
+            },
+        )
+        save_bundle(self._lm, self._tokenizer, self.codebook, os.path.join(path, "lm"))
+
+    @classmethod
+    def load(cls, path: str) -> ToolGenMethod:
+        config = read_config(path)
+        method = cls.from_dir(os.path.join(path, "lm"), config["params"])
+        method.tool_ids = config["tool_ids"]
+        method._names = config["tool_names"]
+        method.added_after_training = config.get("added_after_training", [])
+        method.report = config.get("report", {})
+        method._trie = method.codebook.trie(method.tool_ids)
+        return method

@@ -1,0 +1,107 @@
+"""Trie-constrained beam search: exact on small tries, the one-step shortcut, narrowing, HF agreement."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from tiny_lm import NAMES, tiny_lm
+
+from components.generative.constrained import constrained_top_k, single_step_top_k, trie_beam_search
+from components.generative.hallucination import OutputParser, generate_outputs
+from components.generative.targeted import TargetedLM
+from components.generative.tool_tokens import ToolCodebook
+from components.generative.trie import TokenTrie
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_lm(seed=1)
+
+
+def prompts_of(tokenizer):
+    texts = ["weather in paris", "flights to rome please", "a hotel", "salmon dinner with rice tonight"]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+@torch.no_grad()
+def exact_score(model, prompt, code, end=None):
+    """log p(code [+ end] | prompt) by one teacher-forced pass (brute force)."""
+    seq = [*prompt, *code, *([end] if end is not None else [])]
+    logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0].float(), -1)
+    return sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(seq[len(prompt) :]))
+
+
+def test_shortcut_equals_beam_search_for_single_token_codes(lm):
+    model, tokenizer, codebook = lm
+    prompts = prompts_of(tokenizer)
+    wrapped = TargetedLM(model)
+    fast = single_step_top_k(wrapped, prompts, codebook.trie(), 3, tokenizer.pad_token_id)
+    for beams in (3, 4, 8):
+        slow = trie_beam_search(wrapped, prompts, codebook.trie(), 3, tokenizer.pad_token_id, num_beams=beams)
+        assert [[t for t, _ in h] for h in fast] == [[t for t, _ in h] for h in slow]
+        for a, b in zip(fast, slow, strict=True):
+            assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-5)
+    # The scores are the exact log-probabilities of each tool token.
+    for prompt, hits in zip(prompts, fast, strict=True):
+        assert len({t for t, _ in hits}) == 3
+        for tool, score in hits:
+            assert score == pytest.approx(exact_score(model, prompt, codebook.codes[tool]), abs=1e-4)
+    assert constrained_top_k(wrapped, prompts, codebook.trie(), 3, tokenizer.pad_token_id) == fast
+
+
+def test_multi_token_beam_search_is_exact_when_beams_cover_the_trie(lm):
+    model, tokenizer, _ = lm
+    base = len(tokenizer) - len(NAMES)
+    # ToolWeaver-style codes: 2-3 tokens, shared prefixes, one code that is a prefix of another.
+    codes = {"a": [5, 6], "b": [5, 7], "c": [8, 6, 9], "d": [8, 6, 10], "e": [base], "f": [8]}
+    trie = ToolCodebook(codes).trie()
+    end = tokenizer.eos_token_id
+    wrapped = TargetedLM(model)
+    prompts = prompts_of(tokenizer)
+    hits = trie_beam_search(
+        wrapped, prompts, trie, len(codes), tokenizer.pad_token_id, num_beams=8, end_token=end
+    )
+    for prompt, got in zip(prompts, hits, strict=True):
+        # "f" = [8] is complete but "c"/"d" continue it: it ends with the end token's probability.
+        brute = {t: exact_score(model, prompt, c, end if t == "f" else None) for t, c in codes.items()}
+        assert [t for t, _ in got] == sorted(brute, key=lambda t: -brute[t])
+        assert [s for _, s in got] == pytest.approx(sorted(brute.values(), reverse=True), abs=1e-4)
+    # A narrow beam still returns k distinct real tools, best first.
+    top2 = trie_beam_search(wrapped, prompts, trie, 2, tokenizer.pad_token_id, num_beams=2, end_token=end)
+    for got in top2:
+        assert len(got) == 2 and len({t for t, _ in got}) == 2 and got[0][1] >= got[1][1]
+    assert constrained_top_k(wrapped, prompts, trie, 2, tokenizer.pad_token_id, 2, end) == top2
+
+
+def test_candidate_sets_narrow_the_constraint_per_prompt(lm):
+    model, tokenizer, codebook = lm
+    prompts = prompts_of(tokenizer)
+    wrapped = TargetedLM(model)
+    full = dict(single_step_top_k(wrapped, prompts[:1], codebook.trie(), 4, tokenizer.pad_token_id)[0])
+    sets = [["2", "3"], ["0"], [], ["1", "2", "3"]]
+    got = constrained_top_k(wrapped, prompts, [codebook.trie(s) for s in sets], 2, tokenizer.pad_token_id)
+    for allowed, hits in zip(sets, got, strict=True):
+        assert {t for t, _ in hits} <= set(allowed) and len(hits) == min(2, len(allowed))
+    for tool, score in got[0]:
+        assert score == pytest.approx(full[tool], abs=1e-5)  # narrowing keeps each tool's own score
+
+
+def test_hf_generate_with_the_trie_agrees_and_only_names_real_tools(lm):
+    model, tokenizer, codebook = lm
+    prompts = prompts_of(tokenizer)
+    parser = OutputParser(codebook, tokenizer, NAMES)
+    ours = single_step_top_k(TargetedLM(model), prompts, codebook.trie(), 1, tokenizer.pad_token_id)
+    greedy = generate_outputs(model, tokenizer, prompts, parser, 1, 3, trie=codebook.trie())
+    assert [o[0].tool for o in greedy] == [h[0][0] for h in ours]
+    beams = generate_outputs(model, tokenizer, prompts, parser, len(NAMES), 3, trie=codebook.trie())
+    for outputs in beams:
+        assert all(o.tool is not None for o in outputs)
+        assert {o.tool for o in outputs} == set(NAMES)  # 4 beams over 4 tools: each exactly once
+
+
+def test_trie_depth_and_children():
+    trie = TokenTrie([([1], "a"), ([1, 2], "b"), ([3, 4, 5], "c")])
+    assert trie.depth == 3 and trie.has_children([1]) and not trie.has_children([1, 2])
+    assert list(itertools.chain(*(k for k, _ in trie.items()))) == [1, 1, 2, 3, 4, 5]

@@ -1,0 +1,44 @@
+"""Parsing generated outputs into real tools or hallucinations, and free vs constrained decoding."""
+
+from __future__ import annotations
+
+from tiny_lm import NAMES, tiny_lm
+
+from components.generative.hallucination import (
+    Output,
+    OutputParser,
+    generate_outputs,
+    hallucination_rate,
+    outputs_to_results,
+)
+
+
+def test_outputs_are_parsed_by_code_token_string_or_name():
+    _, tokenizer, codebook = tiny_lm()
+    parser = OutputParser(codebook, tokenizer, NAMES)
+    eos = tokenizer.eos_token_id
+    assert parser.tool([*codebook.codes["2"], eos, 7, 7]) == "2"  # tokens after the end are ignored
+    assert parser.tool(tokenizer("Fly / search flights", add_special_tokens=False)["input_ids"]) == "1"
+    assert parser.tool(tokenizer(" <<Chef&&recipes>>", add_special_tokens=False)["input_ids"]) == "3"
+    assert parser.tool(tokenizer("paris rome", add_special_tokens=False)["input_ids"]) is None
+    assert parser.tool([*codebook.codes["0"], *codebook.codes["1"]]) is None  # two tools is not a tool
+    assert parser.tool([eos]) is None
+
+
+def test_rate_and_results_from_beams():
+    beams = [
+        [Output([1], -0.1, "a"), Output([2], -0.5, None), Output([1], -0.7, "a"), Output([3], -0.9, "b")],
+        [Output([2], -0.2, None), Output([2], -0.3, None)],
+    ]
+    assert hallucination_rate(beams) == 3 / 6
+    assert outputs_to_results(["q1", "q2"], beams) == {"q1": {"a": -0.1, "b": -0.9}, "q2": {}}
+
+
+def test_an_untrained_model_hallucinates_unless_constrained():
+    model, tokenizer, codebook = tiny_lm(seed=3)
+    parser = OutputParser(codebook, tokenizer, NAMES)
+    prompts = [tokenizer(t)["input_ids"] for t in ("weather in paris", "flights to rome", "a hotel")]
+    free = generate_outputs(model, tokenizer, prompts, parser, 4, 3)
+    constrained = generate_outputs(model, tokenizer, prompts, parser, 4, 3, trie=codebook.trie())
+    assert hallucination_rate(free) > 0.5
+    assert hallucination_rate(constrained) == 0.0

@@ -1,0 +1,74 @@
+"""Tool virtualization: one token per tool, initialised from the tool's name; saving and reloading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_lm import NAMES, tiny_lm
+
+from components.generative.bundle import load_bundle, save_bundle
+from components.generative.tool_tokens import ToolCodebook, add_tool_tokens, tool_token
+
+
+def test_tool_token_string_follows_toolgen():
+    assert tool_token("Worldwide Recipes / Suggestions") == "<<Worldwide_Recipes&&Suggestions>>"
+    assert tool_token("solo") == "<<solo>>"
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_one_token_per_tool_initialised_as_mean_of_name_tokens(tied):
+    lm, tokenizer, _ = tiny_lm(tools=False, tied=tied)
+    before = len(tokenizer)
+    inputs = lm.get_input_embeddings().weight.detach().clone()
+    outputs = lm.get_output_embeddings().weight.detach().clone()
+    codebook = add_tool_tokens(lm, tokenizer, NAMES)
+    assert len(tokenizer) == before + len(NAMES)
+    assert lm.get_input_embeddings().weight.shape[0] == len(tokenizer)
+    assert lm.get_output_embeddings().weight.shape[0] == len(tokenizer)
+    assert (lm.get_output_embeddings().weight is lm.get_input_embeddings().weight) == tied
+    for tool, name in NAMES.items():
+        (token,) = codebook.codes[tool]
+        assert token >= before
+        spoken = tokenizer(" ".join(name.split(" / ")), add_special_tokens=False)["input_ids"]
+        assert max(spoken) < before
+        torch.testing.assert_close(lm.get_input_embeddings().weight[token], inputs[spoken].mean(0))
+        torch.testing.assert_close(lm.get_output_embeddings().weight[token], outputs[spoken].mean(0))
+        # The token string is one token for the tokenizer, inside running text too.
+        ids = tokenizer(f"call {tokenizer.convert_ids_to_tokens(token)} now", add_special_tokens=False)[
+            "input_ids"
+        ]
+        assert token in ids
+    # Old rows are untouched.
+    torch.testing.assert_close(lm.get_input_embeddings().weight[:before], inputs)
+
+
+def test_adding_is_idempotent_and_extends_an_existing_codebook():
+    lm, tokenizer, codebook = tiny_lm()
+    size = len(tokenizer)
+    assert add_tool_tokens(lm, tokenizer, NAMES, codebook) is codebook
+    assert len(tokenizer) == size
+    add_tool_tokens(lm, tokenizer, {"new": "Sky / forecast"}, codebook)  # a second tool with the same name
+    assert len(tokenizer) == size + 1 and len(codebook) == len(NAMES) + 1
+    assert codebook.codes["new"] != codebook.codes["0"]
+    assert tokenizer.convert_ids_to_tokens(codebook.codes["new"][0]) == "<<Sky&&forecast#new>>"
+
+
+def test_codebook_lookup_and_narrowed_trie():
+    codebook = ToolCodebook({"a": [5], "b": [6, 7], "c": [6, 8]})
+    assert codebook.tool_of([6, 7]) == "b" and codebook.tool_of([6]) is None and codebook.max_length == 2
+    assert sorted(codebook.trie().values()) == ["a", "b", "c"]
+    narrowed = codebook.trie(["c", "unknown"])
+    assert narrowed.values() == ["c"] and narrowed.allowed(()) == [6] and narrowed.allowed([6]) == [8]
+    with pytest.raises(ValueError, match="already names"):
+        codebook.add("d", [5])
+
+
+def test_bundle_round_trip(tmp_path):
+    lm, tokenizer, codebook = tiny_lm()
+    save_bundle(lm, tokenizer, codebook, str(tmp_path / "b"))
+    lm2, tokenizer2, codebook2 = load_bundle(str(tmp_path / "b"))
+    assert codebook2.codes == codebook.codes and len(tokenizer2) == len(tokenizer)
+    text = f"weather {tokenizer.convert_ids_to_tokens(codebook.codes['0'][0])}"
+    assert tokenizer2(text)["input_ids"] == tokenizer(text)["input_ids"]
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    torch.testing.assert_close(lm2(input_ids=ids).logits, lm(input_ids=ids).logits)

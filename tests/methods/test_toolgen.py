@@ -1,0 +1,229 @@
+"""ToolGen: training sequences, four chained Ray Train stages, constrained retrieval, new tools, save/load."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from components.data import open_dataset
+from components.data.quickstart import generate_quickstart
+from components.data.splits import prepare_splits
+from components.data.tooltext import TOOL_FIELDS
+from components.generative.hallucination import hallucination_rate
+from components.generative.lm import LMSpec, build_causal_lm, save_causal_lm
+from components.generative.tool_tokens import ToolCodebook, name_embedding_rows
+from components.methods import load
+from components.methods import toolgen_data as td
+from components.methods.base import RunSpec
+from components.methods.toolgen import ToolGenMethod
+from components.methods.toolgen_task import STAGE_FILE, ToolGenTask
+from components.metrics import evaluate_retrieval
+from workflows.train import fit_method
+
+TINY_LM = {
+    "vocab_size": 600,
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "intermediate_size": 128,
+    "max_length": 192,
+}
+TINY_STAGES = {
+    "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
+    "memorization": {"epochs": 6, "batch_size": 16, "lr": 3.0e-3},
+    "retrieval": {"epochs": 6, "batch_size": 16, "lr": 2.0e-3},
+    "agent": {"epochs": 1, "batch_size": 16, "lr": 3.0e-4, "max_examples": 300},
+}
+TINY_PARAMS = {"lm": TINY_LM, "stages": TINY_STAGES, "agent_valid_queries": 60, "perplexity_texts": 60}
+
+
+@pytest.fixture(scope="module")
+def quickstart_1200(tmp_path_factory):
+    """1,200 generated queries over 100 tools: enough for a tiny LM to learn retrieval in seconds."""
+    root = tmp_path_factory.mktemp("qs1200") / "data"
+    generate_quickstart(str(root), seed=3, n_queries=1200, n_neg=20)
+    return open_dataset(str(root))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(quickstart_1200):
+    texts = td.warmup_texts(quickstart_1200, list(quickstart_1200.corpus), TOOL_FIELDS, None, 0)
+    return build_causal_lm(LMSpec(**TINY_LM), texts)[1]
+
+
+def test_retrieval_examples_target_every_relevant_tool_at_the_tool_position(tokenizer):
+    prompter = td.Prompter(tokenizer)
+    codebook = ToolCodebook({"a": [900], "b": [901], "c": [902]})
+    examples = td.retrieval_examples(
+        prompter, {"q": "weather and flights"}, {"q": {"a": 1, "b": 1, "x": 1, "c": 0}}, codebook, 64
+    )
+    (example,) = examples
+    cue = len(example.ids) - 3  # ... "Tool:" | a | </s>
+    assert example.ids[-2:] == [900, tokenizer.eos_token_id]
+    assert example.targets == [(cue, 900), (cue, 901), (cue + 1, tokenizer.eos_token_id)]
+    assert example.ids[: cue + 1] == prompter.retrieval("weather and flights", 64)
+    # Multi-token codes (ToolWeaver): one sequence per (query, tool) pair instead.
+    longer = ToolCodebook({"a": [900, 5], "b": [901, 6]})
+    pairs = td.retrieval_examples(prompter, {"q": "x"}, {"q": {"a": 1, "b": 1}}, longer, 64)
+    assert [e.ids[-3:] for e in pairs] == [[900, 5, tokenizer.eos_token_id], [901, 6, tokenizer.eos_token_id]]
+
+
+def test_prompts_keep_the_cue_when_truncated(tokenizer):
+    prompter = td.Prompter(tokenizer)
+    ids = prompter.retrieval("weather " * 200, 32)
+    assert len(ids) == 32 and ids[-len(prompter.text(td.TOOL_CUE)) :] == prompter.text(td.TOOL_CUE)
+
+
+def test_agent_trajectory_has_an_action_per_tool_with_schema_arguments(quickstart_1200, tokenizer):
+    data = quickstart_1200
+    codebook = ToolCodebook({t: [1000 + i] for i, t in enumerate(data.corpus)})
+    prompter = td.Prompter(tokenizer)
+    examples = td.agent_examples(prompter, data, "train", codebook, 400, limit=20)
+    assert len(examples) == 20
+    multi = [len(rel) for rel in data.qrels["train"].values() if len(rel) > 1]
+    assert len(examples[0][2]) > 1 and len(multi) >= 20  # multi-tool queries come first
+    example, positions, tools = examples[0]
+    assert [example.ids[p + 1] for p in positions] == [codebook.codes[t][0] for t in tools]
+    text = tokenizer.decode(example.ids)
+    assert text.count("Action Input:") == len(tools) and text.rstrip().endswith("Action: Finish</s>")
+    record = td.tool_records(data.corpus, [tools[0]])[tools[0]]
+    assert json.loads(td.arguments(record)).keys() == {p["name"] for p in record.required_params}
+    # Targets: every token after the query (thoughts, actions, arguments), none inside it.
+    first = example.targets[0][0]
+    assert [p for p, _ in example.targets] == list(range(first, len(example.ids) - 1))
+    head = tokenizer.decode(example.ids[: first + 1])
+    assert head.startswith("<s> Query:") and "Thought" not in head
+    assert tokenizer.decode(example.ids[first + 1 :]).lstrip().startswith("Thought:")
+
+
+def test_cold_start_tools_are_not_known_at_training_time(quickstart_1200):
+    cold = prepare_splits(quickstart_1200, mode="cold_start", unseen_fraction=0.2, seed=0)
+    unseen = {t for rel in cold.qrels["test_unseen"].values() for t in rel} - {
+        t for name in ("train", "valid", "test") for rel in cold.qrels[name].values() for t in rel
+    }
+    known = td.known_tools(cold)
+    assert unseen and not unseen & set(known) and len(known) + len(unseen) == len(cold.corpus)
+    assert td.known_tools(quickstart_1200) == list(quickstart_1200.corpus)
+
+
+def test_a_pretrained_path_skips_building_and_stages_start_from_it(quickstart_1200, tmp_path):
+    lm, tok = build_causal_lm(LMSpec(**TINY_LM), ["weather forecast in paris", "flights to rome"] * 20)
+    save_causal_lm(lm, tok, str(tmp_path / "hub"))
+    method = ToolGenMethod(lm={"name_or_path": str(tmp_path / "hub")})
+    run = RunSpec(name="x", local_dir=str(tmp_path / "local"))
+    assert method.initial_model(quickstart_1200, run) == str(tmp_path / "hub")  # loaded, not rebuilt
+    config = {
+        **method.loop_config("memorization", str(tmp_path / "hub"), quickstart_1200),
+        "stage": "memorization",
+    }
+    task = ToolGenTask(config)
+    model = task.build_model()
+    assert len(task.codebook) == len(quickstart_1200.corpus)
+    assert (
+        model.lm.get_input_embeddings().weight.shape[0]
+        == len(AutoTokenizer.from_pretrained(tmp_path / "hub")) + 100
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, quickstart_1200, tmp_path_factory):
+    root = tmp_path_factory.mktemp("toolgen")
+    method = ToolGenMethod(**TINY_PARAMS)
+    run = RunSpec(name="toolgen-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    report = fit_method(method, quickstart_1200, run)
+    return method, report, root
+
+
+def test_every_stage_is_a_ray_train_run_started_from_the_previous_one(trained):
+    method, report, root = trained
+    assert list(report["stages"]) == ["warmup", "memorization", "retrieval", "agent"]
+    previous = str(root / "local" / "toolgen-test-init")
+    for stage in method.stages:
+        assert report["stages"][stage]["stage_seconds"] > 0 and "valid_score" in report["stages"][stage]
+        assert os.path.isdir(root / "store" / f"toolgen-test-{stage}")  # its own Ray Train run
+        with open(os.path.join(method.stage_dirs[stage], STAGE_FILE)) as f:
+            provenance = json.load(f)
+        assert provenance == {"stage": stage, "init_dir": previous}
+        previous = method.stage_dirs[stage]
+    # 100 tools: chance is 0.01; a 2-layer, 64-wide LM only starts memorising within 6 epochs.
+    assert report["stages"]["memorization"]["valid_memorization_acc"] >= 0.03
+    agent = report["stages"]["agent"]
+    assert (
+        agent["vocab_added"] == 100
+        and agent["vocab_size"] == report["stages"]["warmup"]["vocab_before"] + 100
+    )
+    assert agent["perplexity_after"] > 1 and report["stages"]["warmup"]["perplexity_before"] > 1
+
+
+def test_trained_model_beats_untrained(trained, quickstart_1200):
+    method, _, _ = trained
+    data = quickstart_1200
+    untrained = ToolGenMethod.from_dir(method.stage_dirs["warmup"], TINY_PARAMS)
+    untrained.index(data.corpus)  # tool tokens from names only, no ToolGen stage
+    queries = data.split_queries("test")
+    before = evaluate_retrieval(data.qrels["test"], untrained.retrieve(queries, 10))
+    after = evaluate_retrieval(data.qrels["test"], method.retrieve(queries, 10))
+    retrieval_only = ToolGenMethod.from_dir(method.stage_dirs["retrieval"], TINY_PARAMS)
+    retrieval_only.index(data.corpus)
+    stage2 = evaluate_retrieval(data.qrels["test"], retrieval_only.retrieve(queries, 10))
+    assert after["ndcg@3"] > before["ndcg@3"] + 0.2, (before["ndcg@3"], after["ndcg@3"])
+    assert stage2["ndcg@3"] > before["ndcg@3"] + 0.2, (before["ndcg@3"], stage2["ndcg@3"])
+
+
+def test_the_constraint_makes_every_output_a_real_tool(trained, quickstart_1200):
+    method, _, _ = trained
+    queries = dict(list(quickstart_1200.split_queries("test").items())[:40])
+    results = method.retrieve(queries, 10)
+    assert all(len(r) == 10 and set(r) <= set(quickstart_1200.corpus) for r in results.values())
+    constrained = method.generate(queries, 5, constrained=True)
+    assert hallucination_rate(constrained) == 0.0
+    assert all(o.tool in quickstart_1200.corpus for beams in constrained for o in beams)
+    free = method.generate(queries, 5, constrained=False)
+    assert len(free) == 40 and all(len(b) == method.params.num_beams for b in free)
+    assert 0.0 <= hallucination_rate(free) <= 1.0
+
+
+def test_candidates_narrow_retrieval(trained, quickstart_1200):
+    method, _, _ = trained
+    qid, query = next(iter(quickstart_1200.split_queries("test").items()))
+    full = method.retrieve({qid: query}, 100)[qid]
+    narrowed = method.retrieve({qid: query}, 3, candidates={qid: ["5", "7", "9", "nope"]})[qid]
+    assert set(narrowed) == {"5", "7", "9"}
+    assert all(narrowed[t] == pytest.approx(full[t], abs=1e-5) for t in narrowed)
+
+
+def test_save_load_round_trip(trained, quickstart_1200, tmp_path):
+    method, _, _ = trained
+    method.save(str(tmp_path / "a"))
+    files = [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert not any(f.endswith((".pt", ".pkl", ".bin")) for f in files)
+    loaded = load(str(tmp_path / "a"))
+    queries = dict(list(quickstart_1200.split_queries("test").items())[:20])
+    a, b = method.retrieve(queries, 5), loaded.retrieve(queries, 5)
+    assert {q: list(r) for q, r in a.items()} == {q: list(r) for q, r in b.items()}
+    assert loaded.report["agent"]["vocab_added"] == 100
+
+
+def test_a_tool_added_after_training_gets_a_name_token_and_is_retrievable(trained, quickstart_1200):
+    method, _, _ = trained
+    data = quickstart_1200
+    qid = next(iter(data.qrels["test"]))
+    twin = next(iter(data.qrels["test"][qid]))
+    text = data.corpus[twin]["text"].replace("tool_name:", "tool_name:Fresh ", 1)
+    corpus = {**data.corpus, "new-tool": {**data.corpus[twin], "_id": "new-tool", "text": text}}
+    table = method._lm.get_input_embeddings().weight.detach().clone()
+    try:
+        method.index(corpus)
+        assert method.added_after_training == ["new-tool"]
+        (token,) = method.codebook.codes["new-tool"]
+        name = td.tool_names(corpus, ["new-tool"])["new-tool"]
+        expected = name_embedding_rows(table, method._tokenizer, [" ".join(name.split(" / "))])[0]
+        torch.testing.assert_close(method._lm.get_input_embeddings().weight[token], expected)
+        scores = method.retrieve({qid: data.queries[qid]}, len(corpus))[qid]
+        assert "new-tool" in scores and len(scores) == len(corpus)
+    finally:
+        method.index(data.corpus)
