@@ -91,15 +91,22 @@ class MassToolModel(nn.Module):
         return F.normalize(e_joint, dim=-1) @ F.normalize(tools, dim=-1).T / self.cfg.temperature
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pool_index: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pool_index: torch.Tensor,
+        semantic: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor | None]:
         """One training step's outputs: detection logits, retrieval logits over the graph's tools, CL loss.
 
         Args:
             pool_index: ``(B,)`` each query's row in the search pool, -1 for queries outside it
                 (no-tool queries); used to leave a query out of its own neighbours.
+            semantic: Precomputed encoder embeddings of the batch (a frozen encoder's are fixed,
+                so the task computes them once instead of running the encoder every step).
         """
-        semantic = self.semantic(input_ids, attention_mask)
+        if semantic is None:
+            semantic = self.semantic(input_ids, attention_mask)
         q_graph, t_graph, cl = self.graph(pool_index[pool_index >= 0])
         logit, e = self.joint(semantic, q_graph, exclude=pool_index)
         return {"logit": logit, "scores": self.scores(e, t_graph), "cl": cl}

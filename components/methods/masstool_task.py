@@ -57,6 +57,7 @@ class MassToolTask:
         self.graphs = build_graphs(self.data)
         self.tool_index = {t: i for i, t in enumerate(self.graphs.tool_ids)}
         self._refreshed = False
+        self._semantic: torch.Tensor | None = None  # per-example embeddings when the encoder is frozen
 
     def build_model(self) -> MassToolModel:
         encoder = BiEncoder.load(self.config["semantic_dir"]).encoder
@@ -85,38 +86,48 @@ class MassToolTask:
                 self.params.tool_max_length,
             )
             self._refreshed = True
+            if not self.params.finetune_encoder:
+                # A frozen encoder's embeddings never change: compute each example's once.
+                negatives = self.data.neg_split.get("train", [])
+                neg = model.embed(negatives) if negatives else model.pool.new_zeros(0, model.pool.shape[1])
+                self._semantic = torch.cat([model.pool.cpu(), neg.cpu()])
 
-    def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
+    def train_data(self) -> list[tuple[str, int, tuple[int, ...], int]]:
+        """``(text, pool row or -1, relevant tool indices, example row)`` per training example."""
         qrels = self.data.qrels["train"]
         items = [
-            (self.data.queries[q], i, tuple(self.tool_index[t] for t, s in qrels[q].items() if s > 0))
+            (self.data.queries[q], i, tuple(self.tool_index[t] for t, s in qrels[q].items() if s > 0), i)
             for i, q in enumerate(self.graphs.query_ids)
         ]
         # No-tool queries: detection negatives, outside the search pool, no retrieval target.
-        return items + [(text, -1, ()) for text in self.data.neg_split.get("train", [])]
+        n = len(items)
+        return items + [(text, -1, (), n + j) for j, text in enumerate(self.data.neg_split.get("train", []))]
 
-    def collate(self, items: list[tuple[str, int, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    def collate(self, items: list[tuple[str, int, tuple[int, ...], int]]) -> dict[str, torch.Tensor]:
         tokens = self._tokenizer(
-            [t for t, _, _ in items],
+            [t for t, _, _, _ in items],
             padding=True,
             truncation=True,
             max_length=self._max_length,
             return_tensors="pt",
         )
         relevant = torch.zeros(len(items), self.graphs.n_tools, dtype=torch.bool)
-        for i, (_, _, rel) in enumerate(items):
+        for i, (_, _, rel, _) in enumerate(items):
             relevant[i, list(rel)] = True
-        return {
+        batch = {
             "input_ids": tokens["input_ids"],
             "attention_mask": tokens["attention_mask"],
-            "pool_index": torch.tensor([p for _, p, _ in items]),
+            "pool_index": torch.tensor([p for _, p, _, _ in items]),
             "relevant": relevant,
             "needs_tool": relevant.any(1).float(),
         }
+        if self._semantic is not None:
+            batch["semantic"] = self._semantic[torch.tensor([r for _, _, _, r in items])]
+        return batch
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         p = self.params
-        out = model(batch["input_ids"], batch["attention_mask"], batch["pool_index"])
+        out = model(batch["input_ids"], batch["attention_mask"], batch["pool_index"], batch.get("semantic"))
         # Tools with no training edge are not candidates in training: in the cold-start split they
         # stand for tools added later, and pushing them down as negatives would bias against them.
         trained = unwrap(model).gcn.trained_tool.squeeze(-1) > 0

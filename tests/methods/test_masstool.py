@@ -152,6 +152,7 @@ def test_unseen_tool_is_embedded_from_its_text(small_quickstart, graphs):
         {"dynamic_filter": False},
         {"contrastive_weight": 0.0},
         {"detection_weight": 0.0, "suim": False, "adakt": "none"},
+        {"finetune_encoder": False},
     ],
 )
 def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):
@@ -271,3 +272,25 @@ def test_retrieval_loss_ignores_masked_non_candidates():
     loss.backward()
     torch.testing.assert_close(loss, -torch.log_softmax(torch.tensor([2.0, 0.5]), 0)[0])
     assert torch.isfinite(scores.grad).all()
+
+
+def test_frozen_encoder_uses_precomputed_embeddings(small_quickstart, tmp_path):
+    from dataclasses import asdict
+
+    from components.methods.dense_model import BiEncoder
+
+    encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(small_quickstart.queries.values()))
+    BiEncoder(encoder).save(str(tmp_path / "semantic"))
+    params = MassToolParams(dim=16, detection_hidden=8, finetune_encoder=False, edge_dropout=0.0)
+    task = MassToolTask(
+        {"params": asdict(params), "semantic_dir": str(tmp_path / "semantic"), "dataset": small_quickstart}
+    )
+    model = task.build_model()
+    task.start_epoch(model, 0)
+    assert not any(p.requires_grad for p in model.encoder.parameters())
+    batch = task.collate(task.train_data()[:8] + task.train_data()[-3:])
+    assert "semantic" in batch
+    model.eval()
+    cached = task.loss(model, batch)
+    recomputed = task.loss(model, {k: v for k, v in batch.items() if k != "semantic"})
+    torch.testing.assert_close(cached, recomputed, atol=1e-5, rtol=1e-4)
