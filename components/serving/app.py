@@ -23,7 +23,6 @@ from components.serving.ingress import IngressDeployment
 
 # Used when the config names no resources: four 1-CPU replicas would not start on a 2-core machine.
 FALLBACK_ACTOR_OPTIONS = {"num_cpus": 0.25}
-BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
 
 
 class ServeArgs(BaseModel):

@@ -23,6 +23,13 @@ from components.serving.models import DetectorModel, RetrieverModel, named
 from components.serving.rewriter import build_rewriter
 from components.serving.selector import build_selector
 
+BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
+
+
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A user config without the batching keys (those go to :func:`_batching`)."""
+    return {k: v for k, v in config.items() if k not in BATCH_KEYS}
+
 
 def _batching(method: Any, config: dict[str, Any]) -> None:
     """Apply ``max_batch_size`` / ``batch_wait_timeout_s`` from a user config to a batched method."""
@@ -58,7 +65,7 @@ class QueryRewriter:
         self.rewriter: Any = None
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        self.rewriter = await asyncio.to_thread(build_rewriter, config)
+        self.rewriter = await asyncio.to_thread(build_rewriter, _settings(config))
 
     async def rewrite(self, query: str, history: list[str]) -> str:
         return await asyncio.to_thread(self.rewriter.rewrite, query, history)
@@ -109,8 +116,7 @@ class Selector:
         self.backend: Any = None
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        settings = {k: v for k, v in config.items() if k not in ("max_batch_size", "batch_wait_timeout_s")}
-        self.backend = await asyncio.to_thread(build_selector, settings, self.catalog)
+        self.backend = await asyncio.to_thread(build_selector, _settings(config), self.catalog)
         _batching(self.select, config)
 
     @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.002)
