@@ -90,7 +90,9 @@ class MassToolParams:
             "epochs": 3,
             "tool_fields": self.tool_fields,
             "tool_max_length": self.tool_max_length,
-            "select_metric": self.select_metric,
+            # Its own selection (``semantic.select_metric``): the joint stage may select on a metric,
+            # such as detection accuracy, that a text-only stage does not report.
+            "select_metric": "ndcg@3",
         }
         return DenseParams(**{**base, **self.semantic})
 
@@ -175,7 +177,7 @@ class MassToolMethod:
         init_dir = os.path.join(run.local_dir, f"{run.name}-semantic-init")
         dense.initial_model(data, init_dir, run.seed)
         loop = dense.loop_config(init_dir, ray.put(data))
-        result = run_stage(self.name, "semantic", loop, run, score=f"valid_{self.params.select_metric}")
+        result = run_stage(self.name, "semantic", loop, run, score=f"valid_{dense.params.select_metric}")
         self.semantic_dir = result.model_dir
         if cached:
             shutil.copytree(result.model_dir, cached, dirs_exist_ok=True)
