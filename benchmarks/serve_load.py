@@ -41,7 +41,7 @@ from components.methods.base import RunSpec
 from components.registry import promote, resolve
 from components.serving.calibration import find_calibration
 from components.serving.catalog import load_catalog
-from components.serving.deploy import deploy_config, serve_config, swap_artifact
+from components.serving.deploy import apply_serve_env, deploy_config, serve_config, swap_artifact
 from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 from components.serving.selector_lm import LMSelector
@@ -284,6 +284,7 @@ def main() -> None:
     short = args.seconds < 10
     load_before = os.getloadavg()[0]
     torch.set_num_threads(1)  # in-process baseline and training: one thread, as each replica gets
+    settings = apply_serve_env()  # what `toolscout serve` runs with; export =0 to compare
     init_ray({"num_cpus": 2, "progress_bars": False})
     data = open_dataset(args.data)
     work = os.path.abspath(args.work)
@@ -362,7 +363,11 @@ def main() -> None:
     )
     report = {
         "dataset": "toollens",
-        "notes": note + machine + f"2 CPU cores, Ray {ray.__version__}, client and server on the same cores; "
+        "serve_env": settings,
+        "notes": note
+        + machine
+        + f"Serve env {settings}. "
+        + f"2 CPU cores, Ray {ray.__version__}, client and server on the same cores; "
         "p50/p99 per request, rps = completed / seconds; ratio = serve p50 / in-process p50 of the same "
         "models (in-process = sequential calls in this process, same run); the no-op graph is the same "
         "HTTP → ingress → 2 handle calls with no model work, i.e. the floor Serve sets on this machine in "
