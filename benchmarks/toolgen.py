@@ -1,0 +1,235 @@
+"""ToolGen on ToolLens: the bench rows plus what the paper's questions need (arXiv 2410.03439).
+
+For each split mode (standard, cold start) ToolGen is trained once, every stage a Ray Train run
+whose checkpoints are chosen on valid, then these rows are scored on valid / test (/ test_unseen):
+
+* ``toolgen``: all stages, constrained beam search (what ``retrieve`` does);
+* ``toolgen_unconstrained``: all stages, free beam search through ``generate`` (outputs naming no
+  tool are dropped from the ranking and counted in ``hallucination``);
+* ``toolgen_retrieval_stage``: the model after the retrieval stage alone (before agent tuning);
+* ``toolgen_untrained``: the warmed-up LM with tool tokens initialised from names, no ToolGen stage.
+
+``hallucination`` is the share of generated beams that name no real tool; on the constrained row it
+is measured through the same ``generate`` call with the trie constraint. Perplexity of held-out
+valid queries (before tool tokens / after all stages), vocabulary sizes and stage timings go to the
+notes. Dense rows from ``toollens_dense*.json`` are copied in for comparison when present.
+
+    python benchmarks/toolgen.py [--config workflows/configs/toollens_toolgen.yaml] \\
+        [--modes standard cold_start] [--entry toolgen]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# On a shared machine a spinning OpenMP thread whose core is taken stalls every torch op (several
+# times slower steps); passive waiting keeps two threads useful. Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from components import methods
+from components.config import load_yaml, merge
+from components.data import Dataset, dataset_from_config
+from components.generative.hallucination import hallucination_rate, outputs_to_results
+from components.methods.toolgen import ToolGenMethod
+from components.metrics import evaluate_retrieval
+from workflows.evaluate import score
+from workflows.ray_env import init_ray
+from workflows.report import COLUMNS, markdown_table, recall_plot
+from workflows.train import fit_method, run_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DENSE = {"standard": "toollens_dense.json", "cold_start": "toollens_dense_cold_start.json"}
+KS = (1, 3, 5, 10)
+LOAD_START = os.getloadavg()[0]  # other jobs on the machine inflate the stage timings
+
+
+def splits_of(data: Dataset) -> list[str]:
+    return [s for s in ("valid", "test", "test_unseen") if data.qrels.get(s)]
+
+
+def free_rows(method: ToolGenMethod, data: Dataset, label: str, constrained: bool) -> list[dict[str, Any]]:
+    """Rows from ``generate`` beams: retrieval metrics of the real tools named, and the hallucination rate."""
+    rows = []
+    for split in splits_of(data):
+        started = time.perf_counter()
+        queries = data.split_queries(split)
+        outputs = method.generate(queries, max(KS), constrained=constrained)
+        metrics = evaluate_retrieval(data.qrels[split], outputs_to_results(list(queries), outputs), KS)
+        metrics["hallucination_rate"] = hallucination_rate(outputs)
+        rows.append(
+            {
+                "method": label,
+                "split": split,
+                "metrics": metrics,
+                "eval_seconds": time.perf_counter() - started,
+            }
+        )
+    return rows
+
+
+def scored_rows(method: ToolGenMethod, data: Dataset, label: str) -> list[dict[str, Any]]:
+    rows = []
+    for split in splits_of(data):
+        metrics = score(method, data, split, KS)
+        rows.append(
+            {"method": label, "split": split, "metrics": metrics, "eval_seconds": metrics.pop("eval_seconds")}
+        )
+    return rows
+
+
+def run_mode(cfg: dict[str, Any], mode: str, name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Train the ToolGen entry ``name`` on one split mode; every row and the diagnostics."""
+    cfg = merge(cfg, {"splits": {"mode": mode}})
+    data = dataset_from_config(cfg)
+    entry = cfg["bench"]["methods"][name]
+    method = methods.build("toolgen", entry.get("params"))
+    assert isinstance(method, ToolGenMethod)
+    run = run_spec(cfg, f"{data.name}-toolgen-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
+    trained = fit_method(method, data, run)
+    suffix = "" if mode == "standard" else f" [{mode}]"
+    rows = scored_rows(method, data, f"toolgen{suffix}")
+    # The constrained row's hallucination rate: the same generate call as below, plus the trie.
+    for row, free in zip(rows, free_rows(method, data, "", constrained=True), strict=True):
+        row["metrics"]["hallucination_rate"] = free["metrics"]["hallucination_rate"]
+        row["metrics"]["generate_recall@3"] = free["metrics"]["recall@3"]
+    rows += free_rows(method, data, f"toolgen_unconstrained{suffix}", constrained=False)
+    params = entry.get("params") or {}
+    for label, stage_dir in (("toolgen_retrieval_stage", "retrieval"), ("toolgen_untrained", "warmup")):
+        other = ToolGenMethod.from_dir(method.stage_dirs[stage_dir], params)
+        other.index(data.corpus)  # the untrained one gets every tool token here, from names
+        rows += scored_rows(other, data, f"{label}{suffix}")
+    for row in rows:
+        row["train_seconds"] = trained["train_seconds"]
+        row["config"] = method.config()
+    diagnostics = {
+        "stages": trained["stages"],
+        "train_seconds": trained["train_seconds"],
+        "known_tools": len(method.codebook) - len(method.added_after_training),
+        "added_after_training": len(method.added_after_training),
+    }
+    return rows, diagnostics
+
+
+def dense_rows(mode: str) -> list[dict[str, Any]]:
+    """The dense bi-encoder's test rows from its own bench file, for the comparison table."""
+    path = os.path.join(ROOT, "benchmarks", "results", DENSE[mode])
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        report = json.load(f)
+    suffix = "" if mode == "standard" else f" [{mode}]"
+    return [
+        {**r, "method": f"{r['method']}{suffix} (from {DENSE[mode]})"}
+        for r in report["results"]
+        if r["method"].startswith("dense") and r["split"] != "valid"
+    ]
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
+
+
+def notes(diagnostics: dict[str, dict[str, Any]]) -> str:
+    """Stage table (epochs, valid score, seconds) and the perplexity / vocabulary table."""
+    nan = float("nan")
+    stages = [
+        [
+            mode,
+            stage,
+            str(d["config_stages"][stage]["epochs"]),
+            f"{s.get('valid_score', nan):.4f}",
+            f"{s['stage_seconds']:.0f}",
+        ]
+        for mode, d in diagnostics.items()
+        for stage, s in d["stages"].items()
+    ]
+    vocab = [
+        [
+            mode,
+            f"{d['stages']['warmup'].get('perplexity_before', nan):.2f}",
+            f"{d['stages']['agent'].get('perplexity_after', nan):.2f}",
+            f"{d['stages']['warmup'].get('vocab_before', 0):.0f}",
+            f"{d['stages']['agent'].get('vocab_size', 0):.0f}",
+            str(d["added_after_training"]),
+            f"{d['train_seconds']:.0f}",
+        ]
+        for mode, d in diagnostics.items()
+    ]
+    lines = [
+        "Each stage is one Ray Train run (1 worker, 2 CPUs); checkpoints are chosen on valid, test is",
+        f"read for this report only. 2-core machine, 1-min load average {LOAD_START:.1f} at the start",
+        f"and {os.getloadavg()[0]:.1f} at the end. `hallucination_rate` = share of generated beams",
+        "naming no real tool (10 beams per query, `generate`); constrained rows use the tool trie.",
+        "",
+        *md_table(["split mode", "stage", "epochs", "valid score", "stage seconds"], stages),
+        "",
+        *md_table(
+            [
+                "split mode",
+                "perplexity before",
+                "perplexity after",
+                "vocab before",
+                "vocab after",
+                "tools added after training",
+                "train seconds",
+            ],
+            vocab,
+        ),
+        "",
+        "Perplexity: valid query text under the LM after the plain-text warm-up (before tool tokens)",
+        "and after all ToolGen stages (tool tokens in the softmax), over the first 500 valid queries.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--config", default=os.path.join(ROOT, "workflows", "configs", "toollens_toolgen.yaml")
+    )
+    parser.add_argument("--modes", nargs="+", default=["standard", "cold_start"])
+    parser.add_argument("--entry", default="toolgen", help="bench.methods entry of the config")
+    parser.add_argument("--out", default=None, help="results JSON (default: the config's bench.out)")
+    args = parser.parse_args()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    cfg = merge(load_yaml(os.path.join(ROOT, "workflows", "configs", "default.yaml")), load_yaml(args.config))
+    init_ray({**(cfg.get("ray") or {}), "num_cpus": 2, "progress_bars": False})
+    started = time.perf_counter()
+    results, diagnostics = [], {}
+    for mode in args.modes:
+        rows, diagnostics[mode] = run_mode(cfg, mode, args.entry)
+        diagnostics[mode]["config_stages"] = rows[0]["config"]["stages"]
+        results += rows + dense_rows(mode)
+    report = {
+        "dataset": cfg["data"].get("name") or "toollens",
+        "split_mode": "+".join(args.modes),
+        "select_metric": "valid score per stage (ndcg@3 for retrieval)",
+        "results": results,
+        "diagnostics": diagnostics,
+        "seconds": time.perf_counter() - started,
+    }
+    out = args.out or cfg["bench"]["out"]
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=2)
+    stem = os.path.splitext(out)[0]
+    table = markdown_table(report, (*COLUMNS, "hallucination_rate"))
+    with open(stem + ".md", "w") as f:
+        f.write(f"# {cfg['bench'].get('title', 'ToolGen')}\n\n{notes(diagnostics)}\n{table}")
+    recall_plot(report, stem + ".png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
