@@ -37,30 +37,25 @@ from components.config import load_yaml, merge
 from components.data import Dataset, dataset_from_config
 from components.generative.hallucination import hallucination_rate, outputs_to_results
 from components.methods.toolgen import ToolGenMethod
-from components.metrics import evaluate_retrieval
-from workflows.evaluate import score
+from components.metrics import DEFAULT_KS, evaluate_retrieval
+from workflows.bench import report_splits, split_rows
 from workflows.ray_env import init_ray
-from workflows.report import COLUMNS, markdown_table, recall_plot
+from workflows.report import markdown_table, write_report
 from workflows.train import fit_method, run_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = {"standard": "toollens_dense.json", "cold_start": "toollens_dense_cold_start.json"}
-KS = (1, 3, 5, 10)
 LOAD_START = os.getloadavg()[0]  # other jobs on the machine inflate the stage timings
-
-
-def splits_of(data: Dataset) -> list[str]:
-    return [s for s in ("valid", "test", "test_unseen") if data.qrels.get(s)]
 
 
 def free_rows(method: ToolGenMethod, data: Dataset, label: str, constrained: bool) -> list[dict[str, Any]]:
     """Rows from ``generate`` beams: retrieval metrics of the real tools named, and the hallucination rate."""
     rows = []
-    for split in splits_of(data):
+    for split in report_splits(data):
         started = time.perf_counter()
         queries = data.split_queries(split)
-        outputs = method.generate(queries, max(KS), constrained=constrained)
-        metrics = evaluate_retrieval(data.qrels[split], outputs_to_results(list(queries), outputs), KS)
+        outputs = method.generate(queries, max(DEFAULT_KS), constrained=constrained)
+        metrics = evaluate_retrieval(data.qrels[split], outputs_to_results(list(queries), outputs))
         metrics["hallucination_rate"] = hallucination_rate(outputs)
         rows.append(
             {
@@ -69,16 +64,6 @@ def free_rows(method: ToolGenMethod, data: Dataset, label: str, constrained: boo
                 "metrics": metrics,
                 "eval_seconds": time.perf_counter() - started,
             }
-        )
-    return rows
-
-
-def scored_rows(method: ToolGenMethod, data: Dataset, label: str) -> list[dict[str, Any]]:
-    rows = []
-    for split in splits_of(data):
-        metrics = score(method, data, split, KS)
-        rows.append(
-            {"method": label, "split": split, "metrics": metrics, "eval_seconds": metrics.pop("eval_seconds")}
         )
     return rows
 
@@ -93,7 +78,7 @@ def run_mode(cfg: dict[str, Any], mode: str, name: str) -> tuple[list[dict[str, 
     run = run_spec(cfg, f"{data.name}-toolgen-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
     trained = fit_method(method, data, run)
     suffix = "" if mode == "standard" else f" [{mode}]"
-    rows = scored_rows(method, data, f"toolgen{suffix}")
+    rows = split_rows(method, data, f"toolgen{suffix}")
     # The constrained row's hallucination rate: the same generate call as below, plus the trie.
     for row, free in zip(rows, free_rows(method, data, "", constrained=True), strict=True):
         row["metrics"]["hallucination_rate"] = free["metrics"]["hallucination_rate"]
@@ -103,10 +88,10 @@ def run_mode(cfg: dict[str, Any], mode: str, name: str) -> tuple[list[dict[str, 
     for label, stage_dir in (("toolgen_retrieval_stage", "retrieval"), ("toolgen_untrained", "warmup")):
         other = ToolGenMethod.from_dir(method.stage_dirs[stage_dir], params)
         other.index(data.corpus)  # the untrained one gets every tool token here, from names
-        rows += scored_rows(other, data, f"{label}{suffix}")
+        rows += split_rows(other, data, f"{label}{suffix}")
     for row in rows:
         row["train_seconds"] = trained["train_seconds"]
-        row["config"] = method.config()
+        row["config"] = method.config()  # the stage-only rows are stages of this configuration
     diagnostics = {
         "stages": trained["stages"],
         "train_seconds": trained["train_seconds"],
@@ -218,17 +203,10 @@ def main() -> None:
         "results": results,
         "diagnostics": diagnostics,
         "seconds": time.perf_counter() - started,
+        "notes": notes(diagnostics),
     }
-    out = args.out or cfg["bench"]["out"]
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report, f, indent=2)
-    stem = os.path.splitext(out)[0]
-    table = markdown_table(report, (*COLUMNS, "hallucination_rate"))
-    with open(stem + ".md", "w") as f:
-        f.write(f"# {cfg['bench'].get('title', 'ToolGen')}\n\n{notes(diagnostics)}\n{table}")
-    recall_plot(report, stem + ".png")
-    print(table)
+    write_report(report, args.out or cfg["bench"]["out"], title=cfg["bench"].get("title", "ToolGen"))
+    print(markdown_table(report))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from components import methods
 from components.config import merge
 from components.data import Dataset, dataset_from_config
+from components.metrics import DEFAULT_KS
 from workflows.evaluate import score
 from workflows.report import write_report
 from workflows.train import fit_method, run_spec
@@ -53,26 +54,36 @@ def bench_entry(
     # A method with several scoring modes (dense: text tower, ID head, their mix) gets a row each.
     variants = method.variants() if hasattr(method, "variants") else {"": None}
     for mode, mix in variants.items():
-        label = f"{name}_{mode}" if mode else name
         if mix is not None:
             method.mix = mix
-        config = method.config()
-        rows.append(
-            {"method": label, "config": config, "split": "valid", "metrics": score(method, dataset, "valid")}
-        )
-        for split in TEST_SPLITS:
-            if dataset.qrels.get(split):
-                rows.append(
-                    {
-                        "method": label,
-                        "config": config,
-                        "split": split,
-                        "metrics": score(method, dataset, split),
-                    }
-                )
+        rows += split_rows(method, dataset, f"{name}_{mode}" if mode else name)
     for row in rows:
         row["train_seconds"] = trained["train_seconds"]
-        row["eval_seconds"] = row["metrics"].pop("eval_seconds")
+    return rows
+
+
+def report_splits(dataset: Dataset) -> list[str]:
+    """The splits a report covers: valid, then each test split the dataset has."""
+    return ["valid", *(s for s in TEST_SPLITS if dataset.qrels.get(s))]
+
+
+def split_rows(
+    method: Any, dataset: Dataset, label: str, ks: tuple[int, ...] = DEFAULT_KS
+) -> list[dict[str, Any]]:
+    """One result row per split of :func:`report_splits`, scored with :func:`score`."""
+    config = method.config()
+    rows = []
+    for split in report_splits(dataset):
+        metrics = score(method, dataset, split, ks)
+        rows.append(
+            {
+                "method": label,
+                "config": config,
+                "split": split,
+                "metrics": metrics,
+                "eval_seconds": metrics.pop("eval_seconds"),
+            }
+        )
     return rows
 
 

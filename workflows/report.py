@@ -18,6 +18,7 @@ COLUMNS = (
     "detect_accuracy",
     "detect_f1",
     "detect_auroc",
+    "hallucination_rate",
 )
 
 
