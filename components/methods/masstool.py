@@ -90,9 +90,9 @@ class MassToolParams:
             "epochs": 3,
             "tool_fields": self.tool_fields,
             "tool_max_length": self.tool_max_length,
-            # Its own selection (``semantic.select_metric``): the joint stage may select on a metric,
-            # such as detection accuracy, that a text-only stage does not report.
-            "select_metric": "ndcg@3",
+            # No ``select_metric`` here: the stage selects on its own (``semantic.select_metric``,
+            # DenseParams' default), since the joint stage's metric, e.g. detection accuracy, is
+            # one a text-only stage does not report.
         }
         return DenseParams(**{**base, **self.semantic})
 
