@@ -12,6 +12,7 @@ from components import methods
 from components.methods.base import RunSpec
 from components.methods.masstool import MassToolMethod
 from components.registry import promote
+from workflows.train import fit_method
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,7 @@ def masstool_version(ray_session, dataset, serving_root) -> str:
     run = RunSpec(
         name="serve-masstool", storage_path=str(serving_root / "store"), local_dir=str(serving_root / "ck")
     )
-    for stage in method.stages:
-        method.fit(stage, dataset, run)
-    method.index(dataset.corpus)
+    fit_method(method, dataset, run)  # every stage, then index
     path = str(serving_root / "models" / "masstool" / "v0001")
     method.save(path)
     promote(path)
