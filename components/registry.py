@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import uuid
 
 LATEST = "LATEST"
 _VERSION = re.compile(r"^v(\d{4,})$")
@@ -35,6 +37,25 @@ def promote(version_dir: str) -> None:
     with open(tmp, "w") as f:
         f.write(os.path.basename(version_dir) + "\n")
     os.replace(tmp, os.path.join(root, LATEST))
+
+
+def publish_dir(src: str, dst: str) -> None:
+    """Copy directory ``src`` to ``dst`` so that ``dst`` appears complete or not at all.
+
+    The copy goes to a hidden sibling first and is renamed into place, so a crash mid-copy or a
+    concurrent writer (parallel ablation trials sharing a cache) never leaves a half-written
+    ``dst``. If another writer published ``dst`` first, its copy is kept and this one dropped.
+    """
+    parent = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(dst)}.{uuid.uuid4().hex}.tmp")
+    shutil.copytree(src, tmp)
+    try:
+        os.rename(tmp, dst)
+    except OSError:
+        if not os.path.isdir(dst):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve(path: str) -> str:

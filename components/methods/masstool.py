@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,6 +31,7 @@ from components.methods.base import RunSpec, read_config, write_config
 from components.methods.dense import DenseMethod, DenseParams, tool_texts, top_k
 from components.methods.masstool_model import ModelConfig
 from components.methods.masstool_net import MassToolModel
+from components.registry import publish_dir
 
 if TYPE_CHECKING:
     from components.training.task import StageTask
@@ -78,7 +78,7 @@ class MassToolParams:
         """The architecture part of these parameters."""
         names = {f.name for f in fields(ModelConfig)}
         return ModelConfig(
-            **{k: v for k, v in asdict(self).items() if k in names and k != "contrastive"},
+            **{k: v for k, v in asdict(self).items() if k in names},
             contrastive=self.contrastive_weight > 0,
         )
 
@@ -95,6 +95,10 @@ class MassToolParams:
             # one a text-only stage does not report.
         }
         return DenseParams(**{**base, **self.semantic})
+
+
+TOOL_INDEX = "tool_embeddings.npy"
+QUERY_GRAPH = "query_graph.npy"
 
 
 class MassToolMethod:
@@ -153,11 +157,23 @@ class MassToolMethod:
         return {**result.metrics, "stage_seconds": result.seconds}
 
     def _semantic_key(self, data: Dataset, seed: int) -> str:
-        """Cache key: the semantic settings, the data's shape and the seed."""
-        blob = json.dumps(
-            [asdict(self.params.dense_params()), data.name, data.summary(), seed], sort_keys=True
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        """Cache key: the semantic settings, the seed and the content the stage trains and selects on.
+
+        Hashing the train/valid judgements, their query texts and the tool texts (not just row
+        counts) means a different split seed or an edited dataset never reuses an encoder that was
+        trained on what is now the validation split.
+        """
+        settings = [asdict(self.params.dense_params()), data.name, seed]
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+        for split in ("train", "valid"):
+            for qid, rel in sorted(data.qrels.get(split, {}).items()):
+                row = [split, qid, data.queries.get(qid, ""), sorted(rel.items())]
+                digest.update(json.dumps(row).encode())
+        tool_ids = sorted(data.corpus)
+        texts = tool_texts(data.corpus, tool_ids, self.params.tool_fields)
+        for tid, text in zip(tool_ids, texts, strict=True):
+            digest.update(json.dumps([tid, text]).encode())
+        return digest.hexdigest()[:16]
 
     def _fit_semantic(self, data: Dataset, run: RunSpec) -> dict[str, float]:
         from components.training.runner import run_stage
@@ -180,7 +196,7 @@ class MassToolMethod:
         result = run_stage(self.name, "semantic", loop, run, score=f"valid_{dense.params.select_metric}")
         self.semantic_dir = result.model_dir
         if cached:
-            shutil.copytree(result.model_dir, cached, dirs_exist_ok=True)
+            publish_dir(result.model_dir, cached)
             self.semantic_dir = cached
         return {**result.metrics, "stage_seconds": result.seconds}
 
@@ -197,10 +213,11 @@ class MassToolMethod:
         text = model.embed(
             tool_texts(corpus, self.tool_ids, self.params.tool_fields), self.params.tool_max_length
         )
-        self._tools = model.tool_index(self.tool_ids, text)
-        self._refresh_graph()
+        tools, query_graph = model.tool_index(self.tool_ids, text)
+        self._tools, self._query_graph = tools.cpu(), query_graph
 
     def _refresh_graph(self) -> None:
+        """The training queries' graph embeddings over the training-time tool texts (no index yet)."""
         with torch.no_grad():
             self._query_graph = self._need_model().eval().graph()[0]
 
@@ -208,12 +225,14 @@ class MassToolMethod:
         """Detection logits and joint embeddings of new queries (SUIM searches the training pool)."""
         model = self._need_model().eval()
         assert self._query_graph is not None
+        device = self._query_graph.device  # the model's: CUDA inside a GPU training worker
         logits, joints = [], []
         with torch.no_grad():
             for i in range(0, len(texts), 1024):
-                logit, e = model.joint(model.embed(texts[i : i + 1024]), self._query_graph)
-                logits.append(logit)
-                joints.append(e)
+                semantic = model.embed(texts[i : i + 1024]).to(device)
+                logit, e = model.joint(semantic, self._query_graph)
+                logits.append(logit.cpu())
+                joints.append(e.cpu())
         return torch.cat(logits), torch.cat(joints)
 
     def retrieve(self, queries: Queries, k: int) -> Results:
@@ -237,12 +256,14 @@ class MassToolMethod:
 
     # ------------------------------------------------------------- persistence
     def save(self, path: str) -> None:
-        """``config.json`` + the model (encoder HF layout, heads safetensors, graph npz) + tool index."""
-        if self._tools is None:
+        """``config.json`` + the model (encoder HF layout, heads safetensors, graph npz) + the index:
+        tool vectors and the training queries' graph embeddings of the same propagation."""
+        if self._tools is None or self._query_graph is None:
             raise RuntimeError("masstool: nothing to save; fit/load and index first")
         write_config(path, {"method": self.name, **self.config(), "tool_ids": self.tool_ids})
         self._need_model().save(os.path.join(path, "model"))
-        np.save(os.path.join(path, "tool_embeddings.npy"), self._tools.numpy())
+        np.save(os.path.join(path, TOOL_INDEX), self._tools.numpy())
+        np.save(os.path.join(path, QUERY_GRAPH), self._query_graph.cpu().numpy())
 
     @classmethod
     def load(cls, path: str) -> MassToolMethod:
@@ -252,6 +273,10 @@ class MassToolMethod:
         method = cls(**config)
         method.model = MassToolModel.load(os.path.join(path, "model")).eval()
         method.tool_ids = tool_ids
-        method._tools = torch.from_numpy(np.load(os.path.join(path, "tool_embeddings.npy")))
-        method._refresh_graph()
+        method._tools = torch.from_numpy(np.load(os.path.join(path, TOOL_INDEX)))
+        graph_file = os.path.join(path, QUERY_GRAPH)
+        if os.path.exists(graph_file):
+            method._query_graph = torch.from_numpy(np.load(graph_file))
+        else:  # artifacts written before the query graph was saved with the index
+            method._refresh_graph()
         return method

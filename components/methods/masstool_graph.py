@@ -44,7 +44,6 @@ class QueryGraphs:
         query_tool: ``(2, E)`` pairs (query index, tool index).
         query_scene: ``(2, E)`` pairs (query index, scene index).
         scene_tool: ``(2, E)`` pairs (scene index, tool index).
-        relevant: Per training query, the corpus indices of its relevant tools.
     """
 
     query_ids: list[str]

@@ -96,7 +96,8 @@ class QCGCN(nn.Module):
         self.register_buffer("trained_tool", trained, persistent=True)
         self.register_buffer("tool_edges", graphs.tool_view_edges(), persistent=True)
         self.conv = LGConv(normalize=True)
-        self.scene_view = cfg.contrastive and graphs.has_scenes
+        # The scene view exists only to contrast with the propagated query–tool view.
+        self.scene_view = cfg.contrastive and cfg.graph and graphs.has_scenes
         if self.scene_view:
             self.scene_emb = nn.Embedding(graphs.n_scenes, cfg.dim)
             nn.init.normal_(self.scene_emb.weight, std=0.02)
@@ -133,8 +134,12 @@ class QCGCN(nn.Module):
             return query_x, tools0, None
         nodes = self.propagate(torch.cat([query_x, tools0]), self.tool_edges)
         q1, t1 = nodes[: self.n_queries], nodes[self.n_queries :]
-        if cl_index is None or not (self.training and self.scene_view) or cl_index.numel() < 2:
+        if not (self.training and self.scene_view):
             return q1, t1, None
+        if cl_index is None or cl_index.numel() < 2:
+            # No pair to contrast in this batch; a zero that still touches the scene embeddings,
+            # so multi-worker DDP finds every parameter used in every step.
+            return q1, t1, self.scene_emb.weight.sum() * 0.0
         nodes2 = self.propagate(torch.cat([query_x, self.scene_emb.weight]), self.scene_edges)
         q2, s2 = nodes2[: self.n_queries], nodes2[self.n_queries :]
         t2 = self.scene_tool @ s2  # scene–tool aggregation: a tool is the mean of its scenes

@@ -112,25 +112,34 @@ class MassToolModel(nn.Module):
         return {"logit": logit, "scores": self.scores(e, t_graph), "cl": cl}
 
     @torch.no_grad()
-    def tool_index(self, tool_ids: list[str], tool_text: torch.Tensor) -> torch.Tensor:
-        """Tool vectors for a (possibly new) catalogue: graph embeddings, text alone for unseen tools.
+    def tool_index(self, tool_ids: list[str], tool_text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tool vectors for a (possibly new) catalogue, and the training queries' graph embeddings.
+
+        Known tools get their graph embeddings, unseen tools their text alone. Both outputs come
+        from one propagation over the catalogue's current texts, so SUIM's neighbour embeddings and
+        the tool vectors they are scored against agree after a catalogue edit.
 
         Args:
             tool_ids: The catalogue to index.
             tool_text: ``(len(tool_ids), text_dim)`` their semantic embeddings.
+
+        Returns:
+            ``(tools (len(tool_ids), dim), query_graph (n_queries, dim))``.
         """
+        tool_text = tool_text.to(self.tool_text.device)
         row = {t: i for i, t in enumerate(tool_ids)}
         graph_text = self.tool_text.clone()
         for j, t in enumerate(self.graphs.tool_ids):
             if t in row:  # current text of a known tool (a catalogue update may have edited it)
                 graph_text[j] = tool_text[row[t]]
-        _, t_graph = self.gcn(self.query_proj(self.pool), graph_text)[:2]
+        q_graph, t_graph, _ = self.gcn(self.query_proj(self.pool), graph_text)
         known = {t: j for j, t in enumerate(self.graphs.tool_ids)}
         # A tool the graph never saw is an isolated node: its readout is its layer-0 text projection
         # averaged with L zero layers.
         scale = 1.0 / (self.cfg.layers + 1) if self.cfg.graph else 1.0
         unseen = self.gcn.tool_text(tool_text) * scale
-        return torch.stack([t_graph[known[t]] if t in known else unseen[i] for i, t in enumerate(tool_ids)])
+        tools = torch.stack([t_graph[known[t]] if t in known else unseen[i] for i, t in enumerate(tool_ids)])
+        return tools, q_graph
 
     def save(self, path: str) -> None:
         """Encoder in HF layout, every other weight and buffer in safetensors, graph in npz."""

@@ -36,7 +36,9 @@ def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor
         relevant: ``(B, T)`` bool; rows without a relevant tool contribute nothing.
     """
     if not bool(relevant.any()):
-        return scores.sum() * 0.0  # keeps every parameter in the graph (DDP) without a signal
+        # Zero that keeps every parameter in the graph (DDP) without a signal; the where() drops
+        # the -inf of masked non-candidates first, since -inf * 0 would make the logged loss nan.
+        return torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores)).sum() * 0.0
     negatives = torch.logsumexp(scores.masked_fill(relevant, float("-inf")), dim=1, keepdim=True)
     # -log(e^s / (e^s + Σ_neg e^n)) = softplus(logsumexp(neg) - s); where() keeps masked -inf
     # scores of non-candidates from turning into inf * 0 = nan.

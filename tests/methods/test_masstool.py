@@ -76,6 +76,21 @@ def test_shapes_and_cross_view_loss(small_quickstart, graphs):
     assert model.graph(torch.arange(8))[2] is None  # no augmentation, no CL at inference
 
 
+def test_cross_view_loss_without_pairs_is_a_zero_that_keeps_scene_embeddings_in_the_graph(
+    small_quickstart, graphs
+):
+    model = tiny_model(small_quickstart, graphs).train()
+    cl = model.graph(torch.arange(1))[2]  # one query: nothing to contrast
+    assert cl is not None and cl.item() == 0.0
+    cl.backward()
+    assert model.gcn.scene_emb.weight.grad is not None  # DDP sees the parameter used
+
+
+def test_no_scene_view_without_the_graph(small_quickstart, graphs):
+    model = tiny_model(small_quickstart, graphs, graph=False)
+    assert not model.gcn.scene_view and not hasattr(model.gcn, "scene_emb")
+
+
 def test_suim_filters_neighbours_below_epsilon():
     cfg = ModelConfig(dim=4, epsilon=0.5)
     suim = SUIM(4, cfg)
@@ -138,7 +153,8 @@ def test_retrieval_loss_masks_other_relevant_tools():
 def test_unseen_tool_is_embedded_from_its_text(small_quickstart, graphs):
     model = tiny_model(small_quickstart, graphs, layers=2).eval()
     text = torch.nn.functional.normalize(torch.randn(2, model.encoder.dim), dim=-1)
-    vectors = model.tool_index([graphs.tool_ids[0], "brand-new-tool"], text)
+    vectors, query_graph = model.tool_index([graphs.tool_ids[0], "brand-new-tool"], text)
+    assert query_graph.shape == (graphs.n_queries, vectors.shape[1])
     torch.testing.assert_close(vectors[1], model.gcn.tool_text(text[1]) / 3)
 
 
@@ -286,6 +302,26 @@ def test_semantic_stage_is_reused_from_the_cache(trained, with_negatives):
     again = MassToolMethod(**{**method.config(), "epochs": 1})
     assert again.fit("semantic", with_negatives, run) == {"reused": 1.0}
     assert again.semantic_dir == method.semantic_dir
+
+
+def test_retrieval_loss_without_relevant_tools_is_a_finite_zero():
+    scores = torch.tensor([[2.0, float("-inf"), 0.5]], requires_grad=True)
+    loss = retrieval_loss(scores, torch.zeros(1, 3, dtype=torch.bool))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(scores.grad).all()
+
+
+def test_semantic_cache_key_follows_the_split_content(trained, with_negatives):
+    from dataclasses import replace
+
+    method, _, _root, run = trained
+    train, valid = dict(with_negatives.qrels["train"]), dict(with_negatives.qrels["valid"])
+    t, v = next(iter(train)), next(iter(valid))
+    train[v], valid[t] = valid.pop(v), train.pop(t)  # same row counts, another split
+    swapped = replace(with_negatives, qrels={**with_negatives.qrels, "train": train, "valid": valid})
+    key = method._semantic_key(with_negatives, run.seed)
+    assert method._semantic_key(swapped, run.seed) != key
+    assert method._semantic_key(with_negatives, run.seed + 1) != key
 
 
 def test_retrieval_loss_ignores_masked_non_candidates():
