@@ -14,10 +14,11 @@ place. Loads: detection → retrieval (no LLM) per model and the full graph (con
 LM), at 1, 8 and 32 concurrent keep-alive clients (asyncio + aiohttp) for ``--seconds`` each, after
 a 1 s warm-up. One client measures the unloaded latency of the hops; with c clients in a closed loop
 the median can be no lower than about c / throughput (Little's law), so 8 clients at p50 15 ms
-would take some 530 req/s. Every request forces retrieval (``needs_tool_threshold: 0``) so each one runs the whole
-chain. The in-process baseline calls the same loaded models sequentially in this process, in the
-same run. Faults: one Retriever replica killed (``ray.kill`` on the actor found by name), and a
-hot-swap of the artifact through the deployments' user configs, each while 8 clients run.
+would take some 530 req/s. Every request forces retrieval (``needs_tool_threshold: 0``) so each
+one runs the whole chain. The in-process baseline calls the same loaded models sequentially in
+this process, in the same run. Faults: one Retriever replica killed (``ray.kill`` on the actor
+found by name), and a hot-swap of the artifact through the deployments' user configs, each while 8
+clients run.
 """
 
 from __future__ import annotations

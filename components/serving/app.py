@@ -107,4 +107,6 @@ def build_app(args: dict[str, Any]) -> Application:
         env = ingress_options["ray_actor_options"].setdefault("runtime_env", {}).setdefault("env_vars", {})
         env[API_KEY_ENV] = a.api_key
     ingress = serve.deployment(IngressDeployment, name="Ingress").options(**ingress_options)
-    return ingress.bind(detector, retriever, rewriter, selector, a.needs_tool_threshold)
+    return ingress.bind(
+        detector, retriever, rewriter, selector, a.needs_tool_threshold, require_api_key=bool(a.api_key)
+    )

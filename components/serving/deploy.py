@@ -21,6 +21,8 @@ from ray import serve
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeDeploySchema
 
+from components.serving.errors import API_KEY_ENV
+
 APP_NAME = "toolscout"
 IMPORT_PATH = "components.serving.app:build_app"
 
@@ -29,8 +31,8 @@ IMPORT_PATH = "components.serving.app:build_app"
 # replica's event loop instead of a separate thread, routers on the caller's loop, request logs are
 # buffered, deployments talk over gRPC. On 2 cores this took detect -> retrieve (BM25, 8 clients) from
 # 98 to 131 req/s in back-to-back runs (benchmarks/results/serve_load_default_settings.md vs an
-# earlier serve_load.md; the current serve_load.md, on a quieter machine, has 188). The HTTP proxy stays (no direct ingress): it is
-# what binds ``http_options``' host and port, 127.0.0.1 by default.
+# earlier serve_load.md; the current serve_load.md, on a quieter machine, has 188). The HTTP proxy
+# stays (no direct ingress): it is what binds ``http_options``' host and port, 127.0.0.1 by default.
 SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
@@ -53,6 +55,15 @@ def serve_config(
     config = copy.deepcopy(base or {})
     apps = config.get("applications") or [{}]
     app = {**apps[0], "name": app_name, "route_prefix": "/", "import_path": IMPORT_PATH, "args": args}
+    if args.get("api_key"):
+        # Serve replaces a deployment's ray_actor_options wholesale with the config file's entry,
+        # dropping the env var build_app put in the Ingress's; carry the key into that entry too.
+        for entry in app.get("deployments") or []:
+            if entry.get("name") == "Ingress" and "ray_actor_options" in entry:
+                options = entry["ray_actor_options"] = dict(entry["ray_actor_options"] or {})
+                runtime_env = options["runtime_env"] = dict(options.get("runtime_env") or {})
+                env_vars = runtime_env["env_vars"] = dict(runtime_env.get("env_vars") or {})
+                env_vars[API_KEY_ENV] = args["api_key"]
     config["applications"] = [app]
     return config
 

@@ -1,10 +1,11 @@
 """The Serve deployments of the graph, as plain classes (:mod:`.app` applies ``serve.deployment``).
 
 Each model-holding deployment loads its model in ``reconfigure(user_config)``, so a new artifact
-version is swapped in by changing the user config (``serve deploy`` with new args, or
-``serve.run`` again): the new version is loaded off the event loop, then replaces the old one in a
-single assignment, and requests in flight finish on the version they started with. Responses
-carry the version that answered.
+version is swapped in by changing only the deployments' ``user_config`` in the Serve config and
+deploying it again (:func:`components.serving.deploy.swap_artifact`): the running replicas load the
+new version off the event loop, then replace the old one in a single assignment, and requests in
+flight finish on the version they started with. Responses carry the version that answered.
+Changing the app's ``args`` instead changes its code version, so Serve restarts the replicas.
 
 Model calls go through ``@serve.batch`` (small batches, a short wait: the latency goal is tens of
 milliseconds) and run in a worker thread so the replica's event loop keeps collecting the next
@@ -14,6 +15,7 @@ batch while torch / numpy compute.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from ray import serve
@@ -22,6 +24,8 @@ from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.models import DetectorModel, RetrieverModel, named
 from components.serving.rewriter import build_rewriter
 from components.serving.selector import build_selector
+
+logger = logging.getLogger("ray.serve")
 
 BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
 
@@ -127,7 +131,11 @@ class Selector:
         if backend is None:
             return [None] * len(requests)
 
-        def run() -> list[dict[str, Any] | None]:
-            return [backend.select(r["query"], r["history"], r["candidates"]) for r in requests]
+        def one(r: dict[str, Any]) -> dict[str, Any] | None:
+            try:
+                return backend.select(r["query"], r["history"], r["candidates"])
+            except Exception:  # one bad decode must not drop the other requests of the batch
+                logger.exception("selector failed on one request; answering it without a call")
+                return None
 
-        return await asyncio.to_thread(run)
+        return await asyncio.to_thread(lambda: [one(r) for r in requests])

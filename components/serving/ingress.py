@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,7 +21,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from components.serving.errors import ApiKeyMiddleware, error, install_error_handlers
+from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, error, install_error_handlers
 from components.serving.schemas import ErrorResponse, Health, SelectRequest, SelectResponse, ToolsInfo
 
 logger = logging.getLogger("ray.serve")
@@ -60,6 +61,8 @@ class Ingress:
         rewriter, selector: Handles of the optional deployments, or ``None`` when not deployed.
         needs_tool_threshold: Default probability above which a request needs a tool.
         retries: Extra attempts on a replica failure.
+        require_api_key: The app was configured with an API key: refuse to start without
+            ``$TOOLSCOUT_API_KEY`` rather than serve an open API.
     """
 
     def __init__(
@@ -70,7 +73,14 @@ class Ingress:
         selector: DeploymentHandle | None = None,
         needs_tool_threshold: float = 0.5,
         retries: int = 3,
+        require_api_key: bool = False,
     ) -> None:
+        if require_api_key and not os.environ.get(API_KEY_ENV):
+            raise RuntimeError(
+                f"the app has an api_key but ${API_KEY_ENV} is not set in this Ingress replica; "
+                "a deployments: entry for Ingress with its own ray_actor_options must carry it in "
+                "runtime_env.env_vars (components.serving.deploy.serve_config does this)"
+            )
         self.detector, self.retriever = detector, retriever
         self.rewriter, self.selector = rewriter, selector
         self.threshold = needs_tool_threshold

@@ -37,7 +37,8 @@ class TypeMasks:
         printable = [bool(t) and all(c >= " " for c in t) for t in texts]
         self.string = torch.tensor(printable)
         # A number's first token may carry the word-initial space; later tokens must be bare digits.
-        self.digits_first = torch.tensor([t.lstrip(" ").isdigit() for t in texts])
+        # isascii(): str.isdigit() also accepts "²" or "٣", which int() then rejects.
+        self.digits_first = torch.tensor([t.lstrip(" ").isdigit() and t.isascii() for t in texts])
         self.digits_next = torch.tensor([t.isdigit() and t.isascii() for t in texts])
 
 

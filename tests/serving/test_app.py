@@ -134,7 +134,11 @@ def test_unknown_route_and_method_are_json(url):
 
 
 def test_api_key(url, app_args):
-    deploy({**app_args, "api_key": "k-123"})
+    from workflows.serve import read_serve_config
+
+    # With the shipped config file as base, as `toolscout serve` deploys: its Ingress entry has its
+    # own ray_actor_options, which Serve applies in place of the ones build_app sets.
+    deploy({**app_args, "api_key": "k-123"}, base=read_serve_config(None))
     try:
         good = {"Authorization": "Bearer k-123"}
         assert post(url, {"query": "weather in Paris"}).status_code == 401

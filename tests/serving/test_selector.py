@@ -73,3 +73,26 @@ def test_only_candidates_can_be_named_and_arguments_follow_the_schema(trained, c
 def test_no_known_candidate_means_no_call(trained):
     assert trained.select("weather in Paris", [], ["not-a-tool"]) is None
     assert trained.select("weather in Paris", [], []) is None
+
+
+class _Vocab:
+    """A tokenizer's decode surface over a fixed vocabulary (what TypeMasks reads)."""
+
+    tokens = ("<s>", " 1", "2", "²", " ³", "٣", "a", " x")
+    all_special_ids = (0,)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.tokens[i] for i in ids)
+
+
+def test_number_masks_accept_ascii_digits_only():
+    from components.serving.selector_lm import TypeMasks
+
+    masks = TypeMasks(_Vocab(), len(_Vocab.tokens))
+    # "²", " ³" and "٣" pass str.isdigit() but int() rejects them.
+    assert masks.digits_first.tolist() == [False, True, True, False, False, False, False, False]
+    assert masks.digits_next.tolist() == [False, False, True, False, False, False, False, False]
+    assert masks.string.tolist() == [False, True, True, True, True, True, True, True]
