@@ -102,11 +102,7 @@ def build_app(args: dict[str, Any]) -> Application:
     selector = None
     if a.selector.get("backend", "none") != "none":
         selector = _deployment(Selector, "Selector", a, configs["Selector"]).bind(catalog)
-    ingress_options = _options(a, "Ingress")
-    if a.api_key:
-        env = ingress_options["ray_actor_options"].setdefault("runtime_env", {}).setdefault("env_vars", {})
-        env[API_KEY_ENV] = a.api_key
-    ingress = serve.deployment(IngressDeployment, name="Ingress").options(**ingress_options)
-    return ingress.bind(
-        detector, retriever, rewriter, selector, a.needs_tool_threshold, require_api_key=bool(a.api_key)
-    )
+    # The API key travels as a constructor argument: a config file's ray_actor_options for the
+    # Ingress replace the ones set here wholesale, so an env var put there could be dropped.
+    ingress = serve.deployment(IngressDeployment, name="Ingress").options(**_options(a, "Ingress"))
+    return ingress.bind(detector, retriever, rewriter, selector, a.needs_tool_threshold, api_key=a.api_key)

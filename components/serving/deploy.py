@@ -21,8 +21,6 @@ from ray import serve
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeDeploySchema
 
-from components.serving.errors import API_KEY_ENV
-
 APP_NAME = "toolscout"
 IMPORT_PATH = "components.serving.app:build_app"
 
@@ -55,15 +53,6 @@ def serve_config(
     config = copy.deepcopy(base or {})
     apps = config.get("applications") or [{}]
     app = {**apps[0], "name": app_name, "route_prefix": "/", "import_path": IMPORT_PATH, "args": args}
-    if args.get("api_key"):
-        # Serve replaces a deployment's ray_actor_options wholesale with the config file's entry,
-        # dropping the env var build_app put in the Ingress's; carry the key into that entry too.
-        for entry in app.get("deployments") or []:
-            if entry.get("name") == "Ingress" and "ray_actor_options" in entry:
-                options = entry["ray_actor_options"] = dict(entry["ray_actor_options"] or {})
-                runtime_env = options["runtime_env"] = dict(options.get("runtime_env") or {})
-                env_vars = runtime_env["env_vars"] = dict(runtime_env.get("env_vars") or {})
-                env_vars[API_KEY_ENV] = args["api_key"]
     config["applications"] = [app]
     return config
 

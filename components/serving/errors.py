@@ -79,8 +79,8 @@ class ApiKeyMiddleware:
     A raw ASGI middleware: it answers 401 before the body is read or validated, so unauthenticated
     clients learn nothing about the schema, and it costs one header lookup per request. The key is
     read from the replica's environment: a Kubernetes Secret (``deploy/rayservice.yaml``), or the
-    app's ``api_key`` arg, which :mod:`.app` and :func:`.deploy.serve_config` put into the Ingress
-    replicas' ``runtime_env.env_vars``. A Secret keeps the key out of the Serve config.
+    app's ``api_key`` arg, which the Ingress constructor sets there before Serve builds the app. A
+    Secret keeps the key out of the Serve config.
     """
 
     def __init__(self, app: Any, protected: tuple[str, ...] = ("/v1/",)) -> None:

@@ -61,8 +61,10 @@ class Ingress:
         rewriter, selector: Handles of the optional deployments, or ``None`` when not deployed.
         needs_tool_threshold: Default probability above which a request needs a tool.
         retries: Extra attempts on a replica failure.
-        require_api_key: The app was configured with an API key: refuse to start without
-            ``$TOOLSCOUT_API_KEY`` rather than serve an open API.
+        api_key: The app's API key, if it has one; it becomes ``$TOOLSCOUT_API_KEY`` of this
+            replica, which :class:`~components.serving.errors.ApiKeyMiddleware` reads when Serve
+            builds the app after this constructor. ``None`` keeps the replica's own (e.g. from a
+            Kubernetes Secret).
     """
 
     def __init__(
@@ -73,14 +75,10 @@ class Ingress:
         selector: DeploymentHandle | None = None,
         needs_tool_threshold: float = 0.5,
         retries: int = 3,
-        require_api_key: bool = False,
+        api_key: str | None = None,
     ) -> None:
-        if require_api_key and not os.environ.get(API_KEY_ENV):
-            raise RuntimeError(
-                f"the app has an api_key but ${API_KEY_ENV} is not set in this Ingress replica; "
-                "a deployments: entry for Ingress with its own ray_actor_options must carry it in "
-                "runtime_env.env_vars (components.serving.deploy.serve_config does this)"
-            )
+        if api_key:
+            os.environ[API_KEY_ENV] = api_key
         self.detector, self.retriever = detector, retriever
         self.rewriter, self.selector = rewriter, selector
         self.threshold = needs_tool_threshold

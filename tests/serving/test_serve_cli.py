@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import requests
 import yaml
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
@@ -121,27 +120,12 @@ def test_train_selector_then_serve_it(serving_data, tmp_path):
     ServeArgs.model_validate({**updated, "artifact": "any"})
 
 
-def test_api_key_reaches_an_ingress_entry_that_sets_its_own_actor_options():
-    from components.serving.deploy import serve_config
-    from components.serving.errors import API_KEY_ENV
-
-    base = read_serve_config(None)
-    config = serve_config({"artifact": "a", "api_key": "k-1"}, base)
-    entries = {d["name"]: d for d in config["applications"][0]["deployments"]}
-    assert entries["Ingress"]["ray_actor_options"]["runtime_env"]["env_vars"] == {API_KEY_ENV: "k-1"}
-    assert entries["Ingress"]["ray_actor_options"]["num_cpus"] == 0.25  # the file's options kept
-    assert "runtime_env" not in entries["Detector"]["ray_actor_options"]
-    assert "runtime_env" not in base["applications"][0]["deployments"][0]["ray_actor_options"]
-    plain = serve_config({"artifact": "a"}, base)["applications"][0]["deployments"][0]
-    assert "runtime_env" not in plain["ray_actor_options"]
-
-
-def test_ingress_with_an_api_key_refuses_to_start_without_it(monkeypatch):
-    from components.serving.errors import API_KEY_ENV
+def test_ingress_api_key_is_what_the_middleware_requires(monkeypatch):
+    from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware
     from components.serving.ingress import Ingress
 
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    with pytest.raises(RuntimeError, match=API_KEY_ENV):
-        Ingress(None, None, require_api_key=True)
-    monkeypatch.setenv(API_KEY_ENV, "k-1")
-    Ingress(None, None, require_api_key=True)
+    Ingress(None, None)
+    assert ApiKeyMiddleware(None).expected is None  # no key configured: open, as before
+    Ingress(None, None, api_key="k-1")  # Serve builds the app (and its middleware) after this
+    assert ApiKeyMiddleware(None).expected == b"Bearer k-1"
