@@ -24,7 +24,7 @@ from components.data.graphs import IdMap, cooccurrence, qrels_pairs
 from components.data.loader import load_dataset
 from workflows.ray_env import init_ray
 from workflows.ray_graphs import pairs_dataset, ray_cooccurrence
-from workflows.report import write_report
+from workflows.report import md_table, write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cooccurrence.json")
 
@@ -131,15 +131,19 @@ def main() -> None:
 
 def write_report_cooc(report: dict, out: str) -> None:
     """JSON + a markdown table with seconds and ratio columns."""
-    write_report(report, out, title="Co-occurrence build: Ray Data vs single process", plot=False)
-    lines = ["| input | method | pairs | seconds (median) | ratio |", "|---|---|---|---|---|"]
-    for r in report["results"]:
-        ratio = f"{r['metrics']['ratio']:.2f}" if "ratio" in r["metrics"] else "1.00"
-        pairs, seconds = r["config"]["pairs"], r["metrics"]["seconds"]
-        lines.append(f"| {r['split']} | {r['method']} | {pairs:,} | {seconds:.2f} | {ratio} |")
-    with open(os.path.splitext(out)[0] + ".md", "w") as f:
-        f.write("# Co-occurrence build: Ray Data vs single process\n\n" + report["notes"] + "\n")
-        f.write("\n".join(lines) + "\n")
+    rows = [
+        [
+            r["split"],
+            r["method"],
+            f"{r['config']['pairs']:,}",
+            f"{r['metrics']['seconds']:.2f}",
+            f"{r['metrics'].get('ratio', 1.0):.2f}",
+        ]
+        for r in report["results"]
+    ]
+    table = md_table(["input", "method", "pairs", "seconds (median)", "ratio"], rows)
+    title = "Co-occurrence build: Ray Data vs single process"
+    write_report(report, out, title=title, plot=False, table="\n".join(table) + "\n")
 
 
 if __name__ == "__main__":

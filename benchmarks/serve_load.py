@@ -50,7 +50,7 @@ from components.serving.replicas import replica_actor, replica_names, wait_for_r
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
 from workflows.ray_env import init_ray
-from workflows.report import write_report
+from workflows.report import md_table, write_report
 from workflows.serve import read_serve_config
 from workflows.train import fit_method
 
@@ -383,30 +383,53 @@ def main() -> None:
 
 def write_markdown(report: dict, out: str) -> None:
     """JSON + a load table and a fault table."""
-    write_report(report, out, title="Serve load: Ray Serve graph vs in-process", plot=False)
-    head = "| scenario | model | clients | p50 ms | p99 ms | req/s | errors | p50 ratio | rps ratio |"
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
-    faults = [
-        "| fault | requests | failed | p50 ms | p99 ms | versions answering |",
-        "|---|---|---|---|---|---|",
-    ]
+    loads, faults = [], []
     for r in report["results"]:
         m, c = r["metrics"], r["config"]
         if r["method"].startswith("fault"):
             faults.append(
-                f"| {r['method'][7:]} | {m['requests']} | {m['errors']} | {m['p50_ms']:.1f} | "
-                f"{m['p99_ms']:.1f} | {', '.join(m['versions'])} |"
+                [
+                    r["method"][7:],
+                    str(m["requests"]),
+                    str(m["errors"]),
+                    f"{m['p50_ms']:.1f}",
+                    f"{m['p99_ms']:.1f}",
+                    ", ".join(m["versions"]),
+                ]
             )
             continue
-        ratios = f"{m['ratio']:.2f} | {m.get('rps_ratio', 1.0):.2f}" if "ratio" in m else "- | -"
-        lines.append(
-            f"| {r['method']} | {c['model']} | {c['clients']} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | "
-            f"{m['rps']:.0f} | {m['errors']} | {ratios} |"
+        ratios = [f"{m['ratio']:.2f}", f"{m.get('rps_ratio', 1.0):.2f}"] if "ratio" in m else ["-", "-"]
+        loads.append(
+            [
+                r["method"],
+                c["model"],
+                str(c["clients"]),
+                f"{m['p50_ms']:.1f}",
+                f"{m['p99_ms']:.1f}",
+                f"{m['rps']:.0f}",
+                str(m["errors"]),
+                *ratios,
+            ]
         )
-    with open(os.path.splitext(out)[0] + ".md", "w") as f:
-        f.write("# Serve load: Ray Serve graph vs in-process\n\n" + report["notes"] + "\n")
-        f.write("\n".join(lines) + "\n\n## Faults under load\n\n" + "\n".join(faults) + "\n")
-    print("\n".join([*lines, "", *faults]))
+    load_head = [
+        "scenario",
+        "model",
+        "clients",
+        "p50 ms",
+        "p99 ms",
+        "req/s",
+        "errors",
+        "p50 ratio",
+        "rps ratio",
+    ]
+    fault_head = ["fault", "requests", "failed", "p50 ms", "p99 ms", "versions answering"]
+    text = "\n".join(
+        [*md_table(load_head, loads), "", "## Faults under load", "", *md_table(fault_head, faults)]
+    )
+    write_report(
+        report, out, title="Serve load: Ray Serve graph vs in-process", plot=False, table=text + "\n"
+    )
+    print(text)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from components.methods.toolgen import ToolGenMethod
 from components.metrics import DEFAULT_KS, evaluate_retrieval
 from workflows.bench import report_splits, split_rows
 from workflows.ray_env import init_ray
-from workflows.report import markdown_table, write_report
+from workflows.report import markdown_table, md_table, write_report
 from workflows.train import fit_method, run_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,12 +113,6 @@ def dense_rows(mode: str) -> list[dict[str, Any]]:
         {**r, "method": f"{r['method']}{suffix} (from {DENSE[mode]})"}
         for r in report["results"]
         if r["method"].startswith("dense") and r["split"] != "valid"
-    ]
-
-
-def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
-        "| " + " | ".join(r) + " |" for r in rows
     ]
 
 

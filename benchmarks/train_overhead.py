@@ -27,7 +27,7 @@ from components.methods.dense import DenseMethod
 from components.training.loop import train_in_process
 from components.training.runner import run_stage
 from workflows.ray_env import init_ray
-from workflows.report import write_report
+from workflows.report import md_table, write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "train_overhead.json")
 PARAMS = {
@@ -110,18 +110,19 @@ def main() -> None:
         "notes": f"2 CPU cores, Ray {ray.__version__}, torch {torch.__version__}; ratio = wall seconds / "
         "plain wall seconds (goal ≤ 1.10); one run each, same process, plain first.\n",
     }
-    write_report(report, args.out, title="Ray Train overhead vs plain PyTorch", plot=False)
-    lines = ["| run | wall seconds | epoch seconds | valid ndcg@3 | ratio |", "|---|---|---|---|---|"]
-    for r in rows:
-        m = r["metrics"]
-        lines.append(
-            f"| {r['method']} | {m['seconds']:.1f} | {m['epoch_seconds']:.1f} | {m['valid_ndcg@3']:.4f} | "
-            f"{m['ratio']:.3f} |"
-        )
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(
-            "# Ray Train overhead vs plain PyTorch\n\n" + report["notes"] + "\n" + "\n".join(lines) + "\n"
-        )
+    cells = [
+        [
+            r["method"],
+            f"{r['metrics']['seconds']:.1f}",
+            f"{r['metrics']['epoch_seconds']:.1f}",
+            f"{r['metrics']['valid_ndcg@3']:.4f}",
+            f"{r['metrics']['ratio']:.3f}",
+        ]
+        for r in rows
+    ]
+    table = md_table(["run", "wall seconds", "epoch seconds", "valid ndcg@3", "ratio"], cells)
+    title = "Ray Train overhead vs plain PyTorch"
+    write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 COLUMNS = (
@@ -22,21 +23,27 @@ COLUMNS = (
 )
 
 
+def md_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """The lines of a markdown table: header, separator, one line per row of cells."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(row) + " |" for row in rows
+    ]
+
+
 def markdown_table(report: dict[str, Any], columns: tuple[str, ...] = COLUMNS) -> str:
     """A markdown table with one row per (method, split) and the chosen metric columns."""
     present = [c for c in columns if any(c in r["metrics"] for r in report["results"])]
     extra = [c for c in ("train_seconds", "eval_seconds") if any(c in r for r in report["results"])]
-    head = ["method", "split", *present, *extra]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in report["results"]:
-        cells = [
+    rows = [
+        [
             r["method"],
             r["split"],
             *(f"{r['metrics'][c]:.4f}" if c in r["metrics"] else "" for c in present),
+            *(f"{r[c]:.1f}" if c in r else "" for c in extra),
         ]
-        cells += [f"{r[c]:.1f}" if c in r else "" for c in extra]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        for r in report["results"]
+    ]
+    return "\n".join(md_table(["method", "split", *present, *extra], rows)) + "\n"
 
 
 def recall_plot(report: dict[str, Any], path: str, split: str = "test") -> None:
@@ -62,15 +69,21 @@ def recall_plot(report: dict[str, Any], path: str, split: str = "test") -> None:
     plt.close(fig)
 
 
-def write_report(report: dict[str, Any], out_json: str, title: str = "", plot: bool = True) -> list[str]:
-    """Write ``out_json``, the ``.md`` table beside it and (optionally) the ``.png`` plot."""
+def write_report(
+    report: dict[str, Any], out_json: str, title: str = "", plot: bool = True, table: str | None = None
+) -> list[str]:
+    """Write ``out_json``, the ``.md`` beside it and (optionally) the ``.png`` plot.
+
+    The ``.md`` is the title, ``report["notes"]`` and ``table``: by default :func:`markdown_table`,
+    or a benchmark's own markdown (other columns, several tables).
+    """
     os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
     with open(out_json, "w") as f:
         json.dump(report, f, indent=2)
     stem = os.path.splitext(out_json)[0]
     header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
     with open(stem + ".md", "w") as f:
-        f.write(header + "\n" + markdown_table(report))
+        f.write(header + "\n" + (markdown_table(report) if table is None else table))
     written = [out_json, stem + ".md"]
     if plot:
         recall_plot(report, stem + ".png")
