@@ -27,10 +27,9 @@ IMPORT_PATH = "components.serving.app:build_app"
 
 # Ray Serve's own latency knobs (see ray/serve/_private/constants.py): user code runs on the
 # replica's event loop instead of a separate thread, routers on the caller's loop, request logs are
-# buffered, deployments talk over gRPC. On 2 cores this took detect -> retrieve (BM25, 8 clients) from
-# 98 to 131 req/s in back-to-back runs (benchmarks/results/serve_load_default_settings.md vs an
-# earlier serve_load.md; the current serve_load.md, on a quieter machine, has 188). The HTTP proxy
-# stays (no direct ingress): it is what binds ``http_options``' host and port, 127.0.0.1 by default.
+# buffered, deployments talk over gRPC. On 2 cores this raised detect -> retrieve throughput by about
+# a third in back-to-back runs (README, "Load and faults"). The HTTP proxy stays (no direct
+# ingress): it is what binds ``http_options``' host and port, 127.0.0.1 by default.
 SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
