@@ -7,6 +7,7 @@ overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -62,14 +63,23 @@ def require(cfg: dict, dotted: str, flag: str) -> None:
 
 
 def guarded(fn):
-    """Turn the expected failures into one red line and exit code 1, not a traceback."""
+    """Turn the expected failures into one red line and exit code 1, not a traceback.
+
+    ``TOOLSCOUT_DEBUG=1`` lets the exception through with its traceback, since a ``KeyError`` or
+    ``ValueError`` from a bug looks the same here as one from bad input.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, DatasetError, FileNotFoundError, KeyError, ValueError) as e:
-            console.print(f"[bold red]error:[/] {e}")
+        except (ConfigError, DatasetError, OSError, KeyError, ValueError) as e:
+            if os.environ.get("TOOLSCOUT_DEBUG"):
+                raise
+            # A bare KeyError prints as "'train'": name the type for the reader.
+            what = f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e)
+            console.print(f"[bold red]error:[/] {what}")
+            console.print("[dim](set TOOLSCOUT_DEBUG=1 for the traceback)[/]")
             raise typer.Exit(1) from e
 
     return wrapper
@@ -175,10 +185,12 @@ def bench(
 def run(config: ConfigOpt = None, overrides: Overrides = None) -> None:
     """Quickstart: generate data, preprocess, train and evaluate on a local Ray."""
     cfg = build_config(config, overrides, base="quickstart")
-    start_ray(cfg)
     from workflows.report import markdown_table
+    from workflows.run import quickstart_data
     from workflows.run import run as run_quickstart
 
+    quickstart_data(cfg)  # before Ray starts: a mistyped data.path fails at once
+    start_ray(cfg)
     report = run_quickstart(cfg)
     print(markdown_table(report))
     console.print(f"results: {Path(cfg['run']['workdir']).resolve() / 'results.json'}")

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import ray
 
 from components.data import io
@@ -33,8 +32,15 @@ GRAPH_SPLIT = "train"  # graphs see training pairs only: valid/test pairs would 
 
 
 def table_rows(dataset: Dataset) -> dict[str, list[dict]]:
-    """The prepared tables as rows (corpus rows are normalised later, on Ray Data)."""
-    corpus = [{"order": i, **rec} for i, rec in enumerate(dataset.corpus.values())]
+    """The prepared tables as rows (corpus rows are normalised later, on Ray Data).
+
+    Tool ``metadata`` is kept as a JSON string: its values may differ in type from row to row,
+    which one Arrow struct column cannot hold.
+    """
+    corpus = [
+        {"order": i, **rec, "metadata": json.dumps(rec.get("metadata") or {}, sort_keys=True)}
+        for i, rec in enumerate(dataset.corpus.values())
+    ]
     queries = [{"_id": q, "text": t} for q, t in dataset.queries.items()]
     qrels = [
         {"split": s, "query": q, "tool": t, "score": v}
@@ -53,20 +59,24 @@ def table_rows(dataset: Dataset) -> dict[str, list[dict]]:
         for q, s in m.items()
     ]
     scenes = [{"order": i, **r} for i, r in enumerate(scenes)]
+    # The loader keeps each no-tool text once, so a text names its split unambiguously.
     neg_of = {t: s for s, texts in dataset.neg_split.items() for t in texts}
-    neg = [
-        {"order": i, "text": t, "split": neg_of.get(t, "train")} for i, t in enumerate(dataset.neg_queries)
-    ]
+    neg = [{"order": i, "text": t, "split": neg_of[t]} for i, t in enumerate(dataset.neg_queries)]
     return {"corpus": corpus, "queries": queries, "qrels": qrels, "scenes": scenes, "neg_queries": neg}
 
 
 def normalise_tools(batch: dict[str, Any]) -> dict[str, list]:
     """Parse ToolBench-style tool text into fields (runs in parallel on Ray Data)."""
     out: dict[str, list] = {}
-    for order, rid, title, text in zip(
-        batch["order"], batch["_id"], batch["title"], batch["text"], strict=True
+    for order, rid, title, text, metadata in zip(
+        batch["order"], batch["_id"], batch["title"], batch["text"], batch["metadata"], strict=True
     ):
-        row = {"order": int(order), "title": title, **parse_tool_text(rid, text).to_row()}
+        row = {
+            "order": int(order),
+            "title": title,
+            "metadata": metadata,
+            **parse_tool_text(rid, text).to_row(),
+        }
         for key, value in row.items():
             out.setdefault(key, []).append(value)
     return out
@@ -79,13 +89,20 @@ def content_hash(rows: list[dict]) -> str:
 
 
 def write_tables(
-    tables: dict[str, list[dict]], out: str, filesystem: pafs.FileSystem | None
+    tables: dict[str, list[dict]], out: str, storage_options: dict | None = None
 ) -> dict[str, dict]:
-    """Write each table as parquet with Ray Data; returns rows and content hash per table."""
+    """Write each table as parquet with Ray Data; returns rows and content hash per table.
+
+    The hash covers the rows handed in (the corpus before its fields are parsed, a pure function
+    of them). An empty table removes what an earlier run left at its place.
+    """
+    filesystem = io.arrow_filesystem(out, storage_options)
     summary = {}
     for name, rows in tables.items():
         target = io.join(out, name)
-        if rows:
+        if not rows:
+            io.remove(target, storage_options)
+        else:
             ds = ray.data.from_arrow(pa.Table.from_pylist(rows))
             if name == "corpus":
                 ds = ds.map_batches(normalise_tools, batch_format="numpy")
@@ -97,7 +114,12 @@ def write_tables(
 def write_graphs(
     dataset: Dataset, out: str, parallelism: int, storage_options: dict | None = None
 ) -> dict[str, dict]:
-    """Co-occurrence and bipartite graphs of the training split, built on Ray Data."""
+    """Co-occurrence and bipartite graphs of the training split, built on Ray Data.
+
+    Scenes are those of training queries only: a test query's scene is its set of tools. The
+    ``graphs`` directory is rewritten whole, so a graph that this dataset lacks does not survive
+    from an earlier run.
+    """
     tools = IdMap.of(dataset.corpus)
     train = dataset.qrels.get(GRAPH_SPLIT, {})
     queries = IdMap.of(train)
@@ -107,12 +129,13 @@ def write_graphs(
     }
     qt = [(q, t) for q, rel in train.items() for t, s in rel.items() if s > 0]
     graphs["query_tool"] = (ray_bipartite(qt, queries, tools, parallelism), queries, tools)
-    if dataset.scene_tool:
-        scenes = IdMap.of(dataset.scene_tool)
-        st = [(s, t) for s, ts in dataset.scene_tool.items() for t in ts]
+    qs = list(dataset.query_scene.get(GRAPH_SPLIT, {}).items())
+    if qs:
+        scenes = IdMap.of(s for _, s in qs)
+        st = [(s, t) for s in scenes.ids for t in dataset.scene_tool[s]]
         graphs["scene_tool"] = (ray_bipartite(st, scenes, tools, parallelism), scenes, tools)
-        qs = list(dataset.query_scene.get(GRAPH_SPLIT, {}).items())
         graphs["query_scene"] = (ray_bipartite(qs, queries, scenes, parallelism), queries, scenes)
+    io.remove(io.join(out, "graphs"), storage_options)
     summary = {}
     for name, (matrix, rows, cols) in graphs.items():
         save_sparse(io.join(out, "graphs", name), matrix, rows, cols, storage_options)
@@ -146,13 +169,14 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     sources = discover(root, data.get("splits"), opts)
     rows, inputs = ingest(root, sources, log, opts, parallelism=int(pre.get("parallelism", 8)))
     raw = assemble(data.get("name") or dataset_name(root), rows, log)
+    io.makedirs(out, opts)
     if data.get("strict"):
-        log.check_strict()
+        # The full reject file first: the error message can only show a few of them.
+        log.write(io.join(out, "rejects.jsonl"), opts)
+        log.check_strict(written_to=io.join(out, "rejects.jsonl"))
     dataset = splits_from_config(raw, cfg.get("splits"))
     parsed_at = time.perf_counter()
-    io.makedirs(out, opts)
-    fs = io.arrow_filesystem(out, opts)
-    outputs = write_tables(table_rows(dataset), out, fs)
+    outputs = write_tables(table_rows(dataset), out, opts)
     graphs = write_graphs(dataset, out, int(pre.get("parallelism", 8)), opts)
     log.write(io.join(out, "rejects.jsonl"), opts)
     manifest = {

@@ -14,6 +14,28 @@ from workflows.report import write_report
 from workflows.train import train
 
 
+def quickstart_data(cfg: dict[str, Any]) -> str:
+    """The dataset directory to run on: ``data.path`` if set, else generated under the workdir.
+
+    Raises:
+        FileNotFoundError: ``data.path`` is set but holds no ``corpus.jsonl``.
+    """
+    rcfg = cfg["run"]
+    work = os.path.abspath(rcfg["workdir"])
+    given = cfg["data"].get("path")
+    data_dir = given or os.path.join(work, "data")
+    if given and not io.exists(io.join(given, "corpus.jsonl")):
+        # A mistyped path must not turn into a run on generated data reported as the user's.
+        raise FileNotFoundError(
+            f"data.path {given!r} has no corpus.jsonl; leave data.path unset for quickstart data"
+        )
+    if not io.exists(io.join(data_dir, "corpus.jsonl")):
+        seed, n_queries, n_neg = int(rcfg.get("seed", 0)), int(rcfg["n_queries"]), int(rcfg["n_neg"])
+        counts = generate_quickstart(data_dir, seed=seed, n_queries=n_queries, n_neg=n_neg)
+        print(f"generated quickstart data in {data_dir}: {counts}")
+    return data_dir
+
+
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the whole pipeline under ``cfg["run"]["workdir"]``; returns the evaluation report.
 
@@ -22,11 +44,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     """
     rcfg = cfg["run"]
     work = os.path.abspath(rcfg["workdir"])
-    data_dir = cfg["data"].get("path") or os.path.join(work, "data")
-    if not io.exists(os.path.join(data_dir, "corpus.jsonl")):
-        seed, n_queries, n_neg = int(rcfg.get("seed", 0)), int(rcfg["n_queries"]), int(rcfg["n_neg"])
-        counts = generate_quickstart(data_dir, seed=seed, n_queries=n_queries, n_neg=n_neg)
-        print(f"generated quickstart data in {data_dir}: {counts}")
+    data_dir = quickstart_data(cfg)
     prepared = os.path.join(work, "prepared")
     cfg = merge(
         cfg,

@@ -26,10 +26,14 @@ class IdMap:
 
     @classmethod
     def of(cls, ids: Iterable[str]) -> IdMap:
-        """Sorted numerically when every id is an integer string (ToolLens), else lexically."""
+        """Sorted numerically when every id is an ASCII integer string (ToolLens), else lexically.
+
+        ``(int, str)`` keys keep ``"7"`` and ``"007"`` in a fixed order; ``isdigit`` alone would
+        accept ``"²"``, which ``int`` rejects.
+        """
         unique = set(ids)
-        if all(i.isdigit() for i in unique):
-            return cls(tuple(sorted(unique, key=int)))
+        if all(i.isascii() and i.isdecimal() for i in unique):
+            return cls(tuple(sorted(unique, key=lambda i: (int(i), i))))
         return cls(tuple(sorted(unique)))
 
     def index(self) -> dict[str, int]:
@@ -83,6 +87,7 @@ def save_sparse(
 ) -> None:
     """Save ``matrix`` as ``<path>.npz`` (scipy, no pickle) and its id maps as ``<path>.ids.json``."""
     if not io.is_remote(path):
+        path = io.local_path(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with io.filesystem(path, storage_options).open(path + ".npz", "wb") as f:
         sp.save_npz(f, sp.csr_matrix(matrix))

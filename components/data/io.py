@@ -18,6 +18,11 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+def local_path(path: str) -> str:
+    """``path`` without a ``file://`` scheme, for calls into ``os`` (which does not know URLs)."""
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
 def storage_options_for(path: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Options for ``fsspec`` so that an ``AWS_ENDPOINT_URL`` is honoured by s3fs too."""
     opts = dict(storage_options or {})
@@ -47,7 +52,7 @@ def join(base: str, *parts: str) -> str:
     """Join path parts with ``/`` for URLs and the OS separator for local paths."""
     if is_remote(base):
         return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
-    return os.path.join(base, *parts)
+    return os.path.join(local_path(base), *parts)
 
 
 def exists(path: str, storage_options: dict[str, Any] | None = None) -> bool:
@@ -64,6 +69,7 @@ def read_bytes(path: str, storage_options: dict[str, Any] | None = None) -> byte
 def write_bytes(path: str, data: bytes, storage_options: dict[str, Any] | None = None) -> None:
     """Write ``data`` to ``path``, creating parent directories for local paths."""
     if not is_remote(path):
+        path = local_path(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with fsspec.open(path, "wb", **storage_options_for(path, storage_options)) as f:
         f.write(data)
@@ -72,6 +78,13 @@ def write_bytes(path: str, data: bytes, storage_options: dict[str, Any] | None =
 def makedirs(path: str, storage_options: dict[str, Any] | None = None) -> None:
     """Create a directory (a no-op on object stores, which have none)."""
     if not is_remote(path):
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(local_path(path), exist_ok=True)
     else:
         filesystem(path, storage_options).makedirs(path, exist_ok=True)
+
+
+def remove(path: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Delete a file or a directory tree at ``path`` if there is one (stale output of a past run)."""
+    fs = filesystem(path, storage_options)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)

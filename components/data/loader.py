@@ -129,8 +129,25 @@ def assemble(name: str, rows: dict[str, list], log: RejectLog) -> Dataset:
             pairs = resolve_pairs(rel, rows[rel], qrels[split], scene_tool, ("query-id", "scene-id"), log)
             query_scene[split] = dict(pairs)
 
-    neg = [value for _, value in sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0])]
+    neg = unique_texts(NEG_QUERIES, sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0]), log)
     return Dataset(name, corpus, queries, qrels, query_scene, scene_tool, neg)
+
+
+def unique_texts(file: str, rows: list[tuple[int, str]], log: RejectLog) -> list[str]:
+    """The texts of ``(line, text)`` rows in line order, each once; repeats are counted in the notes.
+
+    A repeated no-tool query adds no information, and keeping copies would weight it more in
+    training and in the detection metrics.
+    """
+    seen: set[str] = set()
+    out = []
+    for _, text in rows:
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    if len(out) < len(rows):
+        log.note(f"{file}: dropped repeated texts (first kept)", len(rows) - len(out))
+    return out
 
 
 def dataset_name(root: str) -> str:

@@ -4,7 +4,7 @@ Layout of a prepared directory (local or ``s3://``)::
 
     manifest.json          row counts, reject counts, content hashes, config
     rejects.jsonl          every rejected row: file, line, reason, content
-    corpus/*.parquet       one row per tool: raw text + parsed fields
+    corpus/*.parquet       one row per tool: raw text + parsed fields + metadata (JSON string)
     queries/*.parquet      _id, text
     qrels/*.parquet        split, query, tool, score  (train / valid / test [/ test_unseen])
     neg_queries/*.parquet  text, split  (train / valid / test, for detection)
@@ -51,7 +51,13 @@ def load_prepared(path: str, storage_options: dict[str, Any] | None = None) -> D
     """Rebuild the dataset (with its train/valid/test splits) from a prepared directory."""
     manifest = read_manifest(path, storage_options)
     corpus = {
-        r["id"]: {"_id": r["id"], "title": r["title"], "text": r["raw"], "metadata": {}}
+        r["id"]: {
+            "_id": r["id"],
+            "title": r["title"],
+            "text": r["raw"],
+            # A JSON string (see workflows.preprocess.table_rows); older artifacts have no column.
+            "metadata": json.loads(r.get("metadata") or "{}"),
+        }
         for r in sorted(read_table(path, "corpus", storage_options), key=lambda r: r["order"])
     }
     queries = {r["_id"]: r["text"] for r in read_table(path, "queries", storage_options)}

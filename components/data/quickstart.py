@@ -205,6 +205,18 @@ def make_neg_query(rng: random.Random) -> str:
     return _wrap(_fill(rng.choice(NEG_TEMPLATES), rng, {}, NEG_SLOTS), rng)
 
 
+def unique_neg_queries(rng: random.Random, n: int) -> list[str]:
+    """``n`` distinct no-tool queries (the loader keeps one copy of a repeated text)."""
+    out: dict[str, None] = {}
+    for _ in range(50 * n):
+        if len(out) == n:
+            break
+        out.setdefault(make_neg_query(rng), None)
+    if len(out) < n:
+        raise ValueError(f"the no-tool templates give only {len(out)} distinct queries; asked for {n}")
+    return list(out)
+
+
 def _write_lines(path: str, lines: list[str]) -> None:
     """Write lines with ``\\n`` endings on every platform, so the bytes depend only on the seed."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -251,7 +263,7 @@ def generate_quickstart(
     query_scene = [rng.choice(multis if multi else singles) for multi in kinds]
     texts = [make_query(scenes[sid], rng) for sid in query_scene]
     test = set(rng.sample(range(n_queries), max(1, round(n_queries * TEST_FRACTION))))
-    neg = [make_neg_query(rng) for _ in range(n_neg)]
+    neg = unique_neg_queries(rng, n_neg)
 
     _write_lines(os.path.join(out_dir, "corpus.jsonl"), [_record(t.tid, t.text, "") for t in tools])
     _write_lines(os.path.join(out_dir, "queries.jsonl"), [_record(str(q), t) for q, t in enumerate(texts)])

@@ -74,10 +74,15 @@ class RejectLog:
         lines = [json.dumps(asdict(r), ensure_ascii=False) for r in self.sorted()]
         io.write_bytes(path, ("\n".join(lines) + ("\n" if lines else "")).encode(), storage_options)
 
-    def check_strict(self, limit: int = 20) -> None:
-        """Raise :class:`StrictModeError` listing the first ``limit`` rejects, if there are any."""
+    def check_strict(self, limit: int = 20, written_to: str | None = None) -> None:
+        """Raise :class:`StrictModeError` listing the first ``limit`` rejects, if there are any.
+
+        Args:
+            written_to: Where the full reject file was written, named in the message.
+        """
         if not self.rejects:
             return
         shown = "\n".join(f"  {r}" for r in self.sorted()[:limit])
         more = f"\n  ... and {len(self) - limit} more" if len(self) > limit else ""
-        raise StrictModeError(f"--strict: {len(self)} row(s) rejected:\n{shown}{more}")
+        full = f"\n  every reject: {written_to}" if written_to else ""
+        raise StrictModeError(f"--strict: {len(self)} row(s) rejected:\n{shown}{more}{full}")

@@ -2,7 +2,8 @@
 
 Model selection must never see the test split (ToolLens ships a "tune" split byte-identical to test),
 so every method selects on ``valid``, carved here from ``train`` by query. Assignment hashes the seed
-with the item's id, so it is stable across machines and does not shift when items are added.
+with the item's id (a query id, or a no-tool query's text), so it is stable across machines and
+does not shift when items are added.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def carve_validation(train: Qrels, fraction: float, seed: int) -> tuple[Qrels, Q
     valid: Qrels = {}
     for qid, rel in train.items():
         (valid if unit_hash(seed, qid) < fraction else new_train)[qid] = rel
+    if train and not valid:
+        # Every model selection reads valid: an empty one would fail later with a bare KeyError.
+        raise ValueError(
+            f"valid fraction {fraction} carved no query out of {len(train)} train queries; "
+            "raise splits.valid_fraction"
+        )
     return new_train, valid
 
 
@@ -43,14 +50,26 @@ def cold_start(qrels: dict[str, Qrels], unseen: set[str]) -> dict[str, Qrels]:
     """Move every query that needs an unseen tool, from any split, into ``test_unseen``.
 
     The remaining splits keep only queries whose tools were all seen, so no training signal ever
-    mentions an unseen tool.
+    mentions an unseen tool (a zero-score judgment names the tool too, so it counts).
+
+    Raises:
+        ValueError: A query that needs an unseen tool is in two splits (its judgments would collide).
     """
     out: dict[str, Qrels] = {name: {} for name in qrels}
     out["test_unseen"] = {}
+    came_from: dict[str, str] = {}
     for name, split in qrels.items():
         for qid, rel in split.items():
-            target = "test_unseen" if unseen.intersection(rel) else name
-            out[target][qid] = rel
+            if not unseen.intersection(rel):
+                out[name][qid] = rel
+                continue
+            if qid in came_from:
+                raise ValueError(
+                    f"cold start: query {qid!r} is in splits {came_from[qid]!r} and {name!r}; "
+                    "a query id must belong to one split"
+                )
+            came_from[qid] = name
+            out["test_unseen"][qid] = rel
     return out
 
 
@@ -92,20 +111,31 @@ def regroup(query_scene: dict[str, dict[str, str]], qrels: dict[str, Qrels]) -> 
     return {name: m for name, m in out.items() if m}
 
 
+SPLIT_KEYS = ("mode", "valid_fraction", "unseen_fraction", "neg_fractions", "seed")
+
+
 def splits_from_config(dataset: Dataset, cfg: dict | None) -> Dataset:
     """:func:`prepare_splits` with the ``splits`` config section (mode, fractions, seed)."""
     s = cfg or {}
+    unknown = sorted(set(s) - set(SPLIT_KEYS))
+    if unknown:
+        raise ValueError(f"splits: unknown keys {unknown}; expected some of {list(SPLIT_KEYS)}")
+    neg = s.get("neg_fractions")
     return prepare_splits(
         dataset,
         mode=s.get("mode", "standard"),
         valid_fraction=float(s.get("valid_fraction", 0.1)),
         unseen_fraction=float(s.get("unseen_fraction", 0.1)),
+        neg_fractions={k: float(v) for k, v in neg.items()} if neg else None,
         seed=int(s.get("seed", 0)),
     )
 
 
 def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dict[str, list[str]]:
-    """Assign items (e.g. no-tool queries) to named parts by hashed position, order kept.
+    """Assign items (e.g. no-tool query texts) to named parts by their hashed value, order kept.
+
+    Hashing the item itself, not its position, keeps repeated texts in one part (no train/test
+    leak) and leaves every other item where it was when one is inserted.
 
     Args:
         fractions: Part name -> share; shares must sum to 1.
@@ -118,7 +148,7 @@ def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dic
         acc += share
         bounds.append((acc, name))
     out: dict[str, list[str]] = {name: [] for name in fractions}
-    for i, item in enumerate(items):
-        u = unit_hash(seed, f"{i}:{item}")
+    for item in items:
+        u = unit_hash(seed, item)
         out[next(name for bound, name in bounds if u < bound or bound == bounds[-1][0])].append(item)
     return out

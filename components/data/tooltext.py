@@ -105,9 +105,13 @@ def tool_document(record: dict, fields: str | list[str] | tuple[str, ...] = "raw
     """
     if fields == "raw":
         return " ".join(p for p in (record.get("title", ""), record["text"]) if p)
+    if isinstance(fields, str):  # one field name, not a sequence of its characters
+        fields = (fields,)
     tool = parse_tool_text(record["_id"], record["text"])
     parts = []
     for name in fields:
+        if not hasattr(tool, name):
+            raise ValueError(f"unknown tool field {name!r}; use 'raw' or fields of ToolRecord")
         value = getattr(tool, name)
         if name.endswith("_params"):
             value = " ".join(f"{p.get('name', '')} {p.get('description', '')}".strip() for p in value)

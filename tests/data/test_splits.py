@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,7 @@ from components.data.splits import (
     held_out_tools,
     prepare_splits,
     split_items,
+    splits_from_config,
     unit_hash,
 )
 from components.data.types import Dataset, Qrels
@@ -187,10 +189,39 @@ def test_split_items_seed_changes_assignment() -> None:
     assert split_items(ITEMS, fractions, seed=0) != split_items(ITEMS, fractions, seed=1)
 
 
-def test_split_items_keeps_repeated_items() -> None:
-    parts = split_items(["same"] * 50, {"a": 0.5, "b": 0.5}, seed=0)
-    assert len(parts["a"]) + len(parts["b"]) == 50
-    assert parts["a"] and parts["b"]
+def test_split_items_puts_repeated_items_in_one_part() -> None:
+    # Hashing the text, not its position: a repeated no-tool query cannot be in train and test.
+    parts = split_items(["same"] * 50 + ITEMS[:100], {"a": 0.5, "b": 0.5}, seed=0)
+    assert len(parts["a"]) + len(parts["b"]) == 150
+    assert sum("same" in part for part in parts.values()) == 1
+
+
+def test_split_items_is_stable_when_items_are_inserted() -> None:
+    fractions = {"a": 0.5, "b": 0.5}
+    before = split_items(ITEMS[:500], fractions, seed=0)
+    after = split_items(["a new first line", *ITEMS[:500]], fractions, seed=0)
+    for name in fractions:
+        assert [x for x in after[name] if x != "a new first line"] == before[name]
+
+
+def test_cold_start_rejects_a_query_in_two_splits() -> None:
+    with pytest.raises(ValueError, match="query 'q1' is in splits 'test' and 'train'"):
+        cold_start({"test": {"q1": {"b": 1}}, "train": {"q1": {"b": 1}}}, {"b"})
+
+
+def test_carve_validation_refuses_an_empty_valid_split() -> None:
+    with pytest.raises(ValueError, match="carved no query out of 1 train queries"):
+        carve_validation({"q0": {"a": 1}}, 0.01, seed=0)
+
+
+def test_splits_from_config_rejects_unknown_keys_and_reads_neg_fractions() -> None:
+    ds = make_dataset({"train": random_qrels(200, seed=1)})
+    ds = replace(ds, neg_queries=ITEMS[:300])
+    with pytest.raises(ValueError, match=r"unknown keys \['valid_frac'\]"):
+        splits_from_config(ds, {"valid_frac": 0.2})
+    out = splits_from_config(ds, {"neg_fractions": {"train": 0.5, "valid": 0.0, "test": 0.5}})
+    assert out.neg_split["valid"] == []
+    assert len(out.neg_split["train"]) + len(out.neg_split["test"]) == 300
 
 
 @pytest.mark.parametrize("fractions", [{"a": 0.5, "b": 0.4}, {"a": 0.6, "b": 0.6}, {}])

@@ -96,3 +96,17 @@ def test_to_row_serialises_params_as_json() -> None:
     assert json.loads(row["required_params"])[0]["name"] == "q"
     assert json.loads(row["optional_params"])[0]["name"] == "limit"
     assert all(isinstance(v, str) for v in row.values())
+
+
+def test_tool_document_takes_one_field_name_or_a_list() -> None:
+    from components.data.tooltext import tool_document
+
+    text = "category_name:Food, tool_name:Recipes, api_name:Find, api_description:Find recipes"
+    record = {"_id": "7", "text": text}
+    assert tool_document(record, "description") == tool_document(record, ["description"]) == "Find recipes"
+    try:
+        tool_document(record, ["nope"])
+    except ValueError as e:
+        assert "unknown tool field 'nope'" in str(e)
+    else:
+        raise AssertionError("an unknown field must raise")

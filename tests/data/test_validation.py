@@ -335,6 +335,15 @@ def test_neg_query_not_a_json_string(tmp_path: Path, bad: str, reason: str) -> N
     assert ds.neg_queries == ["what time is it", "tell me a joke"]
 
 
+def test_repeated_neg_query_is_kept_once_and_counted(tmp_path: Path) -> None:
+    neg = '"tell me a joke"\n"what time is it"\n"tell me a joke"\n"tell me a joke"\n'
+    log = RejectLog()
+    ds = load_dataset(make_dataset(tmp_path, {"tooldet/neg_queries.jsonl": neg}), log=log, strict=True)
+    assert ds.neg_queries == ["tell me a joke", "what time is it"]
+    assert len(log) == 0  # a repeat is not a bad row: strict mode passes, the count is noted
+    assert log.notes == {"tooldet/neg_queries.jsonl: dropped repeated texts (first kept)": 2}
+
+
 # --- strict mode and the reject file ---------------------------------------------------------------
 
 

@@ -92,3 +92,26 @@ def test_unknown_method_is_a_clear_error(tiny_dataset, tmp_path):
         app, ["train", "--data", str(tiny_dataset), "--method", "nope", f"train.output={tmp_path}"]
     )
     assert result.exit_code == 1 and "unknown method 'nope'" in result.output
+
+
+def test_run_on_a_mistyped_data_path_fails_instead_of_generating_data(tmp_path):
+    missing = tmp_path / "tolllens"
+    result = runner.invoke(app, ["run", f"run.workdir={tmp_path / 'w'}", f"data.path={missing}"])
+    assert result.exit_code == 1
+    assert "has no corpus.jsonl" in " ".join(result.output.split()) and not missing.exists()
+
+
+def test_a_key_error_names_its_type(tiny_dataset, tmp_path, monkeypatch):
+    import workflows.evaluate
+
+    def broken(cfg):
+        raise KeyError("train")
+
+    monkeypatch.setattr(workflows.evaluate, "evaluate", broken)
+    args = ["evaluate", "--data", str(tiny_dataset), "--artifact", "x", "--split", "test"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "KeyError: 'train'" in result.output
+    assert "TOOLSCOUT_DEBUG" in result.output
+    monkeypatch.setenv("TOOLSCOUT_DEBUG", "1")
+    result = runner.invoke(app, args)
+    assert isinstance(result.exception, KeyError)  # the traceback is let through

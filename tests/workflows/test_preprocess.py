@@ -57,8 +57,11 @@ def test_graphs_equal_scipy_builds(ray_session, tmp_path):
     assert qrows == queries
     np.testing.assert_array_equal(qt.toarray(), incidence(q, t, (len(queries), len(tools))).toarray())
     st, srows, _ = load_sparse(str(tmp_path / "out" / "graphs" / "scene_tool"))
+    # Only the scenes of training queries: a test query's scene is the answer to it.
+    train_scenes = set(ds.query_scene["train"].values())
+    assert set(srows.ids) == train_scenes != set(ds.scene_tool)
     si = srows.index()
-    pairs = np.array([(si[s], tools.index()[x]) for s, ts in ds.scene_tool.items() for x in ts])
+    pairs = np.array([(si[s], tools.index()[x]) for s in train_scenes for x in ds.scene_tool[s]])
     np.testing.assert_array_equal(st.toarray(), incidence(pairs[:, 0], pairs[:, 1], st.shape).toarray())
     qs, _, scols = load_sparse(str(tmp_path / "out" / "graphs" / "query_scene"))
     assert qs.sum() == len(ds.query_scene["train"]) and scols == srows
@@ -66,8 +69,36 @@ def test_graphs_equal_scipy_builds(ray_session, tmp_path):
 
 def test_strict_mode_fails_with_file_and_line(ray_session, tmp_path):
     data = write_tiny_dataset(tmp_path / "d", bad_rows=True)
-    with pytest.raises(StrictModeError, match=r"corpus.jsonl:5: malformed JSON"):
+    with pytest.raises(StrictModeError, match=r"corpus.jsonl:5: malformed JSON(.|\n)*every reject: "):
         run_job(data, tmp_path / "out", strict=True)
+    # The whole reject file is written before the job fails, not only the lines the message shows.
+    assert len((tmp_path / "out" / "rejects.jsonl").read_text().splitlines()) == 5
+
+
+def test_rerun_into_the_same_output_leaves_nothing_stale(ray_session, tmp_path):
+    data = write_tiny_dataset(tmp_path / "d")
+    out = tmp_path / "out"
+    run_job(data, out)
+    assert load_prepared(str(out)).neg_queries and (out / "graphs" / "scene_tool.npz").exists()
+    for name in ("tooldet/neg_queries.jsonl", "scene_tool.txt", "query_scene_train.txt"):
+        (data / name).unlink()
+    (data / "query_scene_test.txt").unlink()
+    manifest = run_job(data, out)
+    got = load_prepared(str(out))
+    assert got.neg_queries == [] and got.scene_tool == {} and got.query_scene == {}
+    assert manifest["outputs"]["neg_queries"]["rows"] == 0
+    assert not (out / "graphs" / "scene_tool.npz").exists() and (out / "graphs" / "query_tool.npz").exists()
+
+
+def test_tool_metadata_of_any_shape_survives(ray_session, tmp_path):
+    data = write_tiny_dataset(tmp_path / "d")
+    lines = (data / "corpus.jsonl").read_text().splitlines()
+    metadata = [{"a": 1}, {"a": "x", "tags": ["b"]}, {}, {"nested": {"k": None}}]
+    rows = [{**json.loads(line), "metadata": m} for line, m in zip(lines, metadata, strict=True)]
+    (data / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_job(data, tmp_path / "out")
+    got = load_prepared(str(tmp_path / "out"))
+    assert [got.corpus[r["_id"]]["metadata"] for r in rows] == metadata
 
 
 def test_manifest_hashes_are_stable(ray_session, tmp_path):
@@ -88,6 +119,8 @@ def test_toollens_ingest_matches_loader(ray_session, toollens, tmp_path):
     assert manifest["counts"]["test_queries"] == 1877
     assert manifest["rejects"]["total"] == 0
     assert manifest["notes"]["qrels/test.tsv: merged duplicate pairs"] == 23
+    assert manifest["notes"]["tooldet/neg_queries.jsonl: dropped repeated texts (first kept)"] == 126
+    assert got.neg_split == expected.neg_split and len(got.neg_queries) == 2997
 
 
 @pytest.mark.parametrize("blocks", [1, 3, 16])

@@ -1,0 +1,39 @@
+"""Local paths given as ``file://`` URLs work like plain paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from components.data import io
+from components.data.graphs import IdMap, load_sparse, save_sparse
+
+
+def test_file_urls_write_where_they_point(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a wrong implementation would create ./file:/... here
+    target = tmp_path / "out"
+    url = f"file://{target}"
+    io.makedirs(io.join(url, "graphs"))
+    io.write_bytes(io.join(url, "a", "b.txt"), b"hello")
+    assert (target / "a" / "b.txt").read_bytes() == b"hello"
+    assert io.read_bytes(io.join(url, "a", "b.txt")) == b"hello"
+    matrix = sp.csr_matrix(np.eye(2, dtype=np.float32))
+    save_sparse(io.join(url, "graphs", "g"), matrix, IdMap.of(["1", "0"]), IdMap.of(["x", "y"]))
+    loaded, rows, _ = load_sparse(str(target / "graphs" / "g"))
+    assert (loaded != matrix).nnz == 0 and rows.ids == ("0", "1")
+    assert not (tmp_path / "file:").exists()
+
+
+def test_remove_deletes_a_tree_and_ignores_a_missing_path(tmp_path: Path) -> None:
+    (tmp_path / "t" / "sub").mkdir(parents=True)
+    (tmp_path / "t" / "sub" / "f").write_text("x")
+    io.remove(str(tmp_path / "t"))
+    io.remove(str(tmp_path / "t"))
+    assert not (tmp_path / "t").exists()
+
+
+def test_id_map_orders_integer_ids_numerically_and_other_digits_lexically() -> None:
+    assert IdMap.of(["10", "9", "007", "7"]).ids == ("007", "7", "9", "10")
+    assert IdMap.of(["2", "²"]).ids == ("2", "²")  # "²".isdigit() is True, but int("²") fails
