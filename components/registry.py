@@ -24,16 +24,34 @@ def versions(root: str) -> list[str]:
 
 
 def next_version(root: str) -> str:
-    """The directory for a new version (not created)."""
+    """The directory the next version would get (not created; see :func:`reserve_version`)."""
     existing = versions(root)
     number = int(existing[-1][1:]) + 1 if existing else 1
     return os.path.join(root, f"v{number:04d}")
 
 
+def reserve_version(root: str) -> str:
+    """Create and return the directory of a new version, unique even among concurrent trainers.
+
+    ``os.mkdir`` fails if the directory exists, so two runs that pick the same number at once
+    cannot both get it: the loser takes the next one. The directory stays empty (and ``LATEST``
+    unchanged) until the artifact is saved and promoted.
+    """
+    os.makedirs(root, exist_ok=True)
+    while True:
+        path = next_version(root)
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+
+
 def promote(version_dir: str) -> None:
-    """Point ``LATEST`` (beside ``version_dir``) at it."""
+    """Point ``LATEST`` (beside ``version_dir``) at it (the last promoter wins)."""
     root = os.path.dirname(os.path.abspath(version_dir))
-    tmp = os.path.join(root, f".{LATEST}.tmp")
+    # A private temporary name: two promoters sharing one would rename each other's file away.
+    tmp = os.path.join(root, f".{LATEST}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "w") as f:
         f.write(os.path.basename(version_dir) + "\n")
     os.replace(tmp, os.path.join(root, LATEST))

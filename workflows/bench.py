@@ -44,7 +44,8 @@ def bench_entry(
     for i, combo in enumerate(tqdm(combos, desc=f"{name}: select on valid", leave=False)):
         params = merge(entry.get("params") or {}, combo)
         method = methods.build(method_name, params)
-        trained = fit_method(method, dataset, run_spec(cfg, f"{dataset.name}-{name}-{stamp}-{i}"))
+        run = run_spec(cfg, f"{dataset.name}-{name}-{stamp}-{i}", scope=f"{name}-{i}")
+        trained = fit_method(method, dataset, run)
         valid = score(method, dataset, "valid")
         if best is None or valid[metric] > best[0]:
             best = (valid[metric], method, trained)

@@ -9,21 +9,29 @@ last checkpoints. The trained method lands in ``<train.output>/<method>/vNNNN`` 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from typing import Any
 
 from components import methods
 from components.data import Dataset, dataset_from_config
 from components.methods.base import Method, RunSpec
-from components.registry import next_version, promote
+from components.registry import promote, reserve_version
 
 
-def run_spec(cfg: dict[str, Any], name: str) -> RunSpec:
-    """The ``train`` section of a config as a :class:`RunSpec` (``train.run_name`` overrides ``name``)."""
+def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpec:
+    """The ``train`` section of a config as a :class:`RunSpec`.
+
+    Args:
+        name: The run's name when ``train.run_name`` is not set.
+        scope: What tells this run apart inside one job (a bench entry and grid combo): appended
+            to ``train.run_name``, so that two trainings never share, and resume, one run.
+    """
     t = cfg.get("train", {})
     storage = t.get("storage_path", "runs/train")
+    given = t.get("run_name")
     return RunSpec(
-        name=t.get("run_name") or name,
+        name=(f"{given}-{scope}" if scope else given) if given else name,
         storage_path=storage if "://" in storage else os.path.abspath(storage),
         num_workers=int(t.get("num_workers", 1)),
         use_gpu=bool(t.get("use_gpu", False)),
@@ -61,10 +69,15 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     mcfg = cfg["method"]
     dataset = dataset_from_config(cfg)
     method = methods.build(mcfg["name"], mcfg.get("params"))
-    artifact = next_version(os.path.join(cfg["train"]["output"], mcfg["name"]))
-    report = fit_method(
-        method, dataset, run_spec(cfg, f"{dataset.name}-{mcfg['name']}-{os.path.basename(artifact)}")
-    )
-    method.save(artifact)
+    # Reserved before training: the version names the Ray Train runs, so it must be this run's alone.
+    artifact = reserve_version(os.path.join(cfg["train"]["output"], mcfg["name"]))
+    try:
+        report = fit_method(
+            method, dataset, run_spec(cfg, f"{dataset.name}-{mcfg['name']}-{os.path.basename(artifact)}")
+        )
+        method.save(artifact)
+    except BaseException:
+        shutil.rmtree(artifact, ignore_errors=True)  # no half-written or empty version left behind
+        raise
     promote(artifact)
     return {"artifact": artifact, **report}

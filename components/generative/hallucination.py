@@ -106,6 +106,9 @@ def generate_outputs(
             return_dict_in_generate=True,
         )
         sequences = generated.sequences[:, width:].tolist()
+        # Scores rank the outputs of one call; they are not on one scale across decoding modes:
+        # beam scores are length-normalised by generate (length_penalty 1.0), greedy ones are
+        # raw sums, like constrained_top_k's.
         if num_beams > 1:
             scores = generated.sequences_scores.tolist()
         else:  # greedy: the summed log-probabilities of the generated tokens, up to the end

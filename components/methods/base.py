@@ -37,6 +37,9 @@ class RunSpec:
 class Method(Protocol):
     """A tool-retrieval method.
 
+    A method with stages also has a classmethod ``stage_task(stage, config)`` returning the
+    worker-side :class:`components.training.task.StageTask` that the Ray Train loop runs.
+
     Attributes:
         name: Registry key.
         stages: Training stages in order; empty for methods that only index (BM25).
@@ -46,7 +49,7 @@ class Method(Protocol):
     stages: ClassVar[tuple[str, ...]]
 
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
-        """Run one training stage; returns its final validation metrics."""
+        """Run one training stage; returns the validation metrics of its best checkpoint."""
         ...
 
     def index(self, corpus: Corpus) -> None:

@@ -26,6 +26,7 @@ from components.encoders.text_encoder import spec_from
 from components.methods.base import RunSpec, read_config, write_config
 from components.methods.dense_model import BiEncoder
 from components.metrics import evaluate_retrieval
+from components.training.inputs import share
 
 if TYPE_CHECKING:
     from components.methods.dense_task import DenseTask
@@ -151,7 +152,7 @@ class DenseMethod:
 
         init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
         self.initial_model(data, init_dir, run.seed)
-        loop = self.loop_config(init_dir, ray.put(data))
+        loop = self.loop_config(share(init_dir, run, f"{run.name}-init"), ray.put(data))
         result = run_stage(self.name, stage, loop, run, score=f"valid_{self.params.select_metric}")
         self.model = BiEncoder.load(result.model_dir)
         self.select_mix(data)

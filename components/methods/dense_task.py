@@ -16,6 +16,7 @@ from components.data.types import Dataset
 from components.methods.dense import DenseMethod, DenseParams, tool_texts
 from components.methods.dense_model import BiEncoder, contrastive_loss
 from components.metrics import evaluate_retrieval
+from components.training.inputs import fetch
 
 
 class DenseTask:
@@ -31,7 +32,7 @@ class DenseTask:
         self._tokens: dict[str, torch.Tensor] | None = None
 
     def build_model(self) -> BiEncoder:
-        model = BiEncoder.load(self.config["init_dir"])
+        model = BiEncoder.load(fetch(self.config["init_dir"], self.config.get("storage_options")))
         texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
         # Tool documents are tokenized once; batches gather rows instead of re-tokenizing.
         self._tokens = model.encoder.tokenize(texts, self.params.tool_max_length)

@@ -32,6 +32,7 @@ from components.methods.dense import DenseMethod, DenseParams, tool_texts, top_k
 from components.methods.masstool_model import ModelConfig
 from components.methods.masstool_net import MassToolModel
 from components.registry import publish_dir
+from components.training.inputs import share
 
 if TYPE_CHECKING:
     from components.training.task import StageTask
@@ -151,7 +152,8 @@ class MassToolMethod:
         if self.semantic_dir is None:
             raise RuntimeError("masstool: run the semantic stage (or set semantic_init) before joint")
         params = asdict(self.params)
-        loop = {**params, "params": params, "semantic_dir": self.semantic_dir, "dataset": ray.put(data)}
+        semantic = share(self.semantic_dir, run, f"{run.name}-semantic")
+        loop = {**params, "params": params, "semantic_dir": semantic, "dataset": ray.put(data)}
         result = run_stage(self.name, stage, loop, run, score=f"valid_{self.params.select_metric}")
         self.model = MassToolModel.load(result.model_dir)
         return {**result.metrics, "stage_seconds": result.seconds}
@@ -192,7 +194,7 @@ class MassToolMethod:
         dense = DenseMethod(**asdict(self.params.dense_params()))
         init_dir = os.path.join(run.local_dir, f"{run.name}-semantic-init")
         dense.initial_model(data, init_dir, run.seed)
-        loop = dense.loop_config(init_dir, ray.put(data))
+        loop = dense.loop_config(share(init_dir, run, f"{run.name}-semantic-init"), ray.put(data))
         result = run_stage(self.name, "semantic", loop, run, score=f"valid_{dense.params.select_metric}")
         self.semantic_dir = result.model_dir
         if cached:

@@ -25,6 +25,7 @@ from components.methods.masstool import MassToolMethod, MassToolParams
 from components.methods.masstool_graph import build_graphs
 from components.methods.masstool_net import MassToolModel
 from components.metrics import detection_metrics, evaluate_retrieval
+from components.training.inputs import fetch
 from components.training.loop import unwrap
 
 
@@ -62,7 +63,8 @@ class MassToolTask:
         self._semantic: torch.Tensor | None = None  # per-example embeddings when the encoder is frozen
 
     def build_model(self) -> MassToolModel:
-        encoder = BiEncoder.load(self.config["semantic_dir"]).encoder
+        semantic = fetch(self.config["semantic_dir"], self.config.get("storage_options"))
+        encoder = BiEncoder.load(semantic).encoder
         model = MassToolModel(encoder, self.graphs, self.params.model_config())
         if not self.params.finetune_encoder:
             model.encoder.requires_grad_(False)

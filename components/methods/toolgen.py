@@ -30,6 +30,7 @@ from components.generative.trie import TokenTrie
 from components.methods import toolgen_data as td
 from components.methods.base import RunSpec, read_config, write_config
 from components.methods.toolgen_params import STAGES, ToolGenParams
+from components.training.inputs import share
 
 if TYPE_CHECKING:
     from components.methods.toolgen_task import ToolGenTask
@@ -43,7 +44,8 @@ class ToolGenMethod:
 
     def __init__(self, **params: Any) -> None:
         self.params = ToolGenParams(**params)
-        self.stage_dirs: dict[str, str] = {}
+        self.stage_dirs: dict[str, str] = {}  # each stage's model on this machine
+        self._stage_sources: dict[str, str] = {}  # the same, where workers read it (see inputs.share)
         self.report: dict[str, Any] = {}
         self.tool_ids: list[str] = []
         self.added_after_training: list[str] = []
@@ -108,15 +110,24 @@ class ToolGenMethod:
         if stage not in self.stages:
             raise ValueError(f"toolgen has stages {self.stages}, not {stage!r}")
         index = self.stages.index(stage)
-        init = self.initial_model(data, run) if index == 0 else self.stage_dirs[self.stages[index - 1]]
+        if index == 0:
+            init = self.initial_model(data, run)
+            source = share(init, run, f"{run.name}-init")
+        else:
+            init = self.stage_dirs[self.stages[index - 1]]
+            source = self._stage_sources[self.stages[index - 1]]
         out: dict[str, float] = {"stage_seconds": 0.0}
-        if int(self.params.stages[stage]["epochs"]) > 0:
-            loop = self.loop_config(stage, init, ray.put(data))
+        epochs = int(self.params.stages[stage]["epochs"])
+        if stage == "warmup" and lm_spec_from(self.params.lm).name_or_path:
+            epochs = 0  # a pretrained LM already knows the language; the warm-up is for scratch LMs
+        if epochs > 0:
+            loop = self.loop_config(stage, source, ray.put(data))
             result = run_stage(self.name, stage, loop, run, score="valid_score")
             self.stage_dirs[stage] = result.model_dir
+            self._stage_sources[stage] = result.model_uri
             out = {**result.metrics, "stage_seconds": result.seconds}
         else:
-            self.stage_dirs[stage] = init
+            self.stage_dirs[stage], self._stage_sources[stage] = init, source
         started = time.perf_counter()
         if stage == "warmup":
             # ToolGen's question: do tool tokens cost the LM its language? Measured before ...

@@ -22,6 +22,7 @@ DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "agent": {"epochs": 1, "lr": 1.0e-4, "batch_size": 32, "max_examples": 2000},
 }
 STAGE_KEYS = {"epochs", "lr", "batch_size", "weight_decay", "max_examples"}
+SELECT_METRICS = ("recall@3", "recall@5", "ndcg@3")  # what each validation epoch computes
 
 
 @dataclass
@@ -74,5 +75,10 @@ class ToolGenParams:
             merged[stage] = {**DEFAULT_STAGES[stage], **given}
         self.stages = merged
         self.tool_fields = tuple(self.tool_fields)
+        if self.select_metric not in SELECT_METRICS:
+            # Checked here, on the driver: in the worker it would fail only after the first epoch.
+            raise ValueError(
+                f"toolgen: select_metric must be one of {list(SELECT_METRICS)}, got {self.select_metric!r}"
+            )
         if self.decoding not in ("constrained", "unconstrained"):
             raise ValueError(f"toolgen: decoding must be constrained or unconstrained, got {self.decoding!r}")

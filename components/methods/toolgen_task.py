@@ -24,8 +24,9 @@ from components.generative.perplexity import perplexity
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
 from components.generative.tool_tokens import add_tool_tokens
 from components.methods import toolgen_data as td
-from components.methods.toolgen_params import ToolGenParams
+from components.methods.toolgen_params import SELECT_METRICS, ToolGenParams
 from components.metrics import evaluate_retrieval
+from components.training.inputs import fetch
 
 STAGE_FILE = "toolgen_stage.json"
 
@@ -46,7 +47,8 @@ class ToolGenTask:
 
     def build_model(self) -> TargetedLM:
         dtype = lm_spec_from(self.params.lm).dtype
-        lm, self.tokenizer, self.codebook = load_bundle(self.config["init_dir"], dtype)
+        source = fetch(self.config["init_dir"], self.config.get("storage_options"))
+        lm, self.tokenizer, self.codebook = load_bundle(source, dtype)
         if self.stage != "warmup":
             add_tool_tokens(lm, self.tokenizer, td.tool_names(self.data.corpus, self.tools), self.codebook)
         self.prompter = td.Prompter(self.tokenizer)
@@ -140,7 +142,7 @@ class ToolGenTask:
             batch_size=self.params.eval_batch_size,
         )
         metrics = evaluate_retrieval(qrels, {q: dict(h) for q, h in zip(qids, hits, strict=True)}, (3, 5))
-        return {m: metrics[m] for m in ("recall@3", "recall@5", "ndcg@3")}
+        return {m: metrics[m] for m in SELECT_METRICS}
 
     def agent_accuracy(self, model: TargetedLM) -> float:
         """Teacher-forced agent steps: share of ``Action:`` positions whose top-1 tool is the gold one."""

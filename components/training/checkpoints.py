@@ -4,7 +4,8 @@ Ray Train registers a checkpoint when its controller next polls the worker that 
 worker that dies right after ``ray.train.report`` leaves its checkpoint uploaded but unregistered,
 so ``ray.train.get_checkpoint()`` hands back the one before, and that epoch would run twice. The
 loop and the runner therefore also look at what is actually in storage, trusting a checkpoint
-only when every file the loop writes is present.
+only when every file the loop writes is present, its model directory is not empty and its
+trainer state parses (a worker killed mid-upload can leave any of them short).
 """
 
 from __future__ import annotations
@@ -38,10 +39,15 @@ def persisted(
         if not os.path.basename(path.rstrip("/")).startswith("checkpoint_"):
             continue
         names = {os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
-        if not set(REQUIRED) <= names:
+        if not set(REQUIRED) <= names or not fs.ls(f"{path.rstrip('/')}/{STAGE_OUTPUT}", detail=False):
             continue
-        with fs.open(f"{path.rstrip('/')}/{TRAINER_STATE}") as f:
-            state = json.load(f)
+        try:
+            with fs.open(f"{path.rstrip('/')}/{TRAINER_STATE}") as f:
+                state = json.load(f)
+        except (OSError, ValueError):  # truncated or unreadable: not a checkpoint to trust
+            continue
+        if not {"epoch", "history"} <= set(state):
+            continue
         found.append(
             (path if not io.is_remote(storage_path) else f"{storage_path.split('://')[0]}://{path}", state)
         )

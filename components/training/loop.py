@@ -8,6 +8,8 @@ one over (a retry after a worker failure, or a restarted run with the same name 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -73,6 +75,48 @@ def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
     return ray.train.Checkpoint(found[0].split("://", 1)[1], filesystem=fs)
 
 
+# Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs.
+RESUMABLE_KEYS = frozenset({"epochs", "progress", "report_log", "chaos"})
+
+
+def settings_fingerprint(config: dict[str, Any]) -> str:
+    """A hash of the stage's JSON-valued settings, saved with each checkpoint.
+
+    Resuming a run under the same name with other settings (another learning rate, model size
+    or data path) would silently continue the old run; the loop refuses instead. Values that are
+    not plain JSON (the dataset's object reference) are left out: they differ on every start.
+    :data:`RESUMABLE_KEYS` are left out at any depth (methods repeat their settings under ``params``).
+    """
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                str(k): plain(v)
+                for k, v in value.items()
+                if k not in RESUMABLE_KEYS and plain(v) is not _SKIP
+            }
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        return _SKIP
+
+    return hashlib.sha256(json.dumps(plain(config), sort_keys=True).encode()).hexdigest()[:16]
+
+
+_SKIP = object()
+
+
+def check_resumable(state: dict[str, Any], config: dict[str, Any]) -> None:
+    """Raise if a checkpoint was written by a run with other settings (see :func:`settings_fingerprint`)."""
+    saved = state.get("settings")
+    if saved is not None and saved != settings_fingerprint(config):
+        raise ValueError(
+            f"run {config.get('run_name')!r} has checkpoints from other settings; resuming would continue "
+            "that run. Use a new train.run_name (or remove the old run) to start afresh."
+        )
+
+
 def _save_checkpoint(
     path: str,
     model: torch.nn.Module,
@@ -80,10 +124,11 @@ def _save_checkpoint(
     task: StageTask,
     epoch: int,
     history: list[dict],
+    settings: str | None = None,
 ) -> None:
     save_model(model, os.path.join(path, MODEL_STATE))
     save_optimizer(optimizer, path)
-    save_trainer_state(path, epoch, history)
+    save_trainer_state(path, epoch, history, settings)
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
 
 
@@ -102,12 +147,26 @@ def build_optimizer(
 
 
 def make_loader(
-    task: StageTask, config: dict[str, Any], world: int, generator: torch.Generator
+    task: StageTask, config: dict[str, Any], world: int, generator: torch.Generator, rank: int = 0
 ) -> DataLoader:
-    """Shuffled batches; the global batch stays ``batch_size`` whatever the number of workers."""
+    """Shuffled batches of ``batch_size // world`` per worker (the global batch is ``batch_size``
+    when the worker count divides it).
+
+    With several workers each gets its own shard from a ``DistributedSampler`` seeded with the
+    run's seed (Ray's ``prepare_data_loader`` would add one seeded 0, ignoring ``seed``).
+    """
+    data = task.train_data()
+    per_worker = max(1, int(config["batch_size"]) // world)
+    if world > 1:
+        sampler = torch.utils.data.DistributedSampler(
+            data, num_replicas=world, rank=rank, shuffle=True, seed=int(config.get("seed", 0))
+        )
+        return DataLoader(
+            data, batch_size=per_worker, sampler=sampler, drop_last=True, collate_fn=task.collate
+        )
     return DataLoader(
-        task.train_data(),
-        batch_size=max(1, int(config["batch_size"]) // world),
+        data,
+        batch_size=per_worker,
         shuffle=True,
         drop_last=True,
         collate_fn=task.collate,
@@ -138,11 +197,17 @@ def run_epoch(
         torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.get("max_grad_norm", 1.0)))
         optimizer.step()
         losses.append(loss.item())
+    if not losses:
+        # drop_last with fewer examples than a batch: a silent no-op epoch would report loss 0.
+        raise ValueError(
+            f"{config['stage']}: no full training batch (batch_size {config['batch_size']}); "
+            "lower batch_size or add training data"
+        )
     model.eval()
     metrics = {f"valid_{k}": float(v) for k, v in task.validate(unwrap(model)).items()}
     return metrics | {
         "epoch": epoch,
-        "train_loss": sum(losses) / max(len(losses), 1),
+        "train_loss": sum(losses) / len(losses),
         "epoch_seconds": time.perf_counter() - started,
     }
 
@@ -155,17 +220,25 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     task = make_task(config)
     model = task.build_model()
     optimizer = build_optimizer(model, config, task)
+    settings = settings_fingerprint(config)
     start, history = 0, []
     checkpoint = resume_checkpoint(config)
-    if checkpoint is not None:
-        with checkpoint.as_directory() as path:
-            load_model(model, os.path.join(path, MODEL_STATE))
-            load_optimizer(optimizer, path)
+    opened = checkpoint.as_directory() if checkpoint is not None else contextlib.nullcontext()
+    with opened as path:
+        if path is not None:
             state = load_trainer_state(path)
-        start, history = state["epoch"] + 1, state["history"]
-    model = ray.train.torch.prepare_model(model)
+            check_resumable(state, config)
+            load_model(model, os.path.join(path, MODEL_STATE))
+            start, history = state["epoch"] + 1, state["history"]
+        # Move to the worker's device (and wrap in DDP) first: the optimizer's load_state_dict
+        # then casts its saved state to the device of the parameters it belongs to.
+        model = ray.train.torch.prepare_model(model)
+        if path is not None:
+            load_optimizer(optimizer, path)
     generator = torch.Generator()
-    loader = ray.train.torch.prepare_data_loader(make_loader(task, config, world, generator))
+    loader = ray.train.torch.prepare_data_loader(
+        make_loader(task, config, world, generator, rank), add_dist_sampler=False
+    )
     for epoch in range(start, int(config["epochs"])):
         generator.manual_seed(int(config.get("seed", 0)) * 1000 + epoch)
         if world > 1:
@@ -178,7 +251,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
             if rank == 0:
-                _save_checkpoint(tmp, unwrap(model), optimizer, task, epoch, history)
+                _save_checkpoint(tmp, unwrap(model), optimizer, task, epoch, history, settings)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
             ray.train.report(metrics, checkpoint=ckpt)

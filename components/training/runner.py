@@ -8,6 +8,7 @@ started again with the same name and storage path resumes from its latest checkp
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ class StageResult:
     metrics: dict[str, float]
     history: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
+    model_uri: str = ""  # the model where it is stored (an s3:// URL with remote storage)
 
 
 def run_stage(
@@ -80,21 +82,22 @@ def run_stage(
             ),
         ),
     )
-    result = trainer.fit()
-    if result.error is not None:
-        raise result.error
+    trainer.fit()  # raises (Train V2: TrainingFailedError) when the run fails
     # Choose from what is persisted, not only from what the controller registered (see checkpoints).
     found = checkpoints.persisted(run.storage_path, name, run.storage_options)
     best_path, best_state = checkpoints.best_of(found, score)
     local = best_path
     if io.is_remote(run.storage_path):
         local = os.path.join(run.local_dir, name, os.path.basename(best_path.rstrip("/")))
+        # fsspec's get into an existing directory nests the copy inside it: start clean.
+        shutil.rmtree(local, ignore_errors=True)
         io.filesystem(best_path, run.storage_options).get(best_path, local, recursive=True)
     history = found[-1][1]["history"]  # the last epoch's state holds every epoch's metrics
     metrics = best_state["history"][-1]
     return StageResult(
         checkpoint_dir=local,
         model_dir=os.path.join(local, STAGE_OUTPUT),
+        model_uri=io.join(best_path, STAGE_OUTPUT),
         metrics=dict(metrics),
         history=history,
         seconds=time.perf_counter() - started,

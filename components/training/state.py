@@ -52,10 +52,15 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-def save_trainer_state(path: str, epoch: int, history: list[dict[str, float]]) -> None:
-    """The epoch just finished and the metrics of every epoch so far."""
+def save_trainer_state(
+    path: str, epoch: int, history: list[dict[str, float]], settings: str | None = None
+) -> None:
+    """The epoch just finished, the metrics of every epoch so far and the settings' fingerprint."""
+    state: dict[str, Any] = {"epoch": epoch, "history": history}
+    if settings is not None:
+        state["settings"] = settings
     with open(os.path.join(path, TRAINER_STATE), "w") as f:
-        json.dump({"epoch": epoch, "history": history}, f, indent=1)
+        json.dump(state, f, indent=1)
 
 
 def load_trainer_state(path: str) -> dict[str, Any]:

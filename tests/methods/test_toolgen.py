@@ -127,6 +127,18 @@ def test_a_pretrained_path_skips_building_and_stages_start_from_it(quickstart_12
         model.lm.get_input_embeddings().weight.shape[0]
         == len(AutoTokenizer.from_pretrained(tmp_path / "hub")) + 100
     )
+    # No plain-text warm-up for a pretrained LM (even with warm-up epochs configured): no Ray run.
+    method = ToolGenMethod(
+        lm={"name_or_path": str(tmp_path / "hub")}, stages={"warmup": {"epochs": 1}}, perplexity_texts=0
+    )
+    out = method.fit("warmup", quickstart_1200, run)
+    assert out["stage_seconds"] == 0.0 and method.stage_dirs["warmup"] == str(tmp_path / "hub")
+    assert not (tmp_path / "local").exists()
+
+
+def test_select_metric_is_checked_on_the_driver():
+    with pytest.raises(ValueError, match="select_metric must be one of"):
+        ToolGenMethod(select_metric="mrr")
 
 
 @pytest.fixture(scope="module")

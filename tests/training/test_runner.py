@@ -14,8 +14,8 @@ from components.methods.dense import DenseMethod
 from components.training.runner import run_stage
 
 
-def launch(data, tmp_path, name, epochs=3, workers=1, max_failures=0, chaos=None, batch_size=32):
-    method = DenseMethod(encoder=TINY_ENCODER, epochs=epochs, batch_size=batch_size, lr=2e-3)
+def launch(data, tmp_path, name, epochs=3, workers=1, max_failures=0, chaos=None, batch_size=32, lr=2e-3):
+    method = DenseMethod(encoder=TINY_ENCODER, epochs=epochs, batch_size=batch_size, lr=lr)
     run = RunSpec(
         name=name,
         storage_path=str(tmp_path / "store"),
@@ -67,6 +67,12 @@ def test_restarted_run_with_same_name_continues_from_last_checkpoint(ray_session
     result, reports = launch(small_quickstart, tmp_path, "again", epochs=3)
     assert [r["epoch"] for r in reports] == [0, 1, 2]  # the second run trained only epoch 2
     assert [h["epoch"] for h in result.history] == [0, 1, 2]
+
+
+def test_restarted_run_with_other_settings_is_refused(ray_session, small_quickstart, tmp_path):
+    launch(small_quickstart, tmp_path, "changed", epochs=1)
+    with pytest.raises(Exception, match="has checkpoints from other settings"):
+        launch(small_quickstart, tmp_path, "changed", epochs=2, lr=1e-3)
 
 
 def test_two_gloo_workers_match_one_worker(ray_session, small_quickstart, tmp_path):

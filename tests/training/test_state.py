@@ -34,3 +34,8 @@ def test_trainer_state(tmp_path):
         "epoch": 2,
         "history": [{"epoch": 0}, {"epoch": 1}, {"epoch": 2}],
     }
+
+
+def test_trainer_state_keeps_the_settings_fingerprint(tmp_path):
+    save_trainer_state(str(tmp_path), 0, [{"epoch": 0}], settings="abc")
+    assert load_trainer_state(str(tmp_path))["settings"] == "abc"

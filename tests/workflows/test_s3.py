@@ -108,3 +108,37 @@ def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart,
     assert all(path.startswith("s3://train/runs/s3run-contrastive/checkpoint_") for path, _ in stored)
     assert result.model_dir.startswith(str(tmp_path / "local")) and os.path.isdir(result.model_dir)
     assert [h["epoch"] for h in result.history] == [0, 1]
+
+
+def test_stage_inputs_travel_through_storage_not_the_driver_disk(
+    ray_session, s3_endpoint, small_quickstart, tmp_path
+):
+    import shutil
+
+    import ray
+    from conftest import TINY_ENCODER
+
+    from components.methods.base import RunSpec
+    from components.methods.dense import DenseMethod
+    from components.training import inputs
+    from components.training.runner import run_stage
+
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="shared")
+    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    local = str(tmp_path / "local")
+    run = RunSpec(name="inputs", storage_path="s3://shared/runs", local_dir=local, storage_options=opts)
+    method = DenseMethod(encoder=TINY_ENCODER, epochs=1, batch_size=32, lr=2e-3)
+    init = tmp_path / "init"
+    method.initial_model(small_quickstart, str(init), seed=0)
+    files = sorted(p.name for p in init.iterdir())
+    source = inputs.share(str(init), run, "inputs-init")
+    assert source == "s3://shared/runs/inputs/inputs-init"
+    assert sorted(os.listdir(inputs.fetch(source, opts))) == files
+    # A GPU worker node cannot read the driver's disk: with the local copy gone, training still runs.
+    shutil.rmtree(init)
+    result = run_stage("dense", "contrastive", method.loop_config(source, ray.put(small_quickstart)), run)
+    assert [h["epoch"] for h in result.history] == [0]
+    assert result.model_uri.startswith("s3://shared/runs/inputs-contrastive/checkpoint_")
+    # Local storage, hub names and URLs are passed through as they are.
+    assert inputs.share(str(tmp_path), RunSpec(name="x", storage_path=str(tmp_path)), "n") == str(tmp_path)
+    assert inputs.share("meta-llama/Meta-Llama-3-8B", run, "n") == "meta-llama/Meta-Llama-3-8B"
