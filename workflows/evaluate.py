@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from components import methods
-from components.data import Dataset, dataset_from_config
+from components.data import Dataset, dataset_from_config, io
 from components.methods.base import Method
 from components.metrics import DEFAULT_KS, detection_metrics, evaluate_retrieval
 
@@ -30,7 +30,8 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
         texts = list(queries.values()) + negatives
         probs = method.detect({str(i): t for i, t in enumerate(texts)})
         labels = np.array([1] * len(queries) + [0] * len(negatives))
-        threshold = float(getattr(getattr(method, "params", None), "detect_threshold", 0.5))
+        params = getattr(method, "params", None)  # MassTool keeps its threshold in its params
+        threshold = float(getattr(params, "detect_threshold", 0.5))
         det = detection_metrics(labels, np.array([probs[str(i)] for i in range(len(texts))]), threshold)
         metrics |= {f"detect_{k}": v for k, v in det.items()}
     metrics["eval_seconds"] = time.perf_counter() - started
@@ -43,7 +44,12 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
     The default split is ``valid``: the test split is for final reports only.
     """
     ecfg = cfg.get("evaluate", {})
-    artifact = ecfg.get("artifact") or os.path.join(cfg["train"]["output"], cfg["method"]["name"])
+    artifact = ecfg.get("artifact")
+    if not artifact:
+        output, name = cfg.get("train", {}).get("output"), cfg.get("method", {}).get("name")
+        if not (output and name):
+            raise ValueError("evaluate: pass --artifact, or set train.output and method.name")
+        artifact = os.path.join(output, name)
     dataset = dataset_from_config(cfg)
     method = methods.load(artifact)
     rows = []
@@ -57,8 +63,6 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
             }
         )
     report = {"dataset": dataset.name, "artifact": artifact, "results": rows}
-    if ecfg.get("output"):
-        os.makedirs(os.path.dirname(os.path.abspath(ecfg["output"])), exist_ok=True)
-        with open(ecfg["output"], "w") as f:
-            json.dump(report, f, indent=2)
+    if ecfg.get("output"):  # a local path or an s3:// URL, like every other output
+        io.write_bytes(ecfg["output"], json.dumps(report, indent=2).encode(), ecfg.get("storage_options"))
     return report

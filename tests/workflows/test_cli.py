@@ -63,6 +63,11 @@ def test_train_then_evaluate(tiny_dataset, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "| bm25 | test |" in result.output
+    out = tmp_path / "reports" / "eval.json"
+    artifact = str(models / "bm25")
+    args = ["evaluate", "--data", str(tiny_dataset), "--artifact", artifact, f"evaluate.output={out}"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert json.loads(out.read_text())["results"][0]["split"] == "valid"  # valid unless asked for test
 
 
 def test_missing_data_is_a_clear_error():
