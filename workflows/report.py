@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io as io_bytes
 import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from components.data import io
 
 COLUMNS = (
     "recall@1",
@@ -65,8 +68,10 @@ def recall_plot(report: dict[str, Any], path: str, split: str = "test") -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io_bytes.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    io.write_bytes(path, buffer.getvalue())
 
 
 def write_report(
@@ -74,16 +79,17 @@ def write_report(
 ) -> list[str]:
     """Write ``out_json``, the ``.md`` beside it and (optionally) the ``.png`` plot.
 
+    ``out_json`` is a local path or an ``s3://`` URL (a job submitted to a cluster runs in a
+    temporary copy of the working directory, so its results belong on shared storage).
     The ``.md`` is the title, ``report["notes"]`` and ``table``: by default :func:`markdown_table`,
     or a benchmark's own markdown (other columns, several tables).
     """
-    os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
-    with open(out_json, "w") as f:
-        json.dump(report, f, indent=2)
+    io.write_bytes(out_json, json.dumps(report, indent=2).encode())
     stem = os.path.splitext(out_json)[0]
     header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
-    with open(stem + ".md", "w") as f:
-        f.write(header + "\n" + (markdown_table(report) if table is None else table))
+    io.write_bytes(
+        stem + ".md", (header + "\n" + (markdown_table(report) if table is None else table)).encode()
+    )
     written = [out_json, stem + ".md"]
     if plot:
         recall_plot(report, stem + ".png")

@@ -22,8 +22,9 @@ from components.encoders.tokenizer import train_wordpiece
 ENCODER_CONFIG = "encoder.json"
 
 # Backbones the tool-retrieval papers used (COLT, MassTool, 2412.03573), with their pooling.
+# ANCE is not among them: its checkpoints put a projection and a LayerNorm after the CLS vector,
+# which AutoModel does not load, so "ANCE" here would be a different vector space.
 PAPER_BACKBONES: dict[str, dict[str, str]] = {
-    "ance": {"name_or_path": "castorini/ance-msmarco-passage", "pooling": "cls"},
     "tas-b": {"name_or_path": "sentence-transformers/msmarco-distilbert-base-tas-b", "pooling": "cls"},
     "co-condenser": {"name_or_path": "Luyu/co-condenser-marco", "pooling": "cls"},
     "contriever": {"name_or_path": "facebook/contriever-msmarco", "pooling": "mean"},
@@ -35,7 +36,7 @@ class EncoderSpec:
     """How to get an encoder. ``name_or_path`` wins; otherwise a small BERT of these sizes."""
 
     name_or_path: str | None = None
-    pooling: str = "mean"  # "cls" | "mean"
+    pooling: str | None = None  # "cls" | "mean"; None: the preset's, else "mean"
     max_length: int = 64
     vocab_size: int = 8000
     hidden_size: int = 128
@@ -44,11 +45,13 @@ class EncoderSpec:
     intermediate_size: int = 512
 
     def __post_init__(self) -> None:
-        if self.pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
         if self.name_or_path in PAPER_BACKBONES:
             preset = PAPER_BACKBONES[self.name_or_path]
-            self.name_or_path, self.pooling = preset["name_or_path"], preset["pooling"]
+            # A pooling the user set wins over the preset's.
+            self.name_or_path, self.pooling = preset["name_or_path"], self.pooling or preset["pooling"]
+        self.pooling = self.pooling or "mean"
+        if self.pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
 
 
 class TextEncoder(nn.Module):
@@ -89,13 +92,23 @@ class TextEncoder(nn.Module):
         torch.manual_seed(seed)
         return cls(BertModel(config, add_pooling_layer=False), tokenizer, spec.pooling, spec.max_length)
 
+    @property
+    def max_positions(self) -> int:
+        """The longest input the backbone takes (its tokenizer's limit if that is lower)."""
+        limit = int(getattr(self.backbone.config, "max_position_embeddings", 10**9))
+        return min(limit, int(getattr(self.tokenizer, "model_max_length", limit) or limit))
+
     def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
         """Padded token ids and attention mask, truncated to ``max_length``."""
+        length = max_length or self.max_length
+        if length > self.max_positions:
+            # Past the position table the backbone would fail with an index error mid-batch.
+            raise ValueError(f"max_length {length} exceeds the backbone's {self.max_positions} positions")
         return self.tokenizer(
             texts,
             padding=True,
             truncation=True,
-            max_length=max_length or self.max_length,
+            max_length=length,
             return_tensors="pt",
         )
 
@@ -136,9 +149,10 @@ class TextEncoder(nn.Module):
         return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), **extra)
 
 
-def spec_from(params: dict | None) -> EncoderSpec:
-    """An :class:`EncoderSpec` from a config mapping, naming unknown keys in the error."""
-    params = dict(params or {})
+def spec_from(params: dict | str | None) -> EncoderSpec:
+    """An :class:`EncoderSpec` from a config mapping (or a bare hub name / local path), naming
+    unknown keys in the error."""
+    params = {"name_or_path": params} if isinstance(params, str) else dict(params or {})
     known = set(asdict(EncoderSpec()))
     unknown = sorted(set(params) - known)
     if unknown:

@@ -23,7 +23,10 @@ def build(name: str, params: dict[str, Any] | None = None) -> Method:
     """Instantiate a registered method from config parameters."""
     if name not in REGISTRY:
         raise KeyError(f"unknown method {name!r}; registered: {sorted(REGISTRY)}")
-    return REGISTRY[name](**(params or {}))
+    try:
+        return REGISTRY[name](**(params or {}))
+    except TypeError as e:  # e.g. "unexpected keyword argument 'profile'": name the method and config
+        raise ValueError(f"method {name!r}: bad method.params: {e}") from e
 
 
 def load(path: str) -> Method:

@@ -101,6 +101,9 @@ class BM25Method:
         """Load an index written by :meth:`save`."""
         config = read_config(path)
         method = cls(config["profile"], config["k1"], config["b"], config["fields"])
+        if "analyzer" in config:
+            # The analyzer the index was built with, even if the profile's preset changed since.
+            method.analyzer = Analyzer(**config["analyzer"])
         method.tool_ids = list(config["tool_ids"])
         method._bm25 = bm25s.BM25.load(os.path.join(path, "bm25s"))
         return method

@@ -31,6 +31,8 @@ from components.training.inputs import share
 if TYPE_CHECKING:
     from components.methods.dense_task import DenseTask
 
+SELECT_METRICS = ("recall@3", "ndcg@3", "recall@5")  # what each validation epoch computes
+
 # (queries, k) -> (scores, indices), as faiss's Index.search returns them.
 Searcher = Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]
 
@@ -39,7 +41,7 @@ Searcher = Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]
 class DenseParams:
     """Hyper-parameters of the dense method (the ``method.params`` config section)."""
 
-    encoder: dict[str, Any] = field(default_factory=dict)  # EncoderSpec fields or a hub name
+    encoder: dict[str, Any] | str = field(default_factory=dict)  # EncoderSpec fields, or a hub name/path
     id_head: bool = True
     mix: float = 0.5  # retrieval score = (1 - mix) * text + mix * id
     mix_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -54,6 +56,13 @@ class DenseParams:
     select_metric: str = "ndcg@3"
     index_backend: str = "exact"  # "exact" (torch matmul) | "faiss" (inner-product index, large corpora)
     progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.select_metric not in SELECT_METRICS:
+            # Checked on the driver: in a Ray worker it would fail only after the first epoch.
+            raise ValueError(
+                f"dense: select_metric must be one of {list(SELECT_METRICS)}, got {self.select_metric!r}"
+            )
 
 
 def tool_texts(corpus: Corpus, ids: list[str], fields: tuple[str, ...]) -> list[str]:
@@ -126,7 +135,11 @@ class DenseMethod:
         return {**asdict(self.params), "mix": self.mix}
 
     def variants(self) -> dict[str, float]:
-        """Scoring modes reported by ``bench``: text tower, ID head and their selected mix."""
+        """Scoring modes reported by ``bench``: text tower, ID head and their selected mix.
+
+        Tools the ID head has no vector for (added after training, ``test_unseen``) are scored by
+        their text in every mode, so ``id`` rows on unseen tools are text scores for those tools.
+        """
         if self.model is None or self.model.id_embeddings is None:
             return {"text": 0.0}
         return {"text": 0.0, "id": 1.0, "mixed": self.mix}
@@ -135,9 +148,11 @@ class DenseMethod:
         """Train the tokenizer on tools + training queries, build the model, save it to ``path``."""
         texts = tool_texts(data.corpus, list(data.corpus), self.params.tool_fields)
         texts += [data.queries[q] for q in data.qrels["train"]]
+        torch.manual_seed(seed)  # the ID head is initialised here, also on top of a hub backbone
         encoder = TextEncoder.from_spec(spec_from(self.params.encoder), texts, seed=seed)
+        position = {t: i for i, t in enumerate(data.corpus)}
         train_tools = sorted(
-            {t for rel in data.qrels["train"].values() for t in rel}, key=list(data.corpus).index
+            {t for rel in data.qrels["train"].values() for t in rel}, key=position.__getitem__
         )
         BiEncoder(encoder, train_tools if self.params.id_head else None).save(path)
 
@@ -244,9 +259,11 @@ class DenseMethod:
         assert self.model is not None and self._tools is not None
         self._ids = None
         if self.model.id_embeddings is not None:
-            table = torch.nn.functional.normalize(self.model.id_embeddings.weight.detach(), dim=-1)
+            # On the CPU, beside the tool vectors (in a GPU worker's validation the table is on the GPU).
+            table = torch.nn.functional.normalize(self.model.id_embeddings.weight.detach(), dim=-1).cpu()
             row = {t: i for i, t in enumerate(self.model.id_tool_ids)}
             self._ids = torch.full_like(self._tools, float("nan"))
-            for j, t in enumerate(self.tool_ids):
-                if t in row:
-                    self._ids[j] = table[row[t]]
+            known = [(j, row[t]) for j, t in enumerate(self.tool_ids) if t in row]
+            if known:
+                cols, rows = zip(*known, strict=True)
+                self._ids[list(cols)] = table[list(rows)].to(self._ids.dtype)

@@ -65,12 +65,18 @@ def test_name_or_path_loads_any_hf_checkpoint(tmp_path):
     tok.save_pretrained(tmp_path / "hf")
     enc = TextEncoder.from_spec(EncoderSpec(name_or_path=str(tmp_path / "hf"), pooling="cls"))
     assert enc.dim == 24 and enc.encode(["weather"]).shape == (1, 24)
+    assert spec_from(str(tmp_path / "hf")).name_or_path == str(tmp_path / "hf")  # a bare path works too
+    # Longer inputs than the position table would fail mid-batch with an index error.
+    with pytest.raises(ValueError, match="exceeds the backbone's"):
+        enc.tokenize(["weather"], max_length=enc.max_positions + 1)
 
 
 def test_paper_backbones_resolve_to_hub_names_and_pooling():
     spec = EncoderSpec(name_or_path="tas-b")
     assert spec.name_or_path == PAPER_BACKBONES["tas-b"]["name_or_path"] and spec.pooling == "cls"
     assert EncoderSpec(name_or_path="contriever").pooling == "mean"
+    assert EncoderSpec(name_or_path="contriever", pooling="cls").pooling == "cls"  # the user's choice wins
+    assert EncoderSpec().pooling == "mean"
 
 
 def test_bad_specs_are_clear_errors():

@@ -47,6 +47,19 @@ def test_save_load_round_trip_without_pickle(tmp_path):
     queries = {"a": "find flights", "b": "salmon recipes"}
     assert loaded.retrieve(queries, 3) == m.retrieve(queries, 3)
     assert loaded.config() == m.config()
+    assert loaded.analyzer == m.analyzer  # the saved analyzer, not whatever the preset is today
+
+
+def test_load_uses_the_analyzer_the_index_was_built_with(tmp_path, monkeypatch):
+    from components.methods import analyzers
+
+    m = BM25Method("lucene")
+    m.index(CORPUS)
+    m.save(str(tmp_path / "bm25"))
+    other = analyzers.Analyzer("default", "english", "english")
+    changed = {**analyzers.PROFILES["lucene"], "analyzer": other}
+    monkeypatch.setitem(analyzers.PROFILES, "lucene", changed)  # a later release changes the preset
+    assert methods.load(str(tmp_path / "bm25")).analyzer == analyzers.Analyzer("lucene", "none", "porter")
 
 
 def test_load_rejects_a_non_artifact_dir(tmp_path):

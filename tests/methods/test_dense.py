@@ -100,3 +100,8 @@ def test_faiss_backend_matches_exact_search(trained, small_quickstart):
     for qid in queries:
         assert list(approx[qid]) == list(exact[qid])
         assert list(approx[qid].values()) == pytest.approx(list(exact[qid].values()), abs=1e-5)
+
+
+def test_select_metric_is_checked_on_the_driver():
+    with pytest.raises(ValueError, match="select_metric must be one of"):
+        DenseMethod(select_metric="ndcg@5")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from workflows.cli import app
@@ -120,3 +121,15 @@ def test_a_key_error_names_its_type(tiny_dataset, tmp_path, monkeypatch):
     monkeypatch.setenv("TOOLSCOUT_DEBUG", "1")
     result = runner.invoke(app, args)
     assert isinstance(result.exception, KeyError)  # the traceback is let through
+
+
+def test_every_method_builds_from_the_default_config():
+    from components import methods
+    from workflows.cli import build_config
+
+    for name in ("bm25", "dense", "masstool", "toolgen"):
+        cfg = build_config(None, [], method__name=name)
+        assert methods.build(cfg["method"]["name"], cfg["method"]["params"]).name == name
+    cfg = build_config(None, ["method.params.profile=default"], method__name="dense")
+    with pytest.raises(ValueError, match=r"method 'dense': bad method\.params"):
+        methods.build(cfg["method"]["name"], cfg["method"]["params"])
