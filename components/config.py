@@ -43,7 +43,11 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides; values are parsed as YAML (``3``, ``true``, ``[1,2]``)."""
+    """Apply ``a.b.c=value`` overrides; values are parsed as YAML (``3``, ``true``, ``[1,2]``).
+
+    A mapping must be written in flow style (``{k: v}``): ``title=Results: dense vs BM25`` is the
+    string it looks like, not YAML's ``{"Results": "dense vs BM25"}``.
+    """
     out = copy.deepcopy(config)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -52,7 +56,11 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
-            raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from e
+            if ": " not in raw:
+                raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from e
+            value = raw  # free text with a colon, e.g. a title
+        if isinstance(value, dict) and not raw.lstrip().startswith("{"):
+            value = raw
         node = out
         parts = key.strip().split(".")
         for part in parts[:-1]:

@@ -21,6 +21,19 @@ def test_overrides_reach_nested_keys_and_parse_values():
     assert cfg == {"train": {"epochs": 3, "use_gpu": True}, "x": {"y": [1, 2]}, "s": "a=b"}
 
 
+def test_free_text_with_a_colon_stays_a_string_and_flow_mappings_parse():
+    cfg = apply_overrides(
+        {},
+        [
+            "bench.title=ToolLens cold start (10% unseen): dense vs BM25",
+            "note=a: b: c",
+            "m={k: 1}",
+        ],
+    )
+    assert cfg["bench"]["title"] == "ToolLens cold start (10% unseen): dense vs BM25"
+    assert cfg["note"] == "a: b: c" and cfg["m"] == {"k": 1}
+
+
 @pytest.mark.parametrize("bad", ["novalue", "=3", "a.b=[1,"])
 def test_bad_overrides_are_errors(bad):
     with pytest.raises(ConfigError, match="override"):
