@@ -92,7 +92,7 @@ def read_source(root: str, rel: str, storage_options: dict[str, Any] | None = No
     """Bytes of one source file; an empty file is a :class:`DatasetError` naming it."""
     path = io.join(root, rel)
     data = io.read_bytes(path, storage_options)
-    if not data.strip():
+    if not data.removeprefix(b"\xef\xbb\xbf").strip():  # a UTF-8 BOM alone is empty too (as on Ray)
         raise DatasetError(f"{path}: file is empty; expected one record per line")
     return data
 

@@ -242,7 +242,7 @@ def test_crlf_line_endings_are_accepted(tmp_path: Path) -> None:
 # --- whole-file errors -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+@pytest.mark.parametrize("content", ["", "\n\n  \n", "\ufeff", "\ufeff\n"])
 def test_empty_corpus_file_raises(tmp_path: Path, content: str) -> None:
     root = make_dataset(tmp_path, {"corpus.jsonl": content})
     with pytest.raises(DatasetError, match=r"corpus\.jsonl: file is empty"):
