@@ -68,6 +68,11 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
             node = child
+        if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict | None):
+            raise ConfigError(
+                f"override {item!r}: {key.strip()!r} is a section; give a mapping as {{k: v}} "
+                "or set its keys one by one"
+            )
         node[parts[-1]] = value
     return out
 

@@ -32,6 +32,10 @@ def test_free_text_with_a_colon_stays_a_string_and_flow_mappings_parse():
     )
     assert cfg["bench"]["title"] == "ToolLens cold start (10% unseen): dense vs BM25"
     assert cfg["note"] == "a: b: c" and cfg["m"] == {"k": 1}
+    # A section given block-style text would become a string where a mapping is read.
+    with pytest.raises(ConfigError, match=r"'train\.env' is a section"):
+        apply_overrides({"train": {"env": {}}}, ["train.env=FOO: bar"])
+    assert apply_overrides({"train": {"env": {}}}, ["train.env={FOO: bar}"])["train"]["env"] == {"FOO": "bar"}
 
 
 @pytest.mark.parametrize("bad", ["novalue", "=3", "a.b=[1,"])

@@ -170,6 +170,8 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     rows, inputs = ingest(root, sources, log, opts, parallelism=int(pre.get("parallelism", 8)))
     raw = assemble(data.get("name") or dataset_name(root), rows, log)
     io.makedirs(out, opts)
+    # The manifest marks a finished output (is_prepared): gone until this run writes it, last.
+    io.remove(io.join(out, MANIFEST), opts)
     if data.get("strict"):
         # The full reject file first: the error message can only show a few of them.
         log.write(io.join(out, "rejects.jsonl"), opts)

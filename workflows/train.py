@@ -69,12 +69,14 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     mcfg = cfg["method"]
     dataset = dataset_from_config(cfg)
     method = methods.build(mcfg["name"], mcfg.get("params"))
-    # Reserved before training: the version names the Ray Train runs, so it must be this run's alone.
+    # Reserved before training: it must be this run's alone. The default run name adds a time
+    # stamp, since a failed run frees its version number but leaves its checkpoints in storage;
+    # resuming is what an explicit train.run_name is for.
     artifact = reserve_version(os.path.join(cfg["train"]["output"], mcfg["name"]))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
-        report = fit_method(
-            method, dataset, run_spec(cfg, f"{dataset.name}-{mcfg['name']}-{os.path.basename(artifact)}")
-        )
+        name = f"{dataset.name}-{mcfg['name']}-{os.path.basename(artifact)}-{stamp}"
+        report = fit_method(method, dataset, run_spec(cfg, name))
         method.save(artifact)
     except BaseException:
         shutil.rmtree(artifact, ignore_errors=True)  # no half-written or empty version left behind

@@ -20,6 +20,7 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 from components.encoders.tokenizer import train_wordpiece
 
 ENCODER_CONFIG = "encoder.json"
+OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "data2vec-text"})
 
 # Backbones the tool-retrieval papers used (COLT, MassTool, 2412.03573), with their pooling.
 # ANCE is not among them: its checkpoints put a projection and a LayerNorm after the CLS vector,
@@ -89,13 +90,18 @@ class TextEncoder(nn.Module):
             max_position_embeddings=max(512, spec.max_length),
             pad_token_id=tokenizer.pad_token_id,
         )
+        tokenizer.model_max_length = config.max_position_embeddings  # what this BERT was built for
         torch.manual_seed(seed)
         return cls(BertModel(config, add_pooling_layer=False), tokenizer, spec.pooling, spec.max_length)
 
     @property
     def max_positions(self) -> int:
         """The longest input the backbone takes (its tokenizer's limit if that is lower)."""
-        limit = int(getattr(self.backbone.config, "max_position_embeddings", 10**9))
+        config = self.backbone.config
+        limit = int(getattr(config, "max_position_embeddings", 10**9))
+        if getattr(config, "model_type", "") in OFFSET_POSITIONS:
+            # RoBERTa-style position ids start after the padding index: 514 rows hold 512 tokens.
+            limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
         return min(limit, int(getattr(self.tokenizer, "model_max_length", limit) or limit))
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:

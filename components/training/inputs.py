@@ -1,10 +1,11 @@
 """Stage inputs (a model to start from) that every Ray Train worker can read, on any cluster.
 
 A stage starts from a directory the driver wrote: a freshly built model, a cached encoder, the
-previous stage's best checkpoint. On one machine, or with checkpoints on a shared file system,
-workers read that path as is. With checkpoints in object storage (``s3://``), the driver's disk
-is not the workers' (a CPU head node and GPU worker nodes): the driver puts the directory next
-to the run's checkpoints and each worker process downloads it once.
+previous stage's best checkpoint. The driver's disk is not the workers' (a CPU head node and GPU
+worker nodes), but every worker reaches the run's storage, which Ray Train requires to be shared
+(``s3://`` or a shared file system). So a directory outside the storage path is copied to
+``<storage>/inputs/<name>``: read in place on a shared file system, downloaded once per worker
+process from object storage. Hub model names pass through; each worker loads them itself.
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ INPUTS = "inputs"  # under the storage path, beside the runs
 def share(path: str, run: RunSpec, name: str) -> str:
     """``path`` as every worker of ``run`` can read it.
 
-    Local storage, a URL, or a name that is not a directory (a model hub id) come back unchanged;
-    a local directory with remote storage is uploaded to ``<storage>/inputs/<name>``.
+    A URL, a name that is not a directory (a model hub id) or a directory already inside a local
+    storage path come back unchanged; any other directory is copied to ``<storage>/inputs/<name>``.
     """
-    if not io.is_remote(run.storage_path) or io.is_remote(path) or not os.path.isdir(path):
+    if io.is_remote(path) or not os.path.isdir(path):
         return path
+    if not io.is_remote(run.storage_path):
+        root, here = os.path.abspath(run.storage_path), os.path.abspath(path)
+        if here == root or here.startswith(root + os.sep):
+            return path
+        target = os.path.join(root, INPUTS, name)
+        shutil.rmtree(target, ignore_errors=True)  # a rerun under the same name replaces its inputs
+        shutil.copytree(path, target)
+        return target
     target = io.join(run.storage_path, INPUTS, name)
     fs = io.filesystem(target, run.storage_options)
     if fs.exists(target):
@@ -42,13 +51,16 @@ def fetch(path: str, storage_options: dict | None = None) -> str:
 
     The download lands in a private directory first and is renamed into place, so processes on
     one node that fetch at once never read a half-copied model. The cache key covers each stored
-    file's name, size and ETag, so an input re-uploaded under the same name is fetched again.
+    file's name, size and version marker, so an input re-uploaded under the same name is fetched
+    again. The cache (``$TMPDIR/toolscout-inputs``) is not evicted: clear it on long-lived nodes.
     """
     if not io.is_remote(path):
         return path
     fs = io.filesystem(path, storage_options)
+    # Whatever version marker the store gives (s3fs: ETag / LastModified, gcsfs: etag / updated).
+    markers = ("ETag", "etag", "LastModified", "updated", "mtime")
     listing = sorted(
-        (name, info.get("size"), str(info.get("ETag") or info.get("LastModified") or ""))
+        (name, info.get("size"), str(next((info[m] for m in markers if info.get(m)), "")))
         for name, info in fs.find(path, detail=True).items()
     )
     if not listing:

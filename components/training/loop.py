@@ -75,16 +75,20 @@ def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
     return ray.train.Checkpoint(found[0].split("://", 1)[1], filesystem=fs)
 
 
-# Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs.
-RESUMABLE_KEYS = frozenset({"epochs", "progress", "report_log", "chaos"})
+# Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs,
+# and where and how its storage is reached (credentials rotate).
+RESUMABLE_KEYS = frozenset(
+    {"epochs", "progress", "report_log", "chaos", "storage_options", "storage_path", "run_name"}
+)
 
 
 def settings_fingerprint(config: dict[str, Any]) -> str:
     """A hash of the stage's JSON-valued settings, saved with each checkpoint.
 
-    Resuming a run under the same name with other settings (another learning rate, model size
-    or data path) would silently continue the old run; the loop refuses instead. Values that are
-    not plain JSON (the dataset's object reference) are left out: they differ on every start.
+    Resuming a run under the same name with other settings (another learning rate, model size,
+    starting model) would silently continue the old run; the loop refuses instead. Values that are
+    not plain JSON are left out: the dataset travels as an object reference that differs on every
+    start, so a change of data is not detected here.
     :data:`RESUMABLE_KEYS` are left out at any depth (methods repeat their settings under ``params``).
     """
 
@@ -96,7 +100,7 @@ def settings_fingerprint(config: dict[str, Any]) -> str:
                 if k not in RESUMABLE_KEYS and plain(v) is not _SKIP
             }
         if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
+            return [plain(v) for v in value if plain(v) is not _SKIP]
         if value is None or isinstance(value, bool | int | float | str):
             return value
         return _SKIP

@@ -20,7 +20,7 @@ from components.data import io
 from components.methods.base import RunSpec
 from components.training import checkpoints
 from components.training.checkpoints import STAGE_OUTPUT
-from components.training.loop import train_loop_per_worker
+from components.training.loop import check_resumable, train_loop_per_worker
 
 
 @dataclass
@@ -49,17 +49,22 @@ def run_stage(
     """
     started = time.perf_counter()
     name = f"{run.name}-{stage}"
+    config = {
+        **loop_config,
+        "method": method,
+        "stage": stage,
+        "seed": run.seed,
+        "storage_path": run.storage_path,
+        "storage_options": run.storage_options,
+        "run_name": name,
+    }
+    previous = checkpoints.latest(run.storage_path, name, run.storage_options)
+    if previous is not None:
+        # The workers check this too; here it fails at once, as one clear error.
+        check_resumable(previous[1], config)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            **loop_config,
-            "method": method,
-            "stage": stage,
-            "seed": run.seed,
-            "storage_path": run.storage_path,
-            "storage_options": run.storage_options,
-            "run_name": name,
-        },
+        train_loop_config=config,
         torch_config=TorchConfig(backend="nccl" if run.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=run.num_workers,

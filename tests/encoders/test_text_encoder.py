@@ -71,6 +71,31 @@ def test_name_or_path_loads_any_hf_checkpoint(tmp_path):
         enc.tokenize(["weather"], max_length=enc.max_positions + 1)
 
 
+def test_max_positions_knows_roberta_offsets_and_scratch_sizes():
+    from transformers import RobertaConfig, RobertaModel
+
+    tok = train_wordpiece(["weather in paris", "flights to rome"] * 10, vocab_size=60)
+    tok.model_max_length = int(1e30)  # the "no limit" sentinel many hub tokenizers carry
+    config = RobertaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=514,
+        pad_token_id=1,
+    )
+    assert TextEncoder(RobertaModel(config), tok).max_positions == 512
+    # A small BERT built here for 1,024 tokens takes 1,024 (its tokenizer says so too).
+    long = TextEncoder.from_spec(
+        EncoderSpec(
+            max_length=1024, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, vocab_size=80
+        ),
+        ["a b c d"] * 20,
+    )
+    assert long.max_positions == 1024 and long.tokenize(["a b"], max_length=1024)["input_ids"].shape[0] == 1
+
+
 def test_paper_backbones_resolve_to_hub_names_and_pooling():
     spec = EncoderSpec(name_or_path="tas-b")
     assert spec.name_or_path == PAPER_BACKBONES["tas-b"]["name_or_path"] and spec.pooling == "cls"

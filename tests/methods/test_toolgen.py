@@ -153,7 +153,8 @@ def trained(ray_session, quickstart_1200, tmp_path_factory):
 def test_every_stage_is_a_ray_train_run_started_from_the_previous_one(trained):
     method, report, root = trained
     assert list(report["stages"]) == ["warmup", "memorization", "retrieval", "agent"]
-    previous = str(root / "local" / "toolgen-test-init")
+    # The scratch LM is built on the driver, then copied into the run storage that workers share.
+    previous = str(root / "store" / "inputs" / "toolgen-test-init")
     for stage in method.stages:
         assert report["stages"][stage]["stage_seconds"] > 0 and "valid_score" in report["stages"][stage]
         assert os.path.isdir(root / "store" / f"toolgen-test-{stage}")  # its own Ray Train run

@@ -69,8 +69,11 @@ def test_graphs_equal_scipy_builds(ray_session, tmp_path):
 
 def test_strict_mode_fails_with_file_and_line(ray_session, tmp_path):
     data = write_tiny_dataset(tmp_path / "d", bad_rows=True)
+    run_job(write_tiny_dataset(tmp_path / "good"), tmp_path / "out")  # an earlier, finished output
     with pytest.raises(StrictModeError, match=r"corpus.jsonl:5: malformed JSON(.|\n)*every reject: "):
         run_job(data, tmp_path / "out", strict=True)
+    # The failed run leaves no manifest, so the old tables beside it are not taken for its output.
+    assert not (tmp_path / "out" / "manifest.json").exists()
     # The whole reject file is written before the job fails, not only the lines the message shows.
     assert len((tmp_path / "out" / "rejects.jsonl").read_text().splitlines()) == 5
 

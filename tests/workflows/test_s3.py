@@ -118,6 +118,7 @@ def test_stage_inputs_travel_through_storage_not_the_driver_disk(
     import ray
     from conftest import TINY_ENCODER
 
+    from components.data import io
     from components.methods.base import RunSpec
     from components.methods.dense import DenseMethod
     from components.training import inputs
@@ -133,12 +134,21 @@ def test_stage_inputs_travel_through_storage_not_the_driver_disk(
     files = sorted(p.name for p in init.iterdir())
     source = inputs.share(str(init), run, "inputs-init")
     assert source == "s3://shared/runs/inputs/inputs-init"
-    assert sorted(os.listdir(inputs.fetch(source, opts))) == files
-    # A GPU worker node cannot read the driver's disk: with the local copy gone, training still runs.
+    fs = io.filesystem(source, opts)
+    assert sorted(os.path.basename(p) for p in fs.ls(source, detail=False)) == files
+    # A GPU worker node cannot read the driver's disk: with the local copy gone, training still runs
+    # (the worker downloads the input itself; nothing on the driver fetched it before).
     shutil.rmtree(init)
     result = run_stage("dense", "contrastive", method.loop_config(source, ray.put(small_quickstart)), run)
     assert [h["epoch"] for h in result.history] == [0]
     assert result.model_uri.startswith("s3://shared/runs/inputs-contrastive/checkpoint_")
-    # Local storage, hub names and URLs are passed through as they are.
-    assert inputs.share(str(tmp_path), RunSpec(name="x", storage_path=str(tmp_path)), "n") == str(tmp_path)
+    assert sorted(os.listdir(inputs.fetch(source, opts))) == files
+    # Hub names and URLs pass through; with local storage a directory outside it is copied in.
     assert inputs.share("meta-llama/Meta-Llama-3-8B", run, "n") == "meta-llama/Meta-Llama-3-8B"
+    assert inputs.share(source, run, "n") == source
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "w").write_text("x")
+    local_run = RunSpec(name="x", storage_path=str(tmp_path / "store"))
+    copied = inputs.share(str(tmp_path / "model"), local_run, "n")
+    assert copied == str(tmp_path / "store" / "inputs" / "n") and os.listdir(copied) == ["w"]
+    assert inputs.share(copied, local_run, "m") == copied  # already inside the storage: as is
