@@ -41,13 +41,14 @@ def table_rows(dataset: Dataset) -> dict[str, list[dict]]:
         {"order": i, **rec, "metadata": json.dumps(rec.get("metadata") or {}, sort_keys=True)}
         for i, rec in enumerate(dataset.corpus.values())
     ]
-    queries = [{"_id": q, "text": t} for q, t in dataset.queries.items()]
+    queries = [{"order": i, "_id": q, "text": t} for i, (q, t) in enumerate(dataset.queries.items())]
     qrels = [
         {"split": s, "query": q, "tool": t, "score": v}
         for s, split in dataset.qrels.items()
         for q, rel in split.items()
         for t, v in rel.items()
     ]
+    qrels = [{"order": i, **r} for i, r in enumerate(qrels)]
     scenes = [
         {"kind": "scene_tool", "split": "", "left": s, "right": t}
         for s, ts in dataset.scene_tool.items()

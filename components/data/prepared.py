@@ -47,6 +47,12 @@ def read_table(path: str, name: str, storage_options: dict[str, Any] | None = No
     return rows
 
 
+def in_order(rows: list[dict]) -> list[dict]:
+    """Rows sorted by their ``order`` column when they have one (training data order is seeded
+    from it, so two loads of one prepared directory must agree)."""
+    return sorted(rows, key=lambda r: r["order"]) if rows and "order" in rows[0] else rows
+
+
 def load_prepared(path: str, storage_options: dict[str, Any] | None = None) -> Dataset:
     """Rebuild the dataset (with its train/valid/test splits) from a prepared directory."""
     manifest = read_manifest(path, storage_options)
@@ -60,9 +66,11 @@ def load_prepared(path: str, storage_options: dict[str, Any] | None = None) -> D
         }
         for r in sorted(read_table(path, "corpus", storage_options), key=lambda r: r["order"])
     }
-    queries = {r["_id"]: r["text"] for r in read_table(path, "queries", storage_options)}
+    # Ray Data names parquet files at random, so file order is not row order: every table carries
+    # an "order" column (tables written before it existed keep their file order).
+    queries = {r["_id"]: r["text"] for r in in_order(read_table(path, "queries", storage_options))}
     qrels: dict[str, dict[str, dict[str, int]]] = {s: {} for s in manifest["splits"]}
-    for r in read_table(path, "qrels", storage_options):
+    for r in in_order(read_table(path, "qrels", storage_options)):
         qrels[r["split"]].setdefault(r["query"], {})[r["tool"]] = int(r["score"])
     query_scene: dict[str, dict[str, str]] = {}
     scene_tool: dict[str, list[str]] = {}

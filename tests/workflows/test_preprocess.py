@@ -30,6 +30,9 @@ def test_prepared_dataset_equals_single_process_load(ray_session, tmp_path):
     assert got.corpus == expected.corpus
     assert got.queries == expected.queries
     assert got.qrels == expected.qrels
+    # In the same order too: training batches are drawn in dataset order, under a fixed seed.
+    assert list(got.queries) == list(expected.queries)
+    assert {s: list(q) for s, q in got.qrels.items()} == {s: list(q) for s, q in expected.qrels.items()}
     assert got.scene_tool == expected.scene_tool
     assert got.query_scene == expected.query_scene
     assert got.neg_queries == expected.neg_queries
