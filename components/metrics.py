@@ -19,6 +19,15 @@ import numpy as np
 from components.data.types import Qrels, Results
 
 DEFAULT_KS = (1, 3, 5, 10)
+# What the training stages compute on valid every epoch; a method's select_metric is one of them.
+EPOCH_METRICS = ("recall@3", "ndcg@3", "recall@5")
+
+
+def check_select_metric(method: str, metric: str) -> None:
+    """Fail on the driver for a ``select_metric`` no epoch computes (in a worker it would fail
+    only after the first epoch)."""
+    if metric not in EPOCH_METRICS:
+        raise ValueError(f"{method}: select_metric must be one of {list(EPOCH_METRICS)}, got {metric!r}")
 
 
 def ranked(scores: dict[str, float], k: int) -> list[str]:

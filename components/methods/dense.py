@@ -25,13 +25,11 @@ from components.encoders import TextEncoder
 from components.encoders.text_encoder import spec_from
 from components.methods.base import RunSpec, read_config, write_config
 from components.methods.dense_model import BiEncoder
-from components.metrics import evaluate_retrieval
+from components.metrics import check_select_metric, evaluate_retrieval
 from components.training.inputs import share
 
 if TYPE_CHECKING:
     from components.methods.dense_task import DenseTask
-
-SELECT_METRICS = ("recall@3", "ndcg@3", "recall@5")  # what each validation epoch computes
 
 # (queries, k) -> (scores, indices), as faiss's Index.search returns them.
 Searcher = Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]
@@ -58,11 +56,7 @@ class DenseParams:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.select_metric not in SELECT_METRICS:
-            # Checked on the driver: in a Ray worker it would fail only after the first epoch.
-            raise ValueError(
-                f"dense: select_metric must be one of {list(SELECT_METRICS)}, got {self.select_metric!r}"
-            )
+        check_select_metric("dense", self.select_metric)
 
 
 def tool_texts(corpus: Corpus, ids: list[str], fields: tuple[str, ...]) -> list[str]:

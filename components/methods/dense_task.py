@@ -15,7 +15,7 @@ import torch
 from components.data.types import Dataset
 from components.methods.dense import DenseMethod, DenseParams, tool_texts
 from components.methods.dense_model import BiEncoder, contrastive_loss
-from components.metrics import evaluate_retrieval
+from components.metrics import EPOCH_METRICS, evaluate_retrieval
 from components.training.inputs import fetch
 
 
@@ -101,7 +101,7 @@ class DenseTask:
             metrics = evaluate_retrieval(
                 self.data.qrels["valid"], method.retrieve(self.data.split_queries("valid"), 10)
             )
-            out |= {f"{mode}_{m}": metrics[m] for m in ("recall@3", "ndcg@3", "recall@5")}
+            out |= {f"{mode}_{m}": metrics[m] for m in EPOCH_METRICS}
         # The score that ranks checkpoints: the best scoring mode on valid.
         out[self.params.select_metric] = max(
             v for k, v in out.items() if k.endswith(self.params.select_metric)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.data.tooltext import TOOL_FIELDS
+from components.metrics import check_select_metric
 
 # Stage order: an LM warm-up on plain text (only when the LM is built here from scratch), then
 # ToolGen's three stages (arXiv 2410.03439, Sec. 3.2). Each is one Ray Train run.
@@ -22,7 +23,6 @@ DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "agent": {"epochs": 1, "lr": 1.0e-4, "batch_size": 32, "max_examples": 2000},
 }
 STAGE_KEYS = {"epochs", "lr", "batch_size", "weight_decay", "max_examples"}
-SELECT_METRICS = ("recall@3", "recall@5", "ndcg@3")  # what each validation epoch computes
 
 
 @dataclass
@@ -75,10 +75,6 @@ class ToolGenParams:
             merged[stage] = {**DEFAULT_STAGES[stage], **given}
         self.stages = merged
         self.tool_fields = tuple(self.tool_fields)
-        if self.select_metric not in SELECT_METRICS:
-            # Checked here, on the driver: in the worker it would fail only after the first epoch.
-            raise ValueError(
-                f"toolgen: select_metric must be one of {list(SELECT_METRICS)}, got {self.select_metric!r}"
-            )
+        check_select_metric("toolgen", self.select_metric)
         if self.decoding not in ("constrained", "unconstrained"):
             raise ValueError(f"toolgen: decoding must be constrained or unconstrained, got {self.decoding!r}")

@@ -24,8 +24,8 @@ from components.generative.perplexity import perplexity
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
 from components.generative.tool_tokens import add_tool_tokens
 from components.methods import toolgen_data as td
-from components.methods.toolgen_params import SELECT_METRICS, ToolGenParams
-from components.metrics import evaluate_retrieval
+from components.methods.toolgen_params import ToolGenParams
+from components.metrics import EPOCH_METRICS, evaluate_retrieval
 from components.training.inputs import fetch
 
 STAGE_FILE = "toolgen_stage.json"
@@ -142,7 +142,7 @@ class ToolGenTask:
             batch_size=self.params.eval_batch_size,
         )
         metrics = evaluate_retrieval(qrels, {q: dict(h) for q, h in zip(qids, hits, strict=True)}, (3, 5))
-        return {m: metrics[m] for m in SELECT_METRICS}
+        return {m: metrics[m] for m in EPOCH_METRICS}
 
     def agent_accuracy(self, model: TargetedLM) -> float:
         """Teacher-forced agent steps: share of ``Action:`` positions whose top-1 tool is the gold one."""
