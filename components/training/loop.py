@@ -75,6 +75,8 @@ def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
     return ray.train.Checkpoint(found[0].split("://", 1)[1], filesystem=fs)
 
 
+_SKIP = object()  # what settings_fingerprint leaves out
+
 # Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs,
 # and where and how its storage is reached (credentials rotate).
 RESUMABLE_KEYS = frozenset(
@@ -86,7 +88,7 @@ def settings_fingerprint(config: dict[str, Any]) -> str:
     """A hash of the stage's JSON-valued settings, saved with each checkpoint.
 
     Resuming a run under the same name with other settings (another learning rate, model size,
-    starting model) would silently continue the old run; the loop refuses instead. Values that are
+    starting model) would silently continue the old run; run_stage refuses instead. Values that are
     not plain JSON are left out: the dataset travels as an object reference that differs on every
     start, so a change of data is not detected here.
     :data:`RESUMABLE_KEYS` are left out at any depth (methods repeat their settings under ``params``).
@@ -94,21 +96,15 @@ def settings_fingerprint(config: dict[str, Any]) -> str:
 
     def plain(value: Any) -> Any:
         if isinstance(value, dict):
-            return {
-                str(k): plain(v)
-                for k, v in value.items()
-                if k not in RESUMABLE_KEYS and plain(v) is not _SKIP
-            }
+            kept = ((str(k), plain(v)) for k, v in value.items() if k not in RESUMABLE_KEYS)
+            return {k: v for k, v in kept if v is not _SKIP}
         if isinstance(value, list | tuple):
-            return [plain(v) for v in value if plain(v) is not _SKIP]
+            return [v for v in map(plain, value) if v is not _SKIP]
         if value is None or isinstance(value, bool | int | float | str):
             return value
         return _SKIP
 
     return hashlib.sha256(json.dumps(plain(config), sort_keys=True).encode()).hexdigest()[:16]
-
-
-_SKIP = object()
 
 
 def check_resumable(state: dict[str, Any], config: dict[str, Any]) -> None:
@@ -160,21 +156,19 @@ def make_loader(
     run's seed (Ray's ``prepare_data_loader`` would add one seeded 0, ignoring ``seed``).
     """
     data = task.train_data()
-    per_worker = max(1, int(config["batch_size"]) // world)
+    sampler = None
     if world > 1:
         sampler = torch.utils.data.DistributedSampler(
             data, num_replicas=world, rank=rank, shuffle=True, seed=int(config.get("seed", 0))
         )
-        return DataLoader(
-            data, batch_size=per_worker, sampler=sampler, drop_last=True, collate_fn=task.collate
-        )
     return DataLoader(
         data,
-        batch_size=per_worker,
-        shuffle=True,
+        batch_size=max(1, int(config["batch_size"]) // world),
+        shuffle=sampler is None,
+        sampler=sampler,
         drop_last=True,
         collate_fn=task.collate,
-        generator=generator,
+        generator=generator if sampler is None else None,
     )
 
 
@@ -230,8 +224,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     opened = checkpoint.as_directory() if checkpoint is not None else contextlib.nullcontext()
     with opened as path:
         if path is not None:
+            # run_stage checked this checkpoint's settings on the driver before starting workers.
             state = load_trainer_state(path)
-            check_resumable(state, config)
             load_model(model, os.path.join(path, MODEL_STATE))
             start, history = state["epoch"] + 1, state["history"]
         # Move to the worker's device (and wrap in DDP) first: the optimizer's load_state_dict

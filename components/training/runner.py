@@ -60,7 +60,7 @@ def run_stage(
     }
     previous = checkpoints.latest(run.storage_path, name, run.storage_options)
     if previous is not None:
-        # The workers check this too; here it fails at once, as one clear error.
+        # Checked here, once, before any worker starts: a clear error instead of a failed run.
         check_resumable(previous[1], config)
     trainer = TorchTrainer(
         train_loop_per_worker,
