@@ -8,9 +8,9 @@ hash-partitioned blocks (every basket whole inside one block) and sums the parti
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from io import BytesIO
 
 import numpy as np
 import scipy.sparse as sp
@@ -86,11 +86,9 @@ def save_sparse(
     path: str, matrix: sp.spmatrix, row_ids: IdMap, col_ids: IdMap, storage_options: dict | None = None
 ) -> None:
     """Save ``matrix`` as ``<path>.npz`` (scipy, no pickle) and its id maps as ``<path>.ids.json``."""
-    if not io.is_remote(path):
-        path = io.local_path(path)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with io.filesystem(path, storage_options).open(path + ".npz", "wb") as f:
-        sp.save_npz(f, sp.csr_matrix(matrix))
+    buffer = BytesIO()
+    sp.save_npz(buffer, sp.csr_matrix(matrix))
+    io.write_bytes(path + ".npz", buffer.getvalue(), storage_options)
     ids = {"rows": list(row_ids.ids), "cols": list(col_ids.ids), "shape": list(matrix.shape)}
     io.write_bytes(path + ".ids.json", json.dumps(ids).encode(), storage_options)
 

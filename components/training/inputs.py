@@ -34,15 +34,10 @@ def share(path: str, run: RunSpec, name: str) -> str:
         root, here = os.path.abspath(run.storage_path), os.path.abspath(path)
         if here == root or here.startswith(root + os.sep):
             return path
-        target = os.path.join(root, INPUTS, name)
-        shutil.rmtree(target, ignore_errors=True)  # a rerun under the same name replaces its inputs
-        shutil.copytree(path, target)
-        return target
+    # One fsspec copy for both: a local file system or an object store.
     target = io.join(run.storage_path, INPUTS, name)
-    fs = io.filesystem(target, run.storage_options)
-    if fs.exists(target):
-        fs.rm(target, recursive=True)  # a rerun under the same name replaces its inputs
-    fs.put(path.rstrip("/") + "/", target, recursive=True)
+    io.remove(target, run.storage_options)  # a rerun under the same name replaces its inputs
+    io.filesystem(target, run.storage_options).put(path.rstrip("/") + "/", target, recursive=True)
     return target
 
 
