@@ -189,9 +189,9 @@ def run(config: ConfigOpt = None, overrides: Overrides = None) -> None:
     from workflows.run import quickstart_data
     from workflows.run import run as run_quickstart
 
-    quickstart_data(cfg)  # before Ray starts: a mistyped data.path fails at once
+    data_dir = quickstart_data(cfg)  # before Ray starts: a mistyped data.path fails at once
     start_ray(cfg)
-    report = run_quickstart(cfg)
+    report = run_quickstart(cfg, data_dir)
     print(markdown_table(report))
     console.print(f"results: {Path(cfg['run']['workdir']).resolve() / 'results.json'}")
 

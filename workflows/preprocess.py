@@ -173,15 +173,16 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     io.makedirs(out, opts)
     # The manifest marks a finished output (is_prepared): gone until this run writes it, last.
     io.remove(io.join(out, MANIFEST), opts)
+    # Every reject is known once the files are assembled: write them before --strict can fail,
+    # whose message shows only a few.
+    rejects = io.join(out, "rejects.jsonl")
+    log.write(rejects, opts)
     if data.get("strict"):
-        # The full reject file first: the error message can only show a few of them.
-        log.write(io.join(out, "rejects.jsonl"), opts)
-        log.check_strict(written_to=io.join(out, "rejects.jsonl"))
+        log.check_strict(written_to=rejects)
     dataset = splits_from_config(raw, cfg.get("splits"))
     parsed_at = time.perf_counter()
     outputs = write_tables(table_rows(dataset), out, opts)
     graphs = write_graphs(dataset, out, int(pre.get("parallelism", 8)), opts)
-    log.write(io.join(out, "rejects.jsonl"), opts)
     manifest = {
         "dataset": dataset.name,
         "source": root,

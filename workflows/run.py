@@ -36,15 +36,18 @@ def quickstart_data(cfg: dict[str, Any]) -> str:
     return data_dir
 
 
-def run(cfg: dict[str, Any]) -> dict[str, Any]:
+def run(cfg: dict[str, Any], data_dir: str | None = None) -> dict[str, Any]:
     """Run the whole pipeline under ``cfg["run"]["workdir"]``; returns the evaluation report.
 
     Trains every method in ``run.methods`` (BM25 indexes; dense and MassTool run Ray Train
     stages) and evaluates each on ``evaluate.splits``.
+
+    Args:
+        data_dir: What :func:`quickstart_data` returned, if the caller already resolved it.
     """
     rcfg = cfg["run"]
     work = os.path.abspath(rcfg["workdir"])
-    data_dir = quickstart_data(cfg)
+    data_dir = data_dir or quickstart_data(cfg)
     prepared = os.path.join(work, "prepared")
     cfg = merge(
         cfg,

@@ -29,9 +29,10 @@ def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpe
     """
     t = cfg.get("train", {})
     storage = t.get("storage_path", "runs/train")
-    given = t.get("run_name")
+    if t.get("run_name"):
+        name = f"{t['run_name']}-{scope}" if scope else t["run_name"]
     return RunSpec(
-        name=(f"{given}-{scope}" if scope else given) if given else name,
+        name=name,
         storage_path=storage if "://" in storage else os.path.abspath(storage),
         num_workers=int(t.get("num_workers", 1)),
         use_gpu=bool(t.get("use_gpu", False)),
