@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
+
+from components.encoders.subword import learn_bpe
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -17,19 +19,23 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 def train_wordpiece(
     texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2
 ) -> PreTrainedTokenizerFast:
-    """Train a BERT-style uncased WordPiece tokenizer.
+    """Train a BERT-style uncased WordPiece tokenizer; equal ``texts`` give an identical vocabulary.
 
     Returns:
         A ``PreTrainedTokenizerFast`` that ``save_pretrained`` writes in the standard HF layout, so
         ``AutoTokenizer.from_pretrained(dir)`` reloads it like any hub tokenizer.
     """
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS
+    normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words = (
+        word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    # The same BPE-then-WordPiece recipe as ``tokenizers.trainers.WordPieceTrainer``, with ties
+    # broken deterministically (see :mod:`.subword`).
+    learned = learn_bpe(words, vocab_size, min_frequency, specials=SPECIALS, prefix="##")
+    tok = Tokenizer(models.WordPiece(learned.vocab, unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -21,6 +21,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
+
+from components.encoders.subword import learn_bpe
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 
@@ -63,16 +65,15 @@ def train_bpe(
     texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (GPT-2 / Llama-3 style: no unknown characters), BOS prepended."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    words = (word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(text))
+    # Deterministic merges (see components.encoders.subword): tokenizers' BpeTrainer breaks
+    # count ties in hash order, so equal texts gave different token ids on every run.
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    learned = learn_bpe(words, vocab_size, min_frequency, specials=SPECIALS, alphabet=alphabet)
+    tok = Tokenizer(models.BPE(learned.vocab, learned.merges))
+    tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     return PreTrainedTokenizerFast(
