@@ -1,7 +1,7 @@
 """The one training loop every method stage runs in, inside Ray Train workers.
 
 Per epoch: shuffle (seeded by epoch, so a resumed run sees the same order), train, validate,
-then report the metrics and a checkpoint (model weights and optimizer state in safetensors,
+then report the metrics and a checkpoint (model weights, optimizer and RNG state in safetensors,
 trainer state in JSON). On start it resumes from ``ray.train.get_checkpoint()`` when Ray hands
 one over (a retry after a worker failure, or a restarted run with the same name and storage).
 """
@@ -26,7 +26,14 @@ from tqdm import tqdm
 from components.data import io
 from components.training import checkpoints
 from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT
-from components.training.state import load_optimizer, load_trainer_state, save_optimizer, save_trainer_state
+from components.training.state import (
+    load_optimizer,
+    load_rng_state,
+    load_trainer_state,
+    save_optimizer,
+    save_rng_state,
+    save_trainer_state,
+)
 from components.training.task import StageTask
 
 
@@ -129,6 +136,7 @@ def _save_checkpoint(
     save_model(model, os.path.join(path, MODEL_STATE))
     save_optimizer(optimizer, path)
     save_trainer_state(path, epoch, history, settings)
+    save_rng_state(path)
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
 
 
@@ -233,6 +241,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         model = ray.train.torch.prepare_model(model)
         if path is not None:
             load_optimizer(optimizer, path)
+            load_rng_state(path)
     generator = torch.Generator()
     loader = ray.train.torch.prepare_data_loader(
         make_loader(task, config, world, generator, rank), add_dist_sampler=False

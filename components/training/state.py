@@ -16,6 +16,28 @@ from safetensors.torch import load_file, save_file
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
+RNG_STATE = "rng_state.safetensors"
+
+
+def save_rng_state(path: str) -> None:
+    """torch's CPU (and CUDA) generator states: a resumed run then draws the same dropout and
+    edge-dropout masks as one that was never interrupted."""
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states |= {f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+    save_file(states, os.path.join(path, RNG_STATE))
+
+
+def load_rng_state(path: str) -> None:
+    """Restore what :func:`save_rng_state` wrote; checkpoints written before it existed are skipped."""
+    file = os.path.join(path, RNG_STATE)
+    if not os.path.exists(file):
+        return
+    states = load_file(file)
+    torch.set_rng_state(states["cpu"])
+    cuda = [states[k] for k in sorted(k for k in states if k.startswith("cuda_"))]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:

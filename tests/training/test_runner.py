@@ -45,6 +45,7 @@ def test_every_epoch_checkpointed_and_best_selected(ray_session, small_quickstar
         "model_state.safetensors",
         "optimizer.json",
         "optimizer.safetensors",
+        "rng_state.safetensors",
         "trainer_state.json",
     ]
     walked = [f for _, _, fs in os.walk(result.checkpoint_dir) for f in fs]
@@ -67,6 +68,18 @@ def test_restarted_run_with_same_name_continues_from_last_checkpoint(ray_session
     result, reports = launch(small_quickstart, tmp_path, "again", epochs=3)
     assert [r["epoch"] for r in reports] == [0, 1, 2]  # the second run trained only epoch 2
     assert [h["epoch"] for h in result.history] == [0, 1, 2]
+
+
+def test_resumed_run_trains_exactly_like_an_uninterrupted_one(ray_session, small_quickstart, tmp_path):
+    # Same batches, weights, optimizer and RNG state (dropout masks) after the restart.
+    straight, _ = launch(small_quickstart, tmp_path, "straight", epochs=3)
+    launch(small_quickstart, tmp_path, "split", epochs=2)
+    resumed, reports = launch(small_quickstart, tmp_path, "split", epochs=3)
+    assert [r["epoch"] for r in reports] == [0, 1, 2]
+    keys = ("train_loss", "valid_ndcg@3")
+    assert [{k: h[k] for k in keys} for h in resumed.history] == [
+        {k: h[k] for k in keys} for h in straight.history
+    ]
 
 
 def test_restarted_run_with_other_settings_is_refused(ray_session, small_quickstart, tmp_path):
