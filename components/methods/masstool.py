@@ -31,11 +31,18 @@ from components.methods.base import RunSpec, read_config, write_config
 from components.methods.dense import DenseMethod, DenseParams, tool_texts, top_k
 from components.methods.masstool_model import ModelConfig
 from components.methods.masstool_net import MassToolModel
+from components.metrics import EPOCH_METRICS
 from components.registry import publish_dir
 from components.training.inputs import share
 
 if TYPE_CHECKING:
     from components.training.task import StageTask
+
+
+# What the joint stage computes on valid every epoch (detection ones need valid no-tool queries).
+# ``joint`` is the mean of ndcg@3 and detection accuracy: it selects the epoch that serves both
+# towers, where retrieval alone saturates early (quickstart) while the detector is still learning.
+JOINT_METRICS = (*EPOCH_METRICS, "ndcg@5", "detect_accuracy", "detect_f1", "detect_auroc", "joint")
 
 
 @dataclass
@@ -64,6 +71,7 @@ class MassToolParams:
     edge_dropout: float = 0.1
     graph: bool = True
     cl_temperature: float = 0.2
+    hide_batch_edges: bool = True  # leave a training query's own edges out of its step's graph
     suim: bool = True
     neighbours: int = 10  # K
     epsilon: float = 0.5  # ε
@@ -74,6 +82,12 @@ class MassToolParams:
     tool_max_length: int = 96
     select_metric: str = "ndcg@3"
     progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.select_metric not in JOINT_METRICS:
+            raise ValueError(
+                f"masstool: select_metric must be one of {list(JOINT_METRICS)}, got {self.select_metric!r}"
+            )
 
     def model_config(self) -> ModelConfig:
         """The architecture part of these parameters."""
@@ -97,6 +111,10 @@ class MassToolParams:
         }
         return DenseParams(**{**base, **self.semantic})
 
+
+# Bumped when the semantic stage's code changes what it produces for equal settings and data, so
+# that no cached encoder from older code is reused (2: deterministic tokenizer learning).
+SEMANTIC_CACHE_VERSION = 2
 
 TOOL_INDEX = "tool_embeddings.npy"
 QUERY_GRAPH = "query_graph.npy"
@@ -151,6 +169,12 @@ class MassToolMethod:
             raise ValueError(f"masstool has stages {self.stages}, not {stage!r}")
         if self.semantic_dir is None:
             raise RuntimeError("masstool: run the semantic stage (or set semantic_init) before joint")
+        metric = self.params.select_metric
+        if (metric.startswith("detect_") or metric == "joint") and not data.neg_split.get("valid"):
+            raise ValueError(
+                f"masstool: select_metric {metric!r} needs no-tool queries in the "
+                "valid split, and this dataset has none"
+            )
         params = asdict(self.params)
         semantic = share(self.semantic_dir, run, f"{run.name}-semantic")
         loop = {**params, "params": params, "semantic_dir": semantic, "dataset": ray.put(data)}
@@ -165,7 +189,7 @@ class MassToolMethod:
         counts) means a different split seed or an edited dataset never reuses an encoder that was
         trained on what is now the validation split.
         """
-        settings = [asdict(self.params.dense_params()), data.name, seed]
+        settings = [SEMANTIC_CACHE_VERSION, asdict(self.params.dense_params()), data.name, seed]
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
         for split in ("train", "valid"):
             for qid, rel in sorted(data.qrels.get(split, {}).items()):

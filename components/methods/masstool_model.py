@@ -43,6 +43,7 @@ class ModelConfig:
     graph: bool = True  # QC-GCN on; off = tools are their text (plus an ID vector) only
     contrastive: bool = True  # build the second view and its InfoNCE loss
     cl_temperature: float = 0.2
+    hide_batch_edges: bool = True  # a training query's own edges are left out of its step's graph
     suim: bool = True
     neighbours: int = 10  # K
     epsilon: float = 0.5  # ε: neighbours with cosine below it are dropped
@@ -95,6 +96,9 @@ class QCGCN(nn.Module):
         trained[torch.as_tensor(graphs.query_tool[1], dtype=torch.long)] = 1.0
         self.register_buffer("trained_tool", trained, persistent=True)
         self.register_buffer("tool_edges", graphs.tool_view_edges(), persistent=True)
+        has_scene = torch.zeros(graphs.n_queries, dtype=torch.bool)
+        has_scene[torch.as_tensor(graphs.query_scene[0], dtype=torch.long)] = True
+        self.register_buffer("query_has_scene", has_scene, persistent=False)
         self.conv = LGConv(normalize=True)
         # The scene view exists only to contrast with the propagated query–tool view.
         self.scene_view = cfg.contrastive and cfg.graph and graphs.has_scenes
@@ -108,10 +112,20 @@ class QCGCN(nn.Module):
         """Layer-0 tool nodes: projected text + ID vector (zero for tools never seen in training)."""
         return self.tool_text(tool_text) + self.tool_id.weight * self.trained_tool
 
-    def propagate(self, x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-        """LightGCN: ``L`` parameter-free propagations, mean of layers 0..L (the layer-sum readout)."""
+    def propagate(
+        self, x: torch.Tensor, edges: torch.Tensor, hide: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """LightGCN: ``L`` parameter-free propagations, mean of layers 0..L (the layer-sum readout).
+
+        Args:
+            hide: Query nodes whose edges are left out of this propagation (see :meth:`forward`).
+        """
+        if hide is not None and hide.numel():
+            edges = edges[:, ~torch.isin(edges, hide).any(0)]
         if self.training and self.cfg.edge_dropout > 0:
-            edges, _ = dropout_edge(edges, p=self.cfg.edge_dropout, force_undirected=False)
+            # Both directions of an edge together: LGConv's normalisation takes degrees from incoming
+            # edges, so dropping one direction alone would also silence the other end's messages.
+            edges, _ = dropout_edge(edges, p=self.cfg.edge_dropout, force_undirected=True)
         out, h = x, x
         for _ in range(self.cfg.layers):
             h = self.conv(h, edges)
@@ -119,7 +133,11 @@ class QCGCN(nn.Module):
         return out / (self.cfg.layers + 1)
 
     def forward(
-        self, query_x: torch.Tensor, tool_text: torch.Tensor, cl_index: torch.Tensor | None = None
+        self,
+        query_x: torch.Tensor,
+        tool_text: torch.Tensor,
+        cl_index: torch.Tensor | None = None,
+        hide: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Query and tool embeddings of the query–tool view, and the cross-view loss (or None).
 
@@ -128,11 +146,15 @@ class QCGCN(nn.Module):
             tool_text: ``(T, text_dim)`` semantic embeddings of the graph's tools.
             cl_index: Training queries of the current batch; when given (and the scene view is
                 on, in training), the InfoNCE loss aligns their two views, and every tool's.
+            hide: Training queries of the current batch, whose edges this step leaves out. A
+                query met at inference is not a graph node, so in training a query must not reach
+                its own relevant tools through its edges (the tools' readout would contain the
+                query's own embedding: a shortcut that does not exist for new queries).
         """
         tools0 = self.tool_features(tool_text)
         if not self.cfg.graph:
             return query_x, tools0, None
-        nodes = self.propagate(torch.cat([query_x, tools0]), self.tool_edges)
+        nodes = self.propagate(torch.cat([query_x, tools0]), self.tool_edges, hide)
         q1, t1 = nodes[: self.n_queries], nodes[self.n_queries :]
         if not (self.training and self.scene_view):
             return q1, t1, None
@@ -140,13 +162,20 @@ class QCGCN(nn.Module):
             # No pair to contrast in this batch; a zero that still touches the scene embeddings,
             # so multi-worker DDP finds every parameter used in every step.
             return q1, t1, self.scene_emb.weight.sum() * 0.0
-        nodes2 = self.propagate(torch.cat([query_x, self.scene_emb.weight]), self.scene_edges)
+        nodes2 = self.propagate(torch.cat([query_x, self.scene_emb.weight]), self.scene_edges, hide)
         q2, s2 = nodes2[: self.n_queries], nodes2[self.n_queries :]
         t2 = self.scene_tool @ s2  # scene–tool aggregation: a tool is the mean of its scenes
-        has_scene = self.scene_tool.sum(1) > 0
+        # Pairs with information only: a query without a scene (or a tool without a training
+        # edge) has nothing in one of the two views but its own layer-0 input.
+        tools = (self.scene_tool.sum(1) > 0) & (self.trained_tool.squeeze(-1) > 0)
         cl_index = cl_index.unique()  # a query twice in one batch would be its own negative
-        loss = info_nce(q1[cl_index], q2[cl_index], self.cfg.cl_temperature)
-        loss = loss + info_nce(t1[has_scene], t2[has_scene], self.cfg.cl_temperature)
+        cl_index = cl_index[self.query_has_scene[cl_index]]
+        loss = t1.new_zeros(())
+        if cl_index.numel() >= 2:
+            loss = loss + info_nce(q1[cl_index], q2[cl_index], self.cfg.cl_temperature)
+        if int(tools.sum()) >= 2:
+            loss = loss + info_nce(t1[tools], t2[tools], self.cfg.cl_temperature)
+        loss = loss + self.scene_emb.weight.sum() * 0.0  # every parameter used each step (DDP)
         return q1, t1, loss
 
 

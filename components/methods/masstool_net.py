@@ -57,20 +57,26 @@ class MassToolModel(nn.Module):
         self.tool_text.copy_(self.embed(tool_texts, tool_max_length).to(device))
 
     def graph(
-        self, cl_index: torch.Tensor | None = None
+        self, cl_index: torch.Tensor | None = None, hide: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """QC-GCN over the cached semantic inputs: training-query and tool embeddings (+ CL loss)."""
-        return self.gcn(self.query_proj(self.pool), self.tool_text, cl_index)
+        """QC-GCN over the cached semantic inputs: training-query and tool embeddings (+ CL loss).
+
+        ``hide``: training queries whose edges this propagation leaves out (see :class:`QCGCN`).
+        """
+        return self.gcn(self.query_proj(self.pool), self.tool_text, cl_index, hide)
 
     def search(
         self, semantic: torch.Tensor, exclude: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``K`` training queries by cosine; ``exclude[i]`` (a pool index, or -1) is skipped."""
         sims = semantic @ self.pool.T
+        k = min(self.cfg.neighbours, self.pool.shape[0])
         if exclude is not None:
             rows = torch.nonzero(exclude >= 0).squeeze(-1)
             sims[rows, exclude[rows]] = float("-inf")  # a training query is not its own neighbour
-        k = min(self.cfg.neighbours, self.pool.shape[0])
+            # Never pick the excluded entry itself: its -inf would reach SUIM's w_sim gradient as
+            # 0 * -inf = nan when the pool has no more than K queries.
+            k = min(k, self.pool.shape[0] - 1)
         return sims.topk(k, dim=-1)
 
     def joint(
@@ -107,7 +113,8 @@ class MassToolModel(nn.Module):
         """
         if semantic is None:
             semantic = self.semantic(input_ids, attention_mask)
-        q_graph, t_graph, cl = self.graph(pool_index[pool_index >= 0])
+        in_pool = pool_index[pool_index >= 0]
+        q_graph, t_graph, cl = self.graph(in_pool, hide=in_pool if self.cfg.hide_batch_edges else None)
         logit, e = self.joint(semantic, q_graph, exclude=pool_index)
         return {"logit": logit, "scores": self.scores(e, t_graph), "cl": cl}
 

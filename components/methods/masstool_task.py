@@ -81,14 +81,18 @@ class MassToolTask:
             groups.append({"params": encoder, "lr": self.params.encoder_lr})
         return groups
 
+    def refresh(self, model: MassToolModel) -> None:
+        """Re-embed the search pool (training queries) and the tools with the current encoder."""
+        model.refresh(
+            [self.data.queries[q] for q in self.graphs.query_ids],
+            tool_texts(self.data.corpus, self.graphs.tool_ids, self.params.tool_fields),
+            self.params.tool_max_length,
+        )
+
     def start_epoch(self, model: MassToolModel, epoch: int) -> None:
-        """Re-embed the search pool and tools: the encoder moved during the last epoch."""
-        if self.params.finetune_encoder or not self._refreshed:
-            model.refresh(
-                [self.data.queries[q] for q in self.graphs.query_ids],
-                tool_texts(self.data.corpus, self.graphs.tool_ids, self.params.tool_fields),
-                self.params.tool_max_length,
-            )
+        """Embed the search pool and tools once; :meth:`validate` keeps them current after that."""
+        if not self._refreshed:
+            self.refresh(model)
             self._refreshed = True
             if not self.params.finetune_encoder:
                 # A frozen encoder's embeddings never change: compute each example's once.
@@ -123,7 +127,8 @@ class MassToolTask:
             "attention_mask": tokens["attention_mask"],
             "pool_index": torch.tensor([p for _, p, _, _ in items]),
             "relevant": relevant,
-            "needs_tool": relevant.any(1).float(),
+            # Where the example came from, not its judgements: a pool query needs a tool.
+            "needs_tool": torch.tensor([float(p >= 0) for _, p, _, _ in items]),
         }
         if self._semantic is not None:
             batch["semantic"] = self._semantic[torch.tensor([r for _, _, _, r in items])]
@@ -145,6 +150,10 @@ class MassToolTask:
         return loss
 
     def validate(self, model: torch.nn.Module) -> dict[str, float]:
+        if self.params.finetune_encoder:
+            # The encoder moved this epoch: re-embed now, so that validation and the checkpoint
+            # saved after it pair the encoder with a pool and tool texts from the same weights.
+            self.refresh(model)
         method = MassToolMethod.from_model(model, self.params)
         method.index(self.data.corpus)
         queries = self.data.split_queries("valid")
@@ -155,7 +164,8 @@ class MassToolTask:
             probs = method.detect({**queries, **{f"neg-{i}": t for i, t in enumerate(negatives)}})
             labels = np.array([1] * len(queries) + [0] * len(negatives))
             det = detection_metrics(labels, np.array(list(probs.values())), self.params.detect_threshold)
-            out |= {"detect_accuracy": det["accuracy"], "detect_f1": det["f1"]}
+            out |= {"detect_accuracy": det["accuracy"], "detect_f1": det["f1"], "detect_auroc": det["auroc"]}
+            out["joint"] = (out["ndcg@3"] + out["detect_accuracy"]) / 2
         return out
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:
