@@ -43,6 +43,7 @@ def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpe
         env={k: str(v) for k, v in (t.get("env") or {}).items()},
         storage_options=dict(t.get("storage_options") or {}),
         seed=int(t.get("seed", 0)),
+        deterministic=bool(t.get("deterministic", True)),
     )
 
 

@@ -31,6 +31,10 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)  # environment variables for the workers
     storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec options for s3:// storage
     seed: int = 0
+    # torch.use_deterministic_algorithms in the workers: on CPU, the backward of indexing with
+    # repeated indices (index_put with accumulate) adds in thread order otherwise, so two runs of
+    # one config differed in the 6th digit of every weight.
+    deterministic: bool = True
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import ray.train
@@ -85,9 +86,10 @@ def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
 _SKIP = object()  # what settings_fingerprint leaves out
 
 # Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs,
-# and where and how its storage is reached (credentials rotate).
+# deterministic kernels, and where and how its storage is reached (credentials rotate).
 RESUMABLE_KEYS = frozenset(
-    {"epochs", "progress", "report_log", "chaos", "storage_options", "storage_path", "run_name"}
+    {"epochs", "progress", "report_log", "chaos", "deterministic"}
+    | {"storage_options", "storage_path", "run_name"}
 )
 
 
@@ -222,6 +224,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point; ``config`` carries the method, stage, hyper-parameters and data."""
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    # The worker process is this stage's alone: the setting need not be restored.
+    torch.use_deterministic_algorithms(bool(config.get("deterministic", True)), warn_only=True)
     torch.manual_seed(int(config.get("seed", 0)))
     task = make_task(config)
     model = task.build_model()
@@ -270,6 +274,24 @@ def train_in_process(config: dict[str, Any], checkpoint_root: str) -> list[dict[
     Used to measure what Ray Train costs: identical task, batches, optimizer, validation and
     per-epoch checkpoint files, written under ``checkpoint_root/epoch_<n>``.
     """
+    with deterministic_kernels(bool(config.get("deterministic", True))):
+        return _train_in_process(config, checkpoint_root)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool) -> Iterator[None]:
+    """``torch.use_deterministic_algorithms`` inside the block (warn-only: an op without a
+    deterministic kernel warns instead of failing), restored after it."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+
+
+def _train_in_process(config: dict[str, Any], checkpoint_root: str) -> list[dict[str, float]]:
     torch.manual_seed(int(config.get("seed", 0)))
     task = make_task(config)
     model = task.build_model()

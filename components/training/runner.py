@@ -35,6 +35,15 @@ class StageResult:
     model_uri: str = ""  # the model where it is stored (an s3:// URL with remote storage)
 
 
+def worker_env(run: RunSpec) -> dict[str, str]:
+    """Environment of the training workers: ``run.env``, plus what deterministic cuBLAS needs on GPUs
+    (it must be set before CUDA starts, so it cannot wait for the loop)."""
+    env = dict(run.env)
+    if run.deterministic and run.use_gpu:
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return env
+
+
 def run_stage(
     method: str, stage: str, loop_config: dict[str, Any], run: RunSpec, score: str = "valid_ndcg@3"
 ) -> StageResult:
@@ -54,6 +63,7 @@ def run_stage(
         "method": method,
         "stage": stage,
         "seed": run.seed,
+        "deterministic": run.deterministic,
         "storage_path": run.storage_path,
         "storage_options": run.storage_options,
         "run_name": name,
@@ -79,7 +89,7 @@ def run_stage(
             else run.storage_path,
             storage_filesystem=io.arrow_filesystem(run.storage_path, run.storage_options),
             failure_config=FailureConfig(max_failures=run.max_failures),
-            worker_runtime_env={"env_vars": dict(run.env)} if run.env else None,
+            worker_runtime_env={"env_vars": worker_env(run)} if worker_env(run) else None,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=run.keep_checkpoints,
                 checkpoint_score_attribute=score,
