@@ -6,6 +6,13 @@ come from the ``deployments`` list, in the same format as a Serve config file's,
 ``serve run`` / ``serve deploy`` apply on top. Serve hashes ``args`` into the app's code version,
 so a hot-swap changes a deployment's ``user_config`` in the config file instead (see
 :func:`components.serving.deploy.swap_artifact`): replicas then reconfigure in place.
+
+Artifacts are checked and pinned where the user configs are built (in Serve's build task, or on
+the driver for a swap), not in the replicas: a method dir's ``LATEST`` becomes the version dir it
+names. Replicas started later (autoscaling, a crash replacement) get the same user config, so they
+load the same version as their peers even after a ``promote``. Redeploying an unchanged config
+does not rebuild the app; to move to a newer ``LATEST``, swap to the method dir
+(:func:`~components.serving.deploy.swap_artifact` pins what ``LATEST`` names at that moment).
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
+from components.methods import REGISTRY
+from components.methods.base import read_config
+from components.registry import resolve
 from components.serving.deployments import Detector, QueryRewriter, Retriever, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
@@ -30,7 +40,9 @@ class ServeArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    artifact: str = Field(description="Retriever artifact dir, or a method dir with LATEST.")
+    artifact: str = Field(
+        description="Retriever artifact dir, or a method dir with LATEST (pinned when the app is built)."
+    )
     catalog: str = Field(description="Dataset dir (raw or prepared) whose corpus names the tools.")
     detector_artifact: str | None = Field(None, description="Detector artifact; default: artifact.")
     detector_file: str | None = Field(
@@ -45,7 +57,13 @@ class ServeArgs(BaseModel):
     batching: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="Per deployment: max_batch_size, batch_wait_timeout_s."
     )
-    needs_tool_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    needs_tool_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Default decision threshold; null: the detector's own (a MassTool artifact's "
+        "detect_threshold, 0.5 for a calibrated score threshold).",
+    )
     api_key: str | None = Field(None, description=f"Sets ${API_KEY_ENV} in the ingress replicas.")
     deployments: list[dict[str, Any]] = Field(default_factory=list, description="Serve deployment options.")
 
@@ -53,6 +71,25 @@ class ServeArgs(BaseModel):
 def _local(path: str | None) -> str | None:
     """Absolute local paths (replicas need not share the builder's working directory); URLs as is."""
     return path if path is None or "://" in path else os.path.abspath(path)
+
+
+def pinned_artifact(path: str) -> str:
+    """The absolute dir of one artifact version: ``LATEST`` resolved, checked to hold a known method.
+
+    Raises:
+        ValueError: ``path`` is no directory, has no readable ``config.json``, or names a method that
+            is not registered; said here, before any replica tries to load it.
+    """
+    version = os.path.abspath(resolve(path))
+    if not os.path.isdir(version):
+        raise ValueError(f"artifact {path!r}: {version} is not a directory")
+    try:
+        method = read_config(version).get("method")
+    except (OSError, ValueError) as e:  # missing, unreadable, or not JSON
+        raise ValueError(f"artifact {path!r}: cannot read its config.json: {e}") from e
+    if method not in REGISTRY:
+        raise ValueError(f"artifact {path!r}: config.json names unknown method {method!r}")
+    return version
 
 
 def _options(args: ServeArgs, name: str) -> dict[str, Any]:
@@ -70,9 +107,12 @@ def _deployment(cls: type, name: str, args: ServeArgs, user_config: dict[str, An
 
 
 def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
-    """The user config of each model deployment (what a hot-swap changes), batching included."""
+    """The user config of each model deployment (what a hot-swap changes), batching included.
+
+    Artifacts are pinned (see :func:`pinned_artifact`), so every replica loads the same version.
+    """
     detector = {
-        "artifact": _local(args.detector_artifact or args.artifact),
+        "artifact": pinned_artifact(args.detector_artifact or args.artifact),
         "detector_file": _local(args.detector_file),
         "calibration_data": _local(args.calibration_data),
         "splits": args.splits,
@@ -82,7 +122,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         selector["model"] = _local(selector["model"])
     configs = {
         "Detector": detector,
-        "Retriever": {"artifact": _local(args.artifact)},
+        "Retriever": {"artifact": pinned_artifact(args.artifact)},
         "QueryRewriter": dict(args.rewriter),
         "Selector": selector,
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from components.serving.catalog import Param, Tool
@@ -59,7 +60,13 @@ class CallFormat:
 
 
 def format_value(value: Any) -> str:
-    """Argument values as the LM writes them (booleans in JSON spelling)."""
+    """Argument values as the LM writes them: booleans in JSON spelling, floats positionally.
+
+    ``str(1e-05)`` or ``str(1e+16)`` would use an exponent the number grammar of
+    :mod:`.selector_lm` cannot spell; the shortest positional form (``2.5``, ``250``) always fits.
+    """
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float):
+        return np.format_float_positional(value, trim="-")
     return str(value)

@@ -61,6 +61,14 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
     ``detector_artifact``) pointing at another artifact, e.g. ``.../bm25/v0002`` or a dense one.
 
     Only ``deployments[].user_config`` changes, so redeploying it reconfigures replicas in place.
+    Each user config is written whole, as :func:`components.serving.app.user_configs` builds it
+    from the args: Serve replaces a deployment's ``user_config`` as a unit, so a partial one would
+    drop the detector file, calibration data and batching settings. ``artifact`` is checked here
+    (a directory whose ``config.json`` names a known method) and a method dir's ``LATEST`` is
+    pinned to the version it names.
+
+    Raises:
+        ValueError: ``artifact`` is not a loadable artifact directory.
     """
     from components.serving.app import ServeArgs, user_configs
 
@@ -74,11 +82,34 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
     return config
 
 
+def check_config(config: dict[str, Any]) -> None:
+    """Validate the toolscout application's args on the driver, before anything is deployed.
+
+    The same checks Serve's build task would run (the args' schema, each artifact a loadable
+    directory), raised here as a clear :class:`ValueError` instead of a ``DEPLOY_FAILED`` status.
+    """
+    from pydantic import ValidationError
+
+    from components.serving.app import ServeArgs, user_configs
+
+    app = config["applications"][0]
+    if app.get("import_path") != IMPORT_PATH:
+        return
+    try:
+        user_configs(ServeArgs.model_validate(app.get("args") or {}))
+    except ValidationError as e:
+        raise ValueError(f"application {app.get('name')!r}: bad args: {e}") from e
+
+
 def deploy_config(config: dict[str, Any], timeout_s: float = 180.0) -> None:
     """Apply ``config`` to the running Serve instance and wait until its application is RUNNING.
 
     Serve must be started (``serve.start``) on this Ray cluster first.
+
+    Raises:
+        ValueError: the args or an artifact are bad (see :func:`check_config`); nothing was deployed.
     """
+    check_config(config)
     schema = ServeDeploySchema.model_validate(config)
     name = schema.applications[0].name
     previous = serve.status().applications.get(name)

@@ -4,30 +4,40 @@ Each model-holding deployment loads its model in ``reconfigure(user_config)``, s
 version is swapped in by changing only the deployments' ``user_config`` in the Serve config and
 deploying it again (:func:`components.serving.deploy.swap_artifact`): the running replicas load the
 new version off the event loop, then replace the old one in a single assignment, and requests in
-flight finish on the version they started with. Responses carry the version that answered.
-Changing the app's ``args`` instead changes its code version, so Serve restarts the replicas.
+flight finish on the version they started with. Responses carry the version that answered. A
+version that fails to load is logged and the replica keeps serving the one it has (see
+:func:`_load_new`); only a replica's first load fails it. Changing the app's ``args`` instead changes
+its code version, so Serve restarts the replicas.
 
 Model calls go through ``@serve.batch`` (small batches, a short wait: the latency goal is tens of
 milliseconds) and run in a worker thread so the replica's event loop keeps collecting the next
-batch while torch / numpy compute.
+batch while torch / numpy compute. A batch must answer each request as it would be answered alone:
+the retriever ranks each distinct ``k`` separately (:func:`rank_by_k`), and a model call that raises
+is retried item by item (:func:`call_each`), so one bad input fails only its own request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 from ray import serve
 
 from components.serving.catalog import ToolCatalog, load_catalog
-from components.serving.models import DetectorModel, RetrieverModel, named
+from components.serving.models import DetectorModel, Ranking, RetrieverModel, named
 from components.serving.rewriter import build_rewriter
 from components.serving.selector import build_selector
 
 logger = logging.getLogger("ray.serve")
 
 BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+Loaded = TypeVar("Loaded")
 
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +53,70 @@ def _batching(method: Any, config: dict[str, Any]) -> None:
         method.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
 
 
+async def _load_new(name: str, load: Callable[[], Loaded], serving: bool) -> tuple[bool, Loaded | None]:
+    """``(True, load())``, run off the event loop; ``(False, None)`` if it raises while ``serving``.
+
+    Serve stops a replica whose ``reconfigure`` raises, and every replacement gets the same user
+    config and fails alike: one bad hot-swap would take the deployment down. So a failed swap is
+    logged and the caller keeps the version it serves; a replica's first load (nothing
+    ``serving`` yet) still raises, since there is nothing to answer with.
+    """
+    try:
+        return True, await asyncio.to_thread(load)
+    except Exception:
+        if not serving:
+            raise
+        logger.exception("%s: loading the new user config failed; still serving the previous one", name)
+        return False, None
+
+
+def call_each(call: Callable[[list[Item]], list[Result]], items: list[Item]) -> list[Result | Exception]:
+    """``call(items)``; if that raises, ``call([item])`` for each item, so only bad items fail.
+
+    Returns one result per item, or the exception its own call raised (``@serve.batch`` has no
+    per-item failure, so the deployment method raises it for that request alone).
+    """
+    try:
+        return list(call(items))
+    except Exception as batch_error:
+        if len(items) == 1:
+            return [batch_error]
+        logger.warning("a batch of %d failed (%r); retrying its items one by one", len(items), batch_error)
+    out: list[Result | Exception] = []
+    for item in items:
+        try:
+            out.extend(call([item]))
+        except Exception as e:
+            out.append(e)
+    return out
+
+
+def rank_by_k(model: RetrieverModel, requests: list[tuple[str, int]]) -> list[Ranking | Exception]:
+    """Each ``(text, k)``'s top-``k``, ranked among the requests with the same ``k``.
+
+    Ranking the whole batch once at its largest ``k`` and truncating would make a request's answer
+    depend on its batch mates: a method's top-k is not always the prefix of its top-K (ties, e.g.
+    duplicated tools, come out of ``torch.topk`` in a k-dependent order; beam searches widen with k).
+    """
+    by_k: dict[int, list[int]] = {}
+    for i, (_, k) in enumerate(requests):
+        by_k.setdefault(k, []).append(i)
+    out: list[Ranking | Exception] = [[] for _ in requests]
+    for k, indices in by_k.items():
+        texts = [requests[i][0] for i in indices]
+        rankings = call_each(partial(model.retrieve, k=k), texts)
+        for i, ranking in zip(indices, rankings, strict=True):
+            out[i] = ranking
+    return out
+
+
+def _raise_failed(result: Result | Exception) -> Result:
+    """A batch item's result, or its exception raised for this request alone."""
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 class Detector:
     """P(needs a tool). User config: ``artifact``, ``detector_file``, ``calibration_data``, ``splits``."""
 
@@ -51,15 +125,23 @@ class Detector:
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         settings = {k: config.get(k) for k in ("detector_file", "calibration_data", "splits")}
-        self.model = await asyncio.to_thread(DetectorModel, config["artifact"], **settings)
-        _batching(self.detect, config)
+        load = partial(DetectorModel, config["artifact"], **settings)
+        loaded, model = await _load_new("Detector", load, serving=self.model is not None)
+        if loaded:
+            self.model = model
+            _batching(self._detect_batch, config)
+
+    async def detect(self, query: str) -> dict[str, Any]:
+        """``{"probability", "threshold", "version"}`` for one query (batched with concurrent ones)."""
+        return _raise_failed(await self._detect_batch(query))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002)
-    async def detect(self, queries: list[str]) -> list[dict[str, Any]]:
+    async def _detect_batch(self, queries: list[str]) -> list[dict[str, Any] | Exception]:
         model = self.model  # one version for the whole batch, even if a swap lands meanwhile
         assert model is not None, "reconfigure() loads the model before any request"
-        probs = await asyncio.to_thread(model.probabilities, queries)
-        return [{"probability": p, "version": model.version} for p in probs]
+        probs = await asyncio.to_thread(call_each, model.probabilities, queries)
+        found = {"version": model.version, "threshold": model.decision_threshold}
+        return [p if isinstance(p, Exception) else {"probability": p, **found} for p in probs]
 
 
 class QueryRewriter:
@@ -69,7 +151,10 @@ class QueryRewriter:
         self.rewriter: Any = None
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        self.rewriter = await asyncio.to_thread(build_rewriter, _settings(config))
+        load = partial(build_rewriter, _settings(config))
+        loaded, rewriter = await _load_new("QueryRewriter", load, serving=self.rewriter is not None)
+        if loaded:
+            self.rewriter = rewriter
 
     async def rewrite(self, query: str, history: list[str]) -> str:
         return await asyncio.to_thread(self.rewriter.rewrite, query, history)
@@ -87,25 +172,50 @@ class Retriever:
         self.model: RetrieverModel | None = None
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        self.model = await asyncio.to_thread(RetrieverModel, config["artifact"])
-        _batching(self.retrieve, config)
+        load = partial(RetrieverModel, config["artifact"])
+        loaded, model = await _load_new("Retriever", load, serving=self.model is not None)
+        if loaded:
+            self.model = model
+            _batching(self._retrieve_batch, config)
+
+    async def retrieve(self, request: tuple[str, int]) -> dict[str, Any]:
+        """``{"tools", "version"}`` for one ``(text, k)`` (batched with concurrent ones)."""
+        return _raise_failed(await self._retrieve_batch(request))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002)
-    async def retrieve(self, requests: list[tuple[str, int]]) -> list[dict[str, Any]]:
-        """One ``(text, k)`` per request; the batch is ranked once at the largest ``k``."""
+    async def _retrieve_batch(self, requests: list[tuple[str, int]]) -> list[dict[str, Any] | Exception]:
         model = self.model
         assert model is not None, "reconfigure() loads the model before any request"
-        k = max(k for _, k in requests)
-        rankings = await asyncio.to_thread(model.retrieve, [t for t, _ in requests], k)
+        rankings = await asyncio.to_thread(rank_by_k, model, requests)
         return [
-            {"tools": named(r[:k_i], self.catalog), "version": model.version}
-            for r, (_, k_i) in zip(rankings, requests, strict=True)
+            r if isinstance(r, Exception) else {"tools": named(r, self.catalog), "version": model.version}
+            for r in rankings
         ]
 
     async def info(self) -> dict[str, Any]:
         model = self.model
         assert model is not None
         return {"size": model.size(), "model_version": model.version, "catalog_version": self.catalog.version}
+
+
+async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """The call for each ``{"query", "history", "candidates"}``; ``None`` where the backend failed.
+
+    Backends that wait on the network (``concurrent_calls``: an OpenAI-compatible endpoint) are
+    called concurrently, so a batch takes about as long as its slowest call; a local LM decodes one
+    request after the other, since parallel decodes would only contend for the same cores.
+    """
+
+    def one(r: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return backend.select(r["query"], r["history"], r["candidates"])
+        except Exception:  # one bad decode must not drop the other requests of the batch
+            logger.exception("selector failed on one request; answering it without a call")
+            return None
+
+    if getattr(backend, "concurrent_calls", False):
+        return list(await asyncio.gather(*(asyncio.to_thread(one, r) for r in requests)))
+    return await asyncio.to_thread(lambda: [one(r) for r in requests])
 
 
 class Selector:
@@ -118,24 +228,20 @@ class Selector:
     def __init__(self, catalog: str) -> None:
         self.catalog = load_catalog(catalog)
         self.backend: Any = None
+        self.configured = False  # backend None is a configuration too (``backend: none``)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        self.backend = await asyncio.to_thread(build_selector, _settings(config), self.catalog)
-        _batching(self.select, config)
+        load = partial(build_selector, _settings(config), self.catalog)
+        loaded, backend = await _load_new("Selector", load, serving=self.configured)
+        if loaded:
+            self.backend, self.configured = backend, True
+            _batching(self.select, config)
 
     @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.002)
     async def select(self, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-        """One ``{"query", "history", "candidates"}`` per request; decoded one after the other, since
-        each request constrains decoding to its own candidates."""
+        """One ``{"query", "history", "candidates"}`` per request; each constrains decoding to its own
+        candidates, so requests are decoded separately (see :func:`select_all`)."""
         backend = self.backend
         if backend is None:
             return [None] * len(requests)
-
-        def one(r: dict[str, Any]) -> dict[str, Any] | None:
-            try:
-                return backend.select(r["query"], r["history"], r["candidates"])
-            except Exception:  # one bad decode must not drop the other requests of the batch
-                logger.exception("selector failed on one request; answering it without a call")
-                return None
-
-        return await asyncio.to_thread(lambda: [one(r) for r in requests])
+        return await select_all(backend, requests)

@@ -3,7 +3,8 @@
 ``POST /v1/select`` runs detection; when no tool is needed it answers at once (retrieval skipped),
 otherwise it rewrites (if a rewriter is deployed), retrieves, and selects (if a selector is
 deployed). Calls to replicas that die mid-request (a node loss, a killed actor) are retried on
-another replica; they are all idempotent reads.
+another replica; they are all idempotent reads. The response names the version of each model that
+answered (``versions``): Detector and Retriever reconfigure independently during a hot-swap.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, error, install_error_handlers
+from components.serving.errors import (
+    API_KEY_ENV,
+    ApiKeyMiddleware,
+    error,
+    install_error_handlers,
+    require_json,
+)
 from components.serving.schemas import ErrorResponse, Health, SelectRequest, SelectResponse, ToolsInfo
 
 logger = logging.getLogger("ray.serve")
@@ -34,7 +41,10 @@ api = FastAPI(
     summary="Online tool selection: detection → retrieval → LLM selection, on Ray Serve.",
     version="1",
 )
-api.add_middleware(ApiKeyMiddleware)
+# Everything but liveness and the API docs needs the key (when one is set), whatever the prefix.
+DOCS_PATHS = (api.docs_url, api.swagger_ui_oauth2_redirect_url, api.redoc_url, api.openapi_url)
+PUBLIC_PATHS = frozenset(p for p in ("/healthz", *DOCS_PATHS) if p)
+api.add_middleware(ApiKeyMiddleware, public=PUBLIC_PATHS)
 install_error_handlers(api)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -42,8 +52,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "Body is not JSON",
         401: "API key missing or wrong",
-        415: "Content-Type is not application/json",
+        415: "Content-Type is missing or not application/json",
         422: "Request does not match the schema",
+        500: "Unexpected server error (details are in the server log)",
         503: "A model deployment is unavailable",
     }.items()
 }
@@ -59,7 +70,8 @@ class Ingress:
     Args:
         detector, retriever: Handles of the Detector and Retriever deployments.
         rewriter, selector: Handles of the optional deployments, or ``None`` when not deployed.
-        needs_tool_threshold: Default probability above which a request needs a tool.
+        needs_tool_threshold: Default probability above which a request needs a tool; ``None``
+            uses the threshold the detector reports (the artifact's own, as evaluation uses).
         retries: Extra attempts on a replica failure.
         api_key: The app's API key, if it has one; it becomes ``$TOOLSCOUT_API_KEY`` of this
             replica, which :class:`~components.serving.errors.ApiKeyMiddleware` reads when Serve
@@ -73,7 +85,7 @@ class Ingress:
         retriever: DeploymentHandle,
         rewriter: DeploymentHandle | None = None,
         selector: DeploymentHandle | None = None,
-        needs_tool_threshold: float = 0.5,
+        needs_tool_threshold: float | None = None,
         retries: int = 3,
         api_key: str | None = None,
     ) -> None:
@@ -105,13 +117,16 @@ class Ingress:
 
     async def _select(self, req: SelectRequest, timings: dict[str, float]) -> dict[str, Any]:
         detected = await self._timed(timings, "detect", self._call(self.detector.detect, req.query))
-        threshold = self.threshold if req.needs_tool_threshold is None else req.needs_tool_threshold
+        threshold = next(
+            t for t in (req.needs_tool_threshold, self.threshold, detected["threshold"]) if t is not None
+        )
         out: dict[str, Any] = {
             "needs_tool": detected["probability"] >= threshold,
             "probability": detected["probability"],
             "tools": [],
             "call": None,
-            "model_version": detected["version"],
+            "model_version": detected["version"],  # the retriever's, once it answers
+            "versions": {"detector": detected["version"], "retriever": None},
         }
         if not out["needs_tool"]:
             return out
@@ -122,6 +137,7 @@ class Ingress:
             )
         found = await self._timed(timings, "retrieve", self._call(self.retriever.retrieve, (text, req.top_k)))
         out["tools"], out["model_version"] = found["tools"], found["version"]
+        out["versions"]["retriever"] = found["version"]
         if self.selector is not None and found["tools"]:
             ask = {
                 "query": req.query,
@@ -134,7 +150,9 @@ class Ingress:
                 logger.warning("selector failed, answering with the ranking only: %s", e)
         return out
 
-    @api.post("/v1/select", response_model=SelectResponse, responses=ERRORS)
+    @api.post(
+        "/v1/select", response_model=SelectResponse, responses=ERRORS, dependencies=[Depends(require_json)]
+    )
     async def select(self, body: SelectRequest) -> Any:
         """Does the request need a tool; if so, the top-k tools and the selected call."""
         timings: dict[str, float] = {}
@@ -146,7 +164,7 @@ class Ingress:
         timings["total"] = round((time.perf_counter() - start) * 1000, 3)
         return {**out, "timings_ms": timings}
 
-    @api.get("/v1/tools", response_model=ToolsInfo, responses={401: ERRORS[401], 503: ERRORS[503]})
+    @api.get("/v1/tools", response_model=ToolsInfo, responses={c: ERRORS[c] for c in (401, 500, 503)})
     async def tools(self) -> Any:
         """Catalog size, and the retriever's model and catalog versions."""
         try:

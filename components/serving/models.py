@@ -87,6 +87,14 @@ class DetectorModel:
             if detector_file:
                 save_calibration(detector_file, self.artifact, self.threshold)
 
+    @property
+    def decision_threshold(self) -> float:
+        """The probability from which a query needs a tool: the method's own ``detect_threshold``
+        (what ``toolscout evaluate`` reports detection accuracy at), else 0.5 (a calibrated score
+        threshold maps the chosen score cut-off to probability 0.5)."""
+        params = getattr(self.method, "params", None)
+        return float(getattr(params, "detect_threshold", 0.5))
+
     def probabilities(self, texts: list[str]) -> list[float]:
         """P(needs a tool) for each text."""
         if self.threshold is None:

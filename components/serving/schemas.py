@@ -1,7 +1,10 @@
 """Request and response models of the HTTP API (FastAPI renders them in the OpenAPI docs at /docs).
 
 Requests are strict: unknown fields, wrong JSON types (``"5"`` for ``top_k``), empty or
-whitespace-only queries and over-long ones are rejected with a JSON error (see :mod:`.errors`).
+whitespace-only queries, over-long ones, and text that is not valid Unicode are rejected with a
+JSON error (see :mod:`.errors`) before any model sees them. The last needs no validator here: a
+lone surrogate such as ``"\\ud800"`` is valid JSON, but pydantic-core's ``str`` validation
+rejects it (``string_unicode``), which the tests check.
 """
 
 from __future__ import annotations
@@ -55,14 +58,31 @@ class ToolCall(BaseModel):
     arguments: dict[str, Any]
 
 
+class Versions(BaseModel):
+    """The artifact version of each model that answered this request.
+
+    Detector and Retriever are separate deployments: during a rolling hot-swap one may already run
+    the new version while the other still runs the old one, and a pinned ``detector_artifact``
+    keeps them apart for good.
+    """
+
+    detector: str = Field(description="The Detector's version that scored the request.")
+    retriever: str | None = Field(
+        None, description="The Retriever's version that ranked the tools; null when no tool was needed."
+    )
+
+
 class SelectResponse(BaseModel):
-    """The answer: whether a tool is needed, the ranking, the call, and which model version answered."""
+    """The answer: whether a tool is needed, the ranking, the call, and which model versions answered."""
 
     needs_tool: bool
     probability: float
     tools: list[ToolHit]
     call: ToolCall | None = None
-    model_version: str
+    model_version: str = Field(
+        description="The Retriever's version (the Detector's when no tool was needed); see ``versions``."
+    )
+    versions: Versions
     timings_ms: dict[str, float]
 
 

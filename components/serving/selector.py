@@ -16,6 +16,9 @@ from components.serving.catalog import ToolCatalog
 
 
 class Selector(Protocol):
+    # Whether a batch's calls may run at once (they wait on a network endpoint, not on local cores).
+    concurrent_calls: bool
+
     def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None: ...
 
 

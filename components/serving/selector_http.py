@@ -38,6 +38,9 @@ class OpenAISelector:
         timeout_s: Per-request timeout.
     """
 
+    # Each call waits on the endpoint, not on this process: a batch's calls may run at once.
+    concurrent_calls = True
+
     def __init__(
         self,
         url: str,

@@ -6,8 +6,10 @@ et al., 2021, "Autoregressive Entity Retrieval"; ToolGen, arXiv 2410.03439):
 - the tool name follows a prefix trie over the *retrieved candidates'* names
   (:class:`components.generative.trie.TokenTrie`), so the LM can only name a candidate;
 - parameter keys are forced in schema order (required parameters only);
-- each value is generated under a type mask: digits for integer/number, ``true``/``false`` for
-  booleans, any printable token for strings; ``</s>`` ends it (after at least one token).
+- each value is generated under a type constraint: numbers follow a small grammar
+  (:class:`NumberGrammar`: an optional ``-``, digits, and for ``number`` at most one ``.`` followed
+  by digits), booleans spell ``true``/``false``, strings take any printable token; ``</s>`` ends a
+  value once it is complete (a string after one token, a number after a digit).
 
 Forced tokens are fed without being scored, and the KV cache is reused across steps, so a call
 costs one forward pass per *decision*, not per token. The arguments object is assembled from
@@ -25,21 +27,74 @@ from components.generative.trie import TokenTrie
 from components.serving.callformat import CallFormat
 from components.serving.catalog import Tool, ToolCatalog
 
+# States of the number grammar  -?[0-9]+(\.[0-9]+)?  as a value is decoded token by token.
+N_STATES = 6
+START, SPACED, SIGN, INT, DOT, FRAC = range(N_STATES)
+ACCEPTING = (INT, FRAC)  # states in which the value may end
+_NUMBER_CHARS = frozenset(" -.0123456789")
+
+
+def number_step(state: int, text: str, decimal: bool) -> int | None:
+    """The grammar state after a token that decodes to ``text``, or None if it breaks the grammar.
+
+    Only the value's first token may carry the word-initial space (:class:`CallFormat` writes
+    ``" " + value``); ``.`` needs a digit before it and only ``decimal`` (``number``) allows it.
+    """
+    if not text:
+        return None
+    if state == START and text[0] == " ":
+        text, state = text[1:], SPACED
+    for c in text:
+        if c in "0123456789":  # not str.isdigit(): it also accepts "²" or "٣", which int() rejects
+            state = FRAC if state in (DOT, FRAC) else INT
+        elif c == "-" and state in (START, SPACED):
+            state = SIGN
+        elif c == "." and decimal and state == INT:
+            state = DOT
+        else:
+            return None
+    return state
+
+
+class NumberGrammar:
+    """Token transitions of the number grammar over a vocabulary.
+
+    Args:
+        texts: Each token id's decoded text ("" for specials).
+        decimal: ``number`` (a fraction allowed) rather than ``integer``.
+    """
+
+    def __init__(self, texts: list[str], decimal: bool) -> None:
+        self.next = torch.full((N_STATES, len(texts)), -1, dtype=torch.long)
+        for token, text in enumerate(texts):
+            if text and set(text) <= _NUMBER_CHARS:  # the rest can never fit: skip the state loop
+                for state in range(N_STATES):
+                    after = number_step(state, text, decimal)
+                    if after is not None:
+                        self.next[state, token] = after
+
+    def allowed(self, state: int, finish: bool = False) -> torch.Tensor:
+        """Tokens that may follow ``state``; with ``finish``, only those that complete a number."""
+        after = self.next[state]
+        return torch.isin(after, torch.tensor(ACCEPTING)) if finish else after >= 0
+
+    def step(self, state: int, token: int) -> int:
+        return int(self.next[state, token])
+
 
 class TypeMasks:
-    """Boolean masks over the vocabulary of the tokens allowed in a value of each JSON type."""
+    """The tokens allowed in a value of each JSON type: a mask for strings, a grammar for numbers."""
 
     def __init__(self, tokenizer: Any, size: int) -> None:
         specials = set(tokenizer.all_special_ids)
         texts = [
             tokenizer.decode([i]) if i < len(tokenizer) and i not in specials else "" for i in range(size)
         ]
-        printable = [bool(t) and all(c >= " " for c in t) for t in texts]
-        self.string = torch.tensor(printable)
-        # A number's first token may carry the word-initial space; later tokens must be bare digits.
-        # isascii(): str.isdigit() also accepts "²" or "٣", which int() then rejects.
-        self.digits_first = torch.tensor([t.lstrip(" ").isdigit() and t.isascii() for t in texts])
-        self.digits_next = torch.tensor([t.isdigit() and t.isascii() for t in texts])
+        self.string = torch.tensor([bool(t) and all(c >= " " for c in t) for t in texts])
+        self.numbers = {
+            "integer": NumberGrammar(texts, decimal=False),
+            "number": NumberGrammar(texts, decimal=True),
+        }
 
 
 class _Decoder:
@@ -93,6 +148,9 @@ class LMSelector:
         max_value_tokens: Longest value the LM may write for one parameter.
     """
 
+    # Decoding is compute-bound: a batch's requests are decoded one after the other.
+    concurrent_calls = False
+
     def __init__(self, model: str, catalog: ToolCatalog, max_value_tokens: int = 12) -> None:
         self.model, self.tokenizer = load_causal_lm(model)
         self.model.eval()
@@ -121,14 +179,18 @@ class LMSelector:
     def _value(self, decoder: _Decoder, kind: str) -> Any:
         if kind == "boolean":
             return decoder.walk(self._booleans) == "true"
-        numeric = kind in ("integer", "number")
+        if kind in self.masks.numbers:
+            text = self._number(decoder, self.masks.numbers[kind])
+            return float(text) if "." in text else int(text)
+        text = self._string(decoder)
+        return [text] if kind == "array" else text
+
+    def _string(self, decoder: _Decoder) -> str:
+        """Printable tokens until ``</s>`` (at least one) or the token budget."""
         ids: list[int] = []
         end = self.fmt.end
         for _ in range(self.max_value_tokens):
-            mask = (
-                (self.masks.digits_next if ids else self.masks.digits_first) if numeric else self.masks.string
-            )
-            mask = mask.clone()
+            mask = self.masks.string.clone()
             mask[end] = bool(ids)  # a value is never empty
             token = decoder.pick(mask)
             decoder.push([token])
@@ -137,12 +199,27 @@ class LMSelector:
             ids.append(token)
         else:
             decoder.push([end])  # close the value as in training
-        text = self.tokenizer.decode(ids).strip()
-        if kind == "integer":
-            return int(text)
-        if kind == "number":
-            return float(text) if "." in text else int(text)
-        return [text] if kind == "array" else text
+        return self.tokenizer.decode(ids).strip()
+
+    def _number(self, decoder: _Decoder, grammar: NumberGrammar) -> str:
+        """A number spelled under ``grammar``; the last token of the budget must complete it."""
+        ids: list[int] = []
+        end = self.fmt.end
+        state = START
+        for step in range(self.max_value_tokens):
+            mask = grammar.allowed(state, finish=step == self.max_value_tokens - 1).clone()
+            mask[end] = state in ACCEPTING
+            if not bool(mask.any()):
+                raise ValueError("the vocabulary cannot complete a number within max_value_tokens")
+            token = decoder.pick(mask)
+            decoder.push([token])
+            if token == end:
+                break
+            ids.append(token)
+            state = grammar.step(state, token)
+        else:
+            decoder.push([end])  # close the value as in training
+        return self.tokenizer.decode(ids).strip()
 
     @torch.inference_mode()
     def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None:

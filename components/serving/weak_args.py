@@ -2,10 +2,12 @@
 
 ToolLens and the quickstart data judge which tools a query needs but carry no argument values, so
 the selector's training targets label them heuristically (weak supervision): numbers fill numeric
-parameters in order; string parameters take the query's content spans that the tool's own text
-does not explain (the entity the request is about: "Paris", "salmon"), preferring capitalised
-spans and spans after a preposition, then assigned in the order the query states them. A
-parameter with no span left is not labelled. The labels are noisy by construction; the selector
+parameters in order, as the query writes them ("250" stays an integer, "-2.5" a fraction, which an
+``integer`` parameter skips), so every label is one the selector's number grammar can spell.
+String parameters take the query's content spans that the tool's own text does not explain (the
+entity the request is about: "Paris", "salmon"), preferring capitalised spans and spans after a
+preposition, then assigned in the order the query states them. A parameter with no span left is
+not labelled. The labels are noisy by construction; the selector
 learns to copy spans, and its output is checked against the schema, not against these labels.
 """
 
@@ -18,6 +20,9 @@ from components.serving.catalog import Tool
 
 _WORD = re.compile(r"[A-Za-z0-9][\w.\-/:@'&]*")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+# A number in running text, sign included ("-5", "2.5", "250." at a sentence end), but not one
+# inside a word, a version or a date ("v2", "1.2.3", "2024-01-02").
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.\-])-?\d+(?:\.\d+)?(?![\w\-]|\.\d)")
 _TOOL_WORD = re.compile(r"[a-z0-9]+")
 _PREPOSITIONS = "in for of with from to about on at near into by using ingredient called named"
 # Function words and the generic request vocabulary ("find", "looking") that never is an argument.
@@ -53,11 +58,18 @@ def _spans(query: str, tool_words: set[str]) -> list[tuple[float, int, str]]:
     return spans
 
 
+def number_label(raw: str, kind: str) -> int | float | None:
+    """``raw`` as a label for an ``integer`` / ``number`` parameter; None if it cannot be one."""
+    if "." not in raw:
+        return int(raw)
+    return float(raw) if kind == "number" else None
+
+
 def weak_arguments(query: str, tool: Tool) -> dict[str, Any]:
     """Heuristic values for ``tool``'s required parameters taken from ``query`` (see module doc)."""
     text = " ".join([tool.name, tool.description, *(f"{p.name} {p.description}" for p in tool.required)])
     tool_words = set(_TOOL_WORD.findall(text.lower()))
-    numbers = [w for w in (m.group(0).rstrip(".,!?") for m in _WORD.finditer(query)) if _NUMBER.match(w)]
+    numbers = _NUMBER_IN_TEXT.findall(query)
     strings = sum(p.type not in ("integer", "number", "boolean") for p in tool.required)
     # The most argument-like spans, then in the order the request states them ("250 JPY to CHF").
     best = sorted(_spans(query, tool_words), key=lambda s: (-s[0], s[1]))[:strings]
@@ -65,9 +77,13 @@ def weak_arguments(query: str, tool: Tool) -> dict[str, Any]:
     args: dict[str, Any] = {}
     for param in tool.required:
         if param.type in ("integer", "number"):
-            if numbers:
-                raw = numbers.pop(0)
-                args[param.name] = int(raw) if param.type == "integer" and "." not in raw else float(raw)
+            # The first number left that fits the type, in the order the query states them.
+            for i, raw in enumerate(numbers):
+                value = number_label(raw, param.type)
+                if value is not None:
+                    args[param.name] = value
+                    del numbers[i]
+                    break
         elif param.type == "boolean":
             continue  # nothing in a request reliably says true or false
         elif spans:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -31,13 +32,22 @@ def tools_from_request(tools: list[dict[str, Any]]) -> ToolCatalog:
 
 
 class LocalChatServer:
-    """``POST /v1/chat/completions`` with tool calling; ``offer_unknown_tool`` makes it misbehave."""
+    """``POST /v1/chat/completions`` with tool calling; ``offer_unknown_tool`` makes it misbehave.
 
-    def __init__(self, selector: LMSelector) -> None:
+    Args:
+        selector: Decodes the answers.
+        delay_s: Extra latency per request, as a remote model server has; ``max_in_flight`` records
+            how many requests it held at once.
+    """
+
+    def __init__(self, selector: LMSelector, delay_s: float = 0.0) -> None:
         self.selector = selector
+        self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
         self.offer_unknown_tool = False
+        self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
+        self._count = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,7 +60,15 @@ class LocalChatServer:
                     return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append({"body": body, "headers": dict(self.headers)})
-                payload = json.dumps(server.answer(body)).encode()
+                with server._count:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    time.sleep(server.delay_s)
+                    payload = json.dumps(server.answer(body)).encode()
+                finally:
+                    with server._count:
+                        server.in_flight -= 1
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

@@ -1,5 +1,5 @@
 """Serving fixtures: a generated dataset, trained BM25 artifacts (two versions), a trained selector LM,
-and Serve's proxy on a free loopback port.
+a dense artifact over a catalog with duplicated tools, and Serve's proxy on a free loopback port.
 
 Test modules import these fixtures. This is no conftest.py on purpose: the suite imports
 ``tests/conftest.py`` as ``conftest`` from many modules, and a second conftest.py would shadow it.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -80,6 +81,34 @@ def _selector_lm() -> tuple[str, dict[str, Any]]:
     return out, report
 
 
+@functools.cache
+def _duplicated_dense() -> dict[str, str]:
+    """A dense artifact over the tiny dataset plus an exact copy of each tool (ToolBench has such
+    duplicates). Copies score exactly alike, and ``torch.topk`` orders ties differently for
+    different k, so a ranking at k is not always the prefix of one at a larger k. The encoder is
+    built and the tools embedded for real, without training: ranking quality does not matter here.
+    """
+    from conftest import TINY_ENCODER, TOOLS, write_tiny_dataset
+
+    from components.methods.dense import DenseMethod
+    from components.methods.dense_model import BiEncoder
+
+    root = _root() / "duplicated"
+    data_dir = write_tiny_dataset(root / "data")
+    with open(data_dir / "corpus.jsonl", "a") as f:
+        for i, text in enumerate(TOOLS.values()):
+            copy = {"_id": str(len(TOOLS) + i), "title": "", "text": text, "metadata": {}}
+            f.write(json.dumps(copy) + "\n")
+    data = open_dataset(str(data_dir))
+    method = DenseMethod(encoder=TINY_ENCODER, id_head=False)
+    method.initial_model(data, str(root / "init"), seed=0)
+    method.model = BiEncoder.load(str(root / "init"))
+    method.index(data.corpus)
+    artifact = str(root / "models" / "dense" / "v0001")
+    method.save(artifact)
+    return {"data": str(data_dir), "artifact": artifact}
+
+
 @pytest.fixture(scope="session")
 def serving_root() -> Path:
     return _root()
@@ -112,6 +141,12 @@ def selector_lm() -> tuple[str, dict[str, Any]]:
     return _selector_lm()
 
 
+@pytest.fixture(scope="session")
+def duplicated_dense() -> dict[str, str]:
+    """``{"data", "artifact"}``: a dense artifact whose catalog holds each tool twice."""
+    return _duplicated_dense()
+
+
 @pytest.fixture(scope="module")
 def serve_instance(ray_session) -> Iterator[str]:
     """Serve's HTTP proxy on a free loopback port for one test module; shut down afterwards so the
@@ -128,6 +163,7 @@ __all__ = [
     "bm25_versions",
     "catalog",
     "dataset",
+    "duplicated_dense",
     "selector_lm",
     "serve_instance",
     "serving_data",

@@ -48,7 +48,8 @@ def deploy(args: dict[str, Any], artifact: str | None = None, base: dict[str, An
 
 class Load:
     """Bounded background load over HTTP: ``threads`` clients, each looping until stopped, at most
-    ``max_seconds`` and ``max_requests`` each. Records every status and the versions that answered."""
+    ``max_seconds`` and ``max_requests`` each. Records every status and the versions that answered:
+    ``versions`` the ``model_version`` of each 200, ``answers`` its ``(model_version, versions)``."""
 
     def __init__(
         self, url: str, bodies: list[dict[str, Any]], threads: int = 2, max_seconds: float = 60.0
@@ -61,6 +62,7 @@ class Load:
         self.ok = 0
         self.failures: list[str] = []
         self.versions: list[str] = []
+        self.answers: list[tuple[str, dict[str, str | None]]] = []
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
 
     def _run(self, seed: int) -> None:
@@ -78,8 +80,10 @@ class Load:
                 r = session.post(f"{self.url}/v1/select", json=body, timeout=30)
                 with self.lock:
                     if r.status_code == 200:
+                        answer = r.json()
                         self.ok += 1
-                        self.versions.append(r.json()["model_version"])
+                        self.versions.append(answer["model_version"])
+                        self.answers.append((answer["model_version"], answer["versions"]))
                     else:
                         self.failures.append(f"{r.status_code}: {r.text[:200]}")
             except requests.RequestException as e:

@@ -63,6 +63,7 @@ def test_tool_query_gets_ranking_call_and_version(url, dataset, catalog):
     assert body["call"]["tool"] in [t["id"] for t in body["tools"]]
     assert set(body["call"]["arguments"]) == {p.name for p in catalog.tools[body["call"]["tool"]].required}
     assert body["model_version"] == "bm25/v0001"
+    assert body["versions"] == {"detector": "bm25/v0001", "retriever": "bm25/v0001"}
     assert {"detect", "rewrite", "retrieve", "select", "total"} <= set(body["timings_ms"])
 
 
@@ -80,6 +81,8 @@ def test_no_tool_needed_skips_retrieval(url, dataset, bm25_versions):
     body = post(url, {"query": query}).json()
     assert body["needs_tool"] is False and body["tools"] == [] and body["call"] is None
     assert "retrieve" not in body["timings_ms"] and body["model_version"] == "bm25/v0001"
+    # The detector answered alone: its version is reported, the retriever's is null.
+    assert body["versions"] == {"detector": "bm25/v0001", "retriever": None}
 
 
 def test_history_is_accepted(url):
@@ -103,6 +106,9 @@ BAD_JSON = [
     ("top_k too large", {"query": "weather", "top_k": MAX_TOP_K + 1}),
     ("threshold out of range", {"query": "weather", "needs_tool_threshold": 1.5}),
     ("body not an object", ["weather"]),
+    # Valid JSON ("\ud800" escapes), but not Unicode text: fast tokenizers raise on it.
+    ("lone surrogate in query", {"query": "weather \ud800"}),
+    ("lone surrogate in history", {"query": "weather", "history": ["\udc00"]}),
 ]
 
 
@@ -124,6 +130,17 @@ def test_wrong_content_type_is_a_415(url):
     for content_type in ("text/plain", "application/x-www-form-urlencoded"):
         r = requests.post(f"{url}/v1/select", data=data, headers={"Content-Type": content_type}, timeout=10)
         assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+        assert "application/json" in r.json()["error"]["message"]
+
+
+def test_missing_content_type_is_a_415(url):
+    # requests sends bytes without a Content-Type; FastAPI alone would parse them as JSON and answer.
+    for data in (json.dumps({"query": "weather in Paris"}).encode(), b"query=weather", b""):
+        r = requests.post(f"{url}/v1/select", data=data, timeout=10)
+        assert "content-type" not in {k.lower() for k in r.request.headers}
+        assert r.status_code == 415, (data, r.text)
+        error = r.json()["error"]
+        assert error["code"] == "unsupported_media_type" and "no Content-Type" in error["message"]
 
 
 def test_unknown_route_and_method_are_json(url):
@@ -134,21 +151,28 @@ def test_unknown_route_and_method_are_json(url):
 
 
 def test_api_key(url, app_args):
+    from components.serving.deploy import deploy_config, serve_config
     from workflows.serve import read_serve_config
 
     # With the shipped config file as base, as `toolscout serve` deploys: its Ingress entry has its
-    # own ray_actor_options, which Serve applies in place of the ones build_app sets.
-    deploy({**app_args, "api_key": "k-123"}, base=read_serve_config(None))
+    # own ray_actor_options, which Serve applies in place of the ones build_app sets. Mounted under a
+    # route prefix: the key must not depend on where the app is mounted.
+    config = serve_config({**app_args, "api_key": "k-123"}, base=read_serve_config(None))
+    config["applications"][0]["route_prefix"] = "/api"
+    deploy_config(config)
+    api = f"{url}/api"
     try:
         good = {"Authorization": "Bearer k-123"}
-        assert post(url, {"query": "weather in Paris"}).status_code == 401
-        wrong = post(url, {"query": "weather in Paris"}, headers={"Authorization": "Bearer nope"})
+        assert post(api, {"query": "weather in Paris"}).status_code == 401
+        wrong = post(api, {"query": "weather in Paris"}, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
         assert wrong.headers["WWW-Authenticate"] == "Bearer"
-        assert post(url, {"query": 5}).status_code == 401  # no schema hints before authentication
-        assert requests.get(f"{url}/v1/tools", timeout=10).status_code == 401
-        assert post(url, {"query": "weather in Paris"}, headers=good).status_code == 200
-        assert requests.get(f"{url}/healthz", timeout=10).status_code == 200
+        assert post(api, {"query": 5}).status_code == 401  # no schema hints before authentication
+        for path in ("/v1/tools", "/v1/nope", "/admin"):  # every path but the public ones
+            assert requests.get(f"{api}{path}", timeout=10).status_code == 401, path
+        assert post(api, {"query": "weather in Paris"}, headers=good).status_code == 200
+        for path in ("/healthz", "/docs", "/openapi.json"):
+            assert requests.get(f"{api}{path}", timeout=10).status_code == 200, path
     finally:
         deploy(app_args)
     assert post(url, {"query": "weather in Paris"}).status_code == 200

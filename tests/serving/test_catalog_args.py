@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from components.generative.lm import train_bpe
-from components.serving.callformat import CallFormat
+from components.serving.callformat import CallFormat, format_value
 from components.serving.catalog import Param, Tool, ToolCatalog, json_type
 from components.serving.weak_args import weak_arguments
 
@@ -50,11 +50,14 @@ def test_weak_arguments_copy_entities_and_numbers():
             Param("to_currency", "string"),
         ),
     )
-    assert weak_arguments("please convert 250 JPY to CHF", tool) == {
-        "amount": 250.0,
-        "from_currency": "JPY",
-        "to_currency": "CHF",
-    }
+    labels = weak_arguments("please convert 250 JPY to CHF", tool)
+    assert labels == {"amount": 250, "from_currency": "JPY", "to_currency": "CHF"}
+    # As the query writes it: "250", not "250.0", which the number grammar could not spell.
+    assert format_value(labels["amount"]) == "250"
+    assert weak_arguments("convert -2.5 EUR to USD", tool)["amount"] == -2.5
+    counter = Tool("3", "Dice / roll", "Roll dice", (Param("sides", "integer"), Param("weight", "number")))
+    # An integer parameter skips a fraction; numbers inside dates or versions are no arguments.
+    assert weak_arguments("roll 2.5 then 6 on 2024-01-02 with v2", counter) == {"sides": 6, "weight": 2.5}
     weather = Tool("2", "Sky / weather forecast", "Weather forecast for a city", (Param("city", "string"),))
     assert weak_arguments("what is the weather forecast in Paris tomorrow", weather) == {"city": "Paris"}
     assert weak_arguments("forecast please", weather) == {}
@@ -69,3 +72,11 @@ def test_call_layout_ends_name_and_values_with_eos():
     assert target[-1] == tok.eos_token_id and target.count(tok.eos_token_id) == 2
     assert fmt.prompt("hi")[0] == tok.bos_token_id
     assert fmt.target(tool, {}) == fmt.name(tool)  # unlabelled parameters are not written
+    # Floats are written positionally: an exponent ("1e-05") is outside the number grammar.
+    assert [format_value(v) for v in (2.5, 250.0, 1e-05, -0.25, True)] == [
+        "2.5",
+        "250",
+        "0.00001",
+        "-0.25",
+        "true",
+    ]

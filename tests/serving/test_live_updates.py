@@ -1,9 +1,16 @@
-"""Under load: hot-swapping the artifact version (even to another method) and killing a replica."""
+"""Under load: hot-swapping the artifact version (even to another method), with the detector pinned
+and not; a swap to a version that fails to load; LATEST pinned across a replica replacement; and
+killing a replica."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import time
+
 import pytest
 import ray
+import requests
 from conftest import TINY_ENCODER
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import Load, deploy
@@ -11,7 +18,10 @@ from serving_helpers import Load, deploy
 from components.methods.base import RunSpec
 from components.methods.dense import DenseMethod
 from components.registry import promote
+from components.serving.deploy import deploy_config, serve_config, swap_artifact
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
+
+V1, V2 = "bm25/v0001", "bm25/v0002"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +67,91 @@ def test_hot_swap_under_load_changes_versions_in_place(live, bm25_versions, dens
     assert load.failures == []
     seen = list(dict.fromkeys(load.versions))
     assert seen == ["bm25/v0001", "bm25/v0002", "dense/v0001"]
+    # The pinned detector never moved, while the retriever's version changed under it.
+    assert {v["detector"] for _, v in load.answers} == {V1}
+    assert all(model == v["retriever"] for model, v in load.answers)
     assert replica_names("Retriever") == before  # reconfigured, not restarted
+
+
+def wait_for_replacement(deployment: str, victim: str, timeout_s: float = 60.0) -> None:
+    """Block until a replica other than ``victim`` serves ``deployment``."""
+    deadline = time.monotonic() + timeout_s
+    while victim in replica_names(deployment) or not replica_names(deployment):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{deployment}: {victim} not replaced after {timeout_s}s")
+        time.sleep(0.2)
+    wait_for_replicas(deployment, 1, timeout_s)
+
+
+def select(url: str, body: dict) -> dict:
+    r = requests.post(f"{url}/v1/select", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_hot_swap_without_a_pinned_detector_names_both_versions(live, bm25_versions, dataset):
+    url, args, bodies = live
+    unpinned = {k: v for k, v in args.items() if k != "detector_artifact"}  # both deployments swap
+    deploy(unpinned)
+    with Load(url, bodies, threads=2) as load:
+        load.wait_for(lambda s: s.ok >= 20)
+        deploy(unpinned, artifact=bm25_versions["lucene"])
+        load.wait_for(lambda s: s.answers[-10:] == [(V2, {"detector": V2, "retriever": V2})] * 10)
+    assert load.failures == []
+    assert load.answers[0] == (V1, {"detector": V1, "retriever": V1})
+    # Each deployment reconfigures on its own: every answer names what actually ran, and
+    # model_version stays the retriever's.
+    for model, versions in load.answers:
+        assert model == versions["retriever"] and {versions["detector"], versions["retriever"]} <= {V1, V2}
+    # No tool needed (threshold 1.0): only the detector answered.
+    body = select(url, {"query": dataset.neg_split["test"][0], "needs_tool_threshold": 1.0})
+    assert body["needs_tool"] is False and body["versions"] == {"detector": V2, "retriever": None}
+    assert body["model_version"] == V2
+
+
+def test_a_swap_to_a_version_that_fails_to_load_keeps_serving(live, serving_root):
+    url, args, bodies = live
+    unpinned = {k: v for k, v in args.items() if k != "detector_artifact"}
+    deploy(unpinned)  # the same args as the swap below: a change of args would restart the replicas
+    broken = serving_root / "broken" / "bm25" / "v0099"  # config.json present, index missing
+    broken.mkdir(parents=True, exist_ok=True)
+    (broken / "config.json").write_text(json.dumps({"method": "bm25"}))
+    try:
+        with Load(url, bodies, threads=2) as load:
+            load.wait_for(lambda s: s.ok >= 10)
+            # The driver's check passes (a config naming a known method); both replicas fail to load
+            # it, log it, and keep the version they serve instead of going down.
+            deploy_config(swap_artifact(serve_config(unpinned), str(broken)))
+            served = load.ok
+            load.wait_for(lambda s: s.ok >= served + 20)
+        assert load.failures == []
+        assert set(load.versions) == {V1} and {v["detector"] for _, v in load.answers} == {V1}
+        assert select(url, bodies[0])["versions"] == {"detector": V1, "retriever": V1}
+    finally:
+        shutil.rmtree(broken)
+    # A missing artifact never reaches the replicas: the driver refuses it.
+    with pytest.raises(ValueError, match="is not a directory"):
+        swap_artifact(serve_config(unpinned), str(broken))
+
+
+def test_latest_is_pinned_across_a_replica_replacement(live, bm25_versions, serving_root):
+    url, args, bodies = live
+    method_dir = serving_root / "pinned" / "bm25"  # a private copy: promoting here leaks nowhere
+    for name in ("default", "lucene"):
+        shutil.copytree(bm25_versions[name], method_dir / bm25_versions[name].rsplit("/", 1)[1])
+    promote(str(method_dir / "v0002"))
+    pinned_args = {**args, "artifact": str(method_dir)}
+    deploy(pinned_args)
+    assert select(url, bodies[0])["versions"]["retriever"] == V2
+    promote(str(method_dir / "v0001"))  # e.g. a rollback, not deployed yet
+    victim = replica_names("Retriever")[0]
+    ray.kill(replica_actor(victim), no_restart=True)
+    wait_for_replacement("Retriever", victim)
+    # The replacement loaded the version its deployment was given, not what LATEST says now.
+    assert select(url, bodies[0])["versions"]["retriever"] == V2
+    # Following the new LATEST is a swap to the method dir, which pins what it names now.
+    deploy(pinned_args, artifact=str(method_dir))
+    assert select(url, bodies[0])["versions"]["retriever"] == V1
 
 
 def test_killing_a_retriever_replica_under_load_fails_no_request(live):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import requests
 from conftest import TINY_ENCODER
@@ -68,3 +71,25 @@ def test_masstool_artifact_serves_its_own_detector(masstool_version, serve_insta
     # Both paths ran (retrieval, and chit-chat stopped before it), and tool queries score higher.
     assert True in decisions and False in decisions, decisions
     assert sum(probabilities[:n]) > sum(probabilities[n:]), probabilities
+
+
+def test_the_artifacts_own_detect_threshold_decides_unless_the_request_sets_one(
+    masstool_version, serve_instance, serving_data, dataset, tmp_path
+):
+    # The threshold evaluation reports detection at is the artifact's detect_threshold; serving
+    # must decide with the same one. A copy with threshold 0 sends every query to retrieval.
+    lenient = tmp_path / "masstool" / "v0002"
+    shutil.copytree(masstool_version, lenient)
+    config = json.loads((lenient / "config.json").read_text())
+    (lenient / "config.json").write_text(json.dumps({**config, "detect_threshold": 0.0}))
+    deploy({"artifact": str(lenient), "catalog": serving_data})
+    chitchat = dataset.neg_split["test"][:4]
+    for query in chitchat:
+        request = {"query": query, "top_k": 3}
+        body = requests.post(f"{serve_instance}/v1/select", json=request, timeout=60).json()
+        assert body["needs_tool"] and len(body["tools"]) == 3, body
+        assert body["versions"] == {"detector": "masstool/v0002", "retriever": "masstool/v0002"}
+    # A request's own threshold still wins.
+    strict = {"query": chitchat[0], "top_k": 3, "needs_tool_threshold": 1.0}
+    body = requests.post(f"{serve_instance}/v1/select", json=strict, timeout=60).json()
+    assert body["needs_tool"] is (body["probability"] >= 1.0)

@@ -9,7 +9,10 @@ import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import SELECTOR_LM, torch_threads
 
+from components.data import open_dataset
+from components.generative.lm import train_bpe
 from components.methods import load
+from components.serving.catalog import load_catalog
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
 
@@ -75,24 +78,87 @@ def test_no_known_candidate_means_no_call(trained):
     assert trained.select("weather in Paris", [], []) is None
 
 
-class _Vocab:
-    """A tokenizer's decode surface over a fixed vocabulary (what TypeMasks reads)."""
-
-    tokens = ("<s>", " 1", "2", "²", " ³", "٣", "a", " x")
-    all_special_ids = (0,)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.tokens[i] for i in ids)
+@pytest.fixture(scope="module")
+def number_tokenizer():
+    """A real byte-level BPE that has seen signed and fractional numbers (and non-ASCII digits)."""
+    texts = ["amount = -2.5", "amount = 250", "count = 3", "price = 12.75", "pay 0.5 or -1 now"] * 20
+    return train_bpe([*texts, *["weather in Paris ² ³ ٣"] * 20], vocab_size=300)
 
 
-def test_number_masks_accept_ascii_digits_only():
-    from components.serving.selector_lm import TypeMasks
+def walk(grammar, ids: list[int]) -> int | None:
+    """The grammar state after ``ids``, or None once a token is not allowed."""
+    from components.serving.selector_lm import START
 
-    masks = TypeMasks(_Vocab(), len(_Vocab.tokens))
-    # "²", " ³" and "٣" pass str.isdigit() but int() rejects them.
-    assert masks.digits_first.tolist() == [False, True, True, False, False, False, False, False]
-    assert masks.digits_next.tolist() == [False, False, True, False, False, False, False, False]
-    assert masks.string.tolist() == [False, True, True, True, True, True, True, True]
+    state = START
+    for token in ids:
+        if not bool(grammar.allowed(state)[token]):
+            return None
+        state = grammar.step(state, token)
+    return state
+
+
+def test_number_grammar_allows_one_point_after_a_digit_for_numbers_only(number_tokenizer):
+    from components.serving.selector_lm import ACCEPTING, INT, TypeMasks
+
+    tok = number_tokenizer
+    masks = TypeMasks(tok, len(tok))
+    number, integer = masks.numbers["number"], masks.numbers["integer"]
+
+    def ids(value: str) -> list[int]:
+        return tok(" " + value, add_special_tokens=False)["input_ids"]  # as CallFormat.value writes it
+
+    point = tok.convert_tokens_to_ids(".")
+    assert bool(number.allowed(INT)[point]) and not bool(integer.allowed(INT)[point])
+    for value in ("-2.5", "12.75", "0.5"):
+        assert walk(number, ids(value)) in ACCEPTING, value
+        assert walk(integer, ids(value)) is None, value  # never a "." in an integer
+    for value in ("250", "-1", "3"):
+        assert walk(number, ids(value)) in ACCEPTING and walk(integer, ids(value)) in ACCEPTING, value
+    for value in ("2.5.5", "--2", "2-5", ".5", "²", "٣", "Paris"):
+        assert walk(number, ids(value)) is None, value
+    for value in ("-", "2."):  # not a number yet: </s> may not end it here
+        assert walk(number, ids(value)) not in ACCEPTING, value
+    assert bool(masks.string[ids("Paris")[0]]) and not bool(masks.string[tok.eos_token_id])
+
+
+@pytest.fixture(scope="module")
+def decimal_selector(tmp_path_factory) -> tuple[LMSelector, dict[str, str]]:
+    """A selector LM trained here on a catalog whose ``number`` arguments are all fractions."""
+    root = tmp_path_factory.mktemp("decimal")
+    text = (
+        "category_name:Finance, tool_name:FX, api_name:convert, api_description:Convert money, "
+        'required_params: [{"name": "amount", "type": "NUMBER", "description": "how much"}, '
+        '{"name": "times", "type": "INTEGER", "description": "repeat"}], optional_params: [], '
+        "return_schema: {}"
+    )
+    rng = random.Random(0)
+    queries = {
+        f"q{i}": f"convert {rng.choice(['-', ''])}{rng.randint(1, 99)}.{rng.randint(1, 99)} dollars "
+        f"{rng.randint(2, 9)} times"
+        for i in range(120)
+    }
+    (root / "qrels").mkdir()
+    (root / "corpus.jsonl").write_text(
+        json.dumps({"_id": "0", "title": "", "text": text, "metadata": {}}) + "\n"
+    )
+    (root / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries.items())
+    )
+    header = "query-id\tcorpus-id\tscore\n"
+    for split, ids in (("train", list(queries)[:100]), ("test", list(queries)[100:])):
+        (root / "qrels" / f"{split}.tsv").write_text(header + "".join(f"{q}\t0\t1\n" for q in ids))
+    catalog = load_catalog(str(root))
+    tiny = {**SELECTOR_LM, "vocab_size": 300, "hidden_size": 32, "num_layers": 1, "max_length": 48}
+    with torch_threads(1):
+        train_selector_lm(open_dataset(str(root)), catalog, str(root / "lm"), lm=tiny, steps=150, lr=3e-3)
+    return LMSelector(str(root / "lm"), catalog), {q: queries[q] for q in list(queries)[100:]}
+
+
+def test_a_number_parameter_can_get_a_fraction(decimal_selector):
+    # Every training label of `amount` has a "." (and some a "-"): the old digits-only mask could
+    # never spell one, whatever the LM had learned.
+    selector, queries = decimal_selector
+    calls = [selector.select(q, [], ["0"]) for q in queries.values()]
+    amounts = [c["arguments"]["amount"] for c in calls]
+    assert sum(isinstance(a, float) for a in amounts) >= len(amounts) // 2, amounts
+    assert all(isinstance(c["arguments"]["times"], int) for c in calls)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import requests
@@ -124,8 +125,14 @@ def test_ingress_api_key_is_what_the_middleware_requires(monkeypatch):
     from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware
     from components.serving.ingress import Ingress
 
-    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    before = os.environ.get(API_KEY_ENV)
+    # setenv first: it records the variable's prior state, so monkeypatch restores it after Ingress
+    # writes os.environ; delenv on an unset variable would record nothing.
+    monkeypatch.setenv(API_KEY_ENV, "placeholder")
+    monkeypatch.delenv(API_KEY_ENV)
     Ingress(None, None)
     assert ApiKeyMiddleware(None).expected is None  # no key configured: open, as before
     Ingress(None, None, api_key="k-1")  # Serve builds the app (and its middleware) after this
     assert ApiKeyMiddleware(None).expected == b"Bearer k-1"
+    monkeypatch.undo()
+    assert os.environ.get(API_KEY_ENV) == before  # the key does not leak into later tests

@@ -1,0 +1,259 @@
+"""The deployments' batch semantics, failed hot-swaps, pinned versions, and the ingress's error and
+API-key layer: in-process with real artifacts, then one batch over Serve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+import requests
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from local_openai_server import LocalChatServer
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+from serving_helpers import deploy
+
+from components.registry import promote
+from components.serving.app import ServeArgs, user_configs
+from components.serving.deploy import deploy_config, serve_config, swap_artifact
+from components.serving.deployments import Detector, Retriever, Selector, call_each, rank_by_k, select_all
+from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, install_error_handlers
+from components.serving.ingress import PUBLIC_PATHS
+from components.serving.models import RetrieverModel
+from components.serving.selector_http import OpenAISelector
+from components.serving.selector_lm import LMSelector
+
+
+def k_dependent(model: RetrieverModel, queries: list[str]) -> tuple[str, int, int]:
+    """A query and ``k < K`` whose top-k is not the prefix of its top-K (tied duplicates)."""
+    for query in queries:
+        full = model.retrieve([query], 8)[0]
+        for k in range(1, 8):
+            if model.retrieve([query], k)[0] != full[:k]:
+                return query, k, 8
+    raise AssertionError("no k-dependent ranking among the queries: the duplicated tools did not tie")
+
+
+@pytest.fixture(scope="module")
+def dense(duplicated_dense) -> RetrieverModel:
+    return RetrieverModel(duplicated_dense["artifact"])
+
+
+@pytest.fixture(scope="module")
+def tiny_queries(duplicated_dense) -> list[str]:
+    with open(Path(duplicated_dense["data"]) / "queries.jsonl") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def same(ranked: list, alone: list) -> bool:
+    """Same tools in the same order; scores equal up to float noise (padding within a batch)."""
+    return [t for t, _ in ranked] == [t for t, _ in alone] and [s for _, s in ranked] == pytest.approx(
+        [s for _, s in alone], abs=1e-5
+    )
+
+
+def test_each_k_is_ranked_as_if_alone(dense, tiny_queries):
+    query, k, big = k_dependent(dense, tiny_queries)
+    batch = [(query, k), (query, big), ("hotel in Berlin", k)]
+    alone = [dense.retrieve([text], n)[0] for text, n in batch]
+    assert all(same(r, a) for r, a in zip(rank_by_k(dense, batch), alone, strict=True))
+    assert not same(alone[1][:k], alone[0])  # what ranking the batch once at its largest k answered
+
+
+def test_a_failing_item_fails_only_itself(dense):
+    # A lone surrogate: the HTTP schema rejects it, but a model call can meet any text; the HF fast
+    # tokenizer raises TypeError on it, which used to fail every request of the batch.
+    texts = ["weather in Paris", "\ud800", "hotel in Berlin"]
+    results = call_each(partial(dense.retrieve, k=3), texts)
+    assert same(results[0], dense.retrieve([texts[0]], 3)[0]) and same(
+        results[2], dense.retrieve([texts[2]], 3)[0]
+    )
+    assert isinstance(results[1], TypeError)
+    ranked = rank_by_k(dense, [("weather in Paris", 2), ("\ud800", 2)])
+    assert same(ranked[0], dense.retrieve(["weather in Paris"], 2)[0]) and isinstance(ranked[1], TypeError)
+
+
+def half_written(root: Path) -> str:
+    """A version dir whose config.json names a method but whose index is missing (a partial copy)."""
+    path = root / "bm25" / "v0009"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"method": "bm25"}))
+    return str(path)
+
+
+def test_a_failed_swap_keeps_the_serving_model(bm25_versions, serving_data, tmp_path, caplog):
+    broken = half_written(tmp_path)
+    retriever, detector = Retriever(serving_data), Detector()
+    good = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+    asyncio.run(retriever.reconfigure({"artifact": good["artifact"], "max_batch_size": 4}))
+    asyncio.run(detector.reconfigure(good))
+    with caplog.at_level(logging.ERROR, logger="ray.serve"):
+        asyncio.run(retriever.reconfigure({"artifact": broken}))
+        asyncio.run(detector.reconfigure({**good, "artifact": broken}))
+    assert retriever.model is not None and retriever.model.version == "bm25/v0001"
+    assert detector.model is not None and detector.model.version == "bm25/v0001"
+    assert "still serving the previous one" in caplog.text and "KeyError" in caplog.text
+    # A later good swap still lands.
+    asyncio.run(retriever.reconfigure({"artifact": bm25_versions["lucene"]}))
+    assert retriever.model.version == "bm25/v0002"
+    # Nothing to fall back on: the first load fails loudly, as Serve needs to see.
+    with pytest.raises(KeyError):
+        asyncio.run(Retriever(serving_data).reconfigure({"artifact": broken}))
+    with pytest.raises(KeyError):
+        asyncio.run(Detector().reconfigure({**good, "artifact": broken}))
+
+
+def test_a_failed_selector_swap_keeps_its_backend(serving_data):
+    selector = Selector(serving_data)
+    asyncio.run(selector.reconfigure({"backend": "none"}))  # no backend is a configuration too
+    asyncio.run(selector.reconfigure({"backend": "nope"}))
+    assert selector.configured and selector.backend is None
+    with pytest.raises(ValueError, match="unknown selector backend"):
+        asyncio.run(Selector(serving_data).reconfigure({"backend": "nope"}))
+
+
+def copy_versions(bm25_versions, root: Path) -> Path:
+    """A private method dir with both BM25 versions (promoting in the shared one would leak)."""
+    method_dir = root / "bm25"
+    for name in ("default", "lucene"):
+        shutil.copytree(bm25_versions[name], method_dir / Path(bm25_versions[name]).name)
+    promote(str(method_dir / "v0002"))
+    return method_dir
+
+
+def test_latest_is_pinned_when_user_configs_are_built(bm25_versions, serving_data, tmp_path):
+    method_dir = copy_versions(bm25_versions, tmp_path)
+    configs = user_configs(ServeArgs(artifact=str(method_dir), catalog=serving_data))
+    assert configs["Retriever"]["artifact"] == str(method_dir / "v0002")
+    assert configs["Detector"]["artifact"] == str(method_dir / "v0002")
+    promote(str(method_dir / "v0001"))  # e.g. a rollback while replicas run
+    # A replica started now (autoscaling, a crash replacement) loads what its peers loaded.
+    assert RetrieverModel(configs["Retriever"]["artifact"]).version == "bm25/v0002"
+    # A swap to the method dir builds the configs again and pins the new LATEST.
+    assert user_configs(ServeArgs(artifact=str(method_dir), catalog=serving_data))["Retriever"][
+        "artifact"
+    ] == str(method_dir / "v0001")
+
+
+def test_bad_artifacts_are_refused_on_the_driver(bm25_versions, serving_data, tmp_path):
+    args = {"artifact": bm25_versions["default"], "catalog": serving_data}
+    config = serve_config(args)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "not_json").mkdir()
+    (tmp_path / "not_json" / "config.json").write_text("{")
+    (tmp_path / "unknown").mkdir()
+    (tmp_path / "unknown" / "config.json").write_text(json.dumps({"method": "nope"}))
+    cases = {
+        "missing": "is not a directory",
+        "empty": "no config.json",
+        "not_json": "cannot read its config.json",
+        "unknown": "unknown method 'nope'",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ValueError, match=message):
+            swap_artifact(config, str(tmp_path / name))
+    # deploy_config checks before it deploys anything (no Serve is running in this test).
+    with pytest.raises(ValueError, match="is not a directory"):
+        deploy_config(serve_config({**args, "artifact": str(tmp_path / "missing")}))
+    swapped = swap_artifact(config, bm25_versions["lucene"])["applications"][0]["deployments"]
+    assert {d["name"]: d["user_config"]["artifact"] for d in swapped} == {
+        "Retriever": bm25_versions["lucene"],
+        "Detector": bm25_versions["lucene"],
+    }
+
+
+def test_http_selector_calls_of_a_batch_run_concurrently(selector_lm, catalog, dataset):
+    delay = 1.0
+    query = next(iter(dataset.split_queries("test").values()))
+    asks = [{"query": query, "history": [], "candidates": list(catalog.tools)[i : i + 3]} for i in range(4)]
+    with LocalChatServer(LMSelector(selector_lm[0], catalog), delay_s=delay) as server:
+        backend = OpenAISelector(server.url, "m", catalog)
+        start = time.perf_counter()
+        calls = asyncio.run(select_all(backend, asks))
+        elapsed = time.perf_counter() - start
+    assert all(c is not None and c["tool"] in a["candidates"] for c, a in zip(calls, asks, strict=True))
+    assert server.max_in_flight == len(asks)  # all four waited on the endpoint at once
+    assert elapsed < delay * (len(asks) - 1), elapsed  # one after the other would take >= 4 s
+
+
+def guarded_app() -> FastAPI:
+    """The ingress's error handlers and API-key middleware around a few routes."""
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(ApiKeyMiddleware, public=PUBLIC_PATHS)
+
+    @app.get("/v1/tools")
+    async def tools() -> dict:
+        return {"size": 1}
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/admin/stats")
+    async def stats() -> dict:
+        raise RuntimeError("db password is hunter2")
+
+    return app
+
+
+@pytest.mark.parametrize("root_path", ["", "/tools-api"])
+def test_the_api_key_guards_every_path_but_the_public_ones(monkeypatch, root_path):
+    monkeypatch.setenv(API_KEY_ENV, "k-9")
+    client = TestClient(guarded_app(), root_path=root_path, raise_server_exceptions=False)
+    key = {"Authorization": "Bearer k-9"}
+    for path in ("/v1/tools", "/admin/stats", "/nope", "/healthz/"):
+        r = client.get(root_path + path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", path
+    for path in ("/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect"):
+        assert client.get(root_path + path).status_code == 200, path
+    assert client.get(root_path + "/v1/tools", headers=key).json() == {"size": 1}
+    assert client.get(root_path + "/nope", headers=key).status_code == 404
+
+
+def test_unexpected_errors_are_json_500s_without_internals(caplog):
+    client = TestClient(guarded_app(), raise_server_exceptions=False)
+    with caplog.at_level(logging.ERROR, logger="ray.serve"):
+        r = client.get("/admin/stats")
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert "hunter2" not in r.text and "Traceback" not in r.text
+    assert "hunter2" in caplog.text and "Traceback" in caplog.text  # the server log has it all
+
+
+def test_a_batch_over_serve_answers_each_request_as_alone(
+    serve_instance, duplicated_dense, bm25_versions, dense, tiny_queries
+):
+    query, k, big = k_dependent(dense, tiny_queries)
+    wait_s = 2.0
+    deploy(
+        {
+            "artifact": duplicated_dense["artifact"],
+            "catalog": duplicated_dense["data"],
+            "detector_artifact": bm25_versions["default"],
+            "detector_file": bm25_versions["detector_file"],
+            # Two requests fill a batch; one alone would wait the whole time for a partner.
+            "batching": {"Retriever": {"max_batch_size": 2, "batch_wait_timeout_s": wait_s}},
+        }
+    )
+    answers: dict[int, dict] = {}
+
+    def ask(top_k: int) -> None:
+        body = {"query": query, "top_k": top_k, "needs_tool_threshold": 0.0}
+        answers[top_k] = requests.post(f"{serve_instance}/v1/select", json=body, timeout=30).json()
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in (k, big)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n in (k, big):
+        assert answers[n]["timings_ms"]["retrieve"] < wait_s * 1000 * 0.9, answers  # batched together
+        ids = [t["id"] for t in answers[n]["tools"]]
+        assert ids == [t for t, _ in dense.retrieve([query], n)[0]], (n, ids)
