@@ -23,11 +23,11 @@ DEFAULT_KS = (1, 3, 5, 10)
 EPOCH_METRICS = ("recall@3", "ndcg@3", "recall@5")
 
 
-def check_select_metric(method: str, metric: str) -> None:
+def check_select_metric(method: str, metric: str, allowed: tuple[str, ...] = EPOCH_METRICS) -> None:
     """Fail on the driver for a ``select_metric`` no epoch computes (in a worker it would fail
-    only after the first epoch)."""
-    if metric not in EPOCH_METRICS:
-        raise ValueError(f"{method}: select_metric must be one of {list(EPOCH_METRICS)}, got {metric!r}")
+    only after the first epoch); ``allowed``: what the method's stage computes."""
+    if metric not in allowed:
+        raise ValueError(f"{method}: select_metric must be one of {list(allowed)}, got {metric!r}")
 
 
 def ranked(scores: dict[str, float], k: int) -> list[str]:

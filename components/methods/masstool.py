@@ -31,7 +31,7 @@ from components.methods.base import RunSpec, read_config, write_config
 from components.methods.dense import DenseMethod, DenseParams, tool_texts, top_k
 from components.methods.masstool_model import ModelConfig
 from components.methods.masstool_net import MassToolModel
-from components.metrics import EPOCH_METRICS
+from components.metrics import EPOCH_METRICS, check_select_metric
 from components.registry import publish_dir
 from components.training.inputs import share
 
@@ -84,10 +84,7 @@ class MassToolParams:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.select_metric not in JOINT_METRICS:
-            raise ValueError(
-                f"masstool: select_metric must be one of {list(JOINT_METRICS)}, got {self.select_metric!r}"
-            )
+        check_select_metric("masstool", self.select_metric, JOINT_METRICS)
 
     def model_config(self) -> ModelConfig:
         """The architecture part of these parameters."""
