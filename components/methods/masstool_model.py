@@ -96,9 +96,6 @@ class QCGCN(nn.Module):
         trained[torch.as_tensor(graphs.query_tool[1], dtype=torch.long)] = 1.0
         self.register_buffer("trained_tool", trained, persistent=True)
         self.register_buffer("tool_edges", graphs.tool_view_edges(), persistent=True)
-        has_scene = torch.zeros(graphs.n_queries, dtype=torch.bool)
-        has_scene[torch.as_tensor(graphs.query_scene[0], dtype=torch.long)] = True
-        self.register_buffer("query_has_scene", has_scene, persistent=False)
         self.conv = LGConv(normalize=True)
         # The scene view exists only to contrast with the propagated query–tool view.
         self.scene_view = cfg.contrastive and cfg.graph and graphs.has_scenes
@@ -107,6 +104,13 @@ class QCGCN(nn.Module):
             nn.init.normal_(self.scene_emb.weight, std=0.02)
             self.register_buffer("scene_edges", graphs.scene_view_edges(), persistent=True)
             self.register_buffer("scene_tool", graphs.scene_tool_matrix(), persistent=True)
+            # The contrastive pairs: queries with a scene, tools with a scene and a training edge
+            # (otherwise one of the two views holds nothing but the node's own layer-0 input).
+            has_scene = torch.zeros(graphs.n_queries, dtype=torch.bool)
+            has_scene[torch.as_tensor(graphs.query_scene[0], dtype=torch.long)] = True
+            self.register_buffer("query_has_scene", has_scene, persistent=False)
+            both = (self.scene_tool.sum(1) > 0) & (self.trained_tool.squeeze(-1) > 0)
+            self.register_buffer("cl_tools", both, persistent=False)
 
     def tool_features(self, tool_text: torch.Tensor) -> torch.Tensor:
         """Layer-0 tool nodes: projected text + ID vector (zero for tools never seen in training)."""
@@ -165,16 +169,13 @@ class QCGCN(nn.Module):
         nodes2 = self.propagate(torch.cat([query_x, self.scene_emb.weight]), self.scene_edges, hide)
         q2, s2 = nodes2[: self.n_queries], nodes2[self.n_queries :]
         t2 = self.scene_tool @ s2  # scene–tool aggregation: a tool is the mean of its scenes
-        # Pairs with information only: a query without a scene (or a tool without a training
-        # edge) has nothing in one of the two views but its own layer-0 input.
-        tools = (self.scene_tool.sum(1) > 0) & (self.trained_tool.squeeze(-1) > 0)
         cl_index = cl_index.unique()  # a query twice in one batch would be its own negative
         cl_index = cl_index[self.query_has_scene[cl_index]]
         loss = t1.new_zeros(())
         if cl_index.numel() >= 2:
             loss = loss + info_nce(q1[cl_index], q2[cl_index], self.cfg.cl_temperature)
-        if int(tools.sum()) >= 2:
-            loss = loss + info_nce(t1[tools], t2[tools], self.cfg.cl_temperature)
+        if int(self.cl_tools.sum()) >= 2:
+            loss = loss + info_nce(t1[self.cl_tools], t2[self.cl_tools], self.cfg.cl_temperature)
         loss = loss + self.scene_emb.weight.sum() * 0.0  # every parameter used each step (DDP)
         return q1, t1, loss
 

@@ -122,13 +122,14 @@ class MassToolTask:
         relevant = torch.zeros(len(items), self.graphs.n_tools, dtype=torch.bool)
         for i, (_, _, rel, _) in enumerate(items):
             relevant[i, list(rel)] = True
+        pool_index = torch.tensor([p for _, p, _, _ in items])
         batch = {
             "input_ids": tokens["input_ids"],
             "attention_mask": tokens["attention_mask"],
-            "pool_index": torch.tensor([p for _, p, _, _ in items]),
+            "pool_index": pool_index,
             "relevant": relevant,
             # Where the example came from, not its judgements: a pool query needs a tool.
-            "needs_tool": torch.tensor([float(p >= 0) for _, p, _, _ in items]),
+            "needs_tool": (pool_index >= 0).float(),
         }
         if self._semantic is not None:
             batch["semantic"] = self._semantic[torch.tensor([r for _, _, _, r in items])]
