@@ -85,12 +85,12 @@ def learn_bpe(
     merges: list[Pair] = []
     while len(vocab) < vocab_size and heap:
         neg, _, _, pair = heapq.heappop(heap)
-        if pair_count.get(pair, 0) != -neg or -neg <= 0:
+        if pair_count.get(pair, 0) != -neg:  # stale: the count changed since this entry was pushed
             continue
         if -neg < min_frequency:
             break
         left, right = pair
-        merged = left + right[len(prefix) :] if prefix and right.startswith(prefix) else left + right
+        merged = left + right.removeprefix(prefix)
         merges.append(pair)
         vocab.setdefault(merged, len(vocab))
         changed: set[Pair] = set()
