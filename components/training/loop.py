@@ -88,8 +88,16 @@ _SKIP = object()  # what settings_fingerprint leaves out
 # Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs,
 # deterministic kernels, and where and how its storage is reached (credentials rotate).
 RESUMABLE_KEYS = frozenset(
-    {"epochs", "progress", "report_log", "chaos", "deterministic"}
-    | {"storage_options", "storage_path", "run_name"}
+    {
+        "epochs",
+        "progress",
+        "report_log",
+        "chaos",
+        "deterministic",
+        "storage_options",
+        "storage_path",
+        "run_name",
+    }
 )
 
 

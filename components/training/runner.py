@@ -72,6 +72,7 @@ def run_stage(
     if previous is not None:
         # Checked here, once, before any worker starts: a clear error instead of a failed run.
         check_resumable(previous[1], config)
+    env = worker_env(run)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
@@ -89,7 +90,7 @@ def run_stage(
             else run.storage_path,
             storage_filesystem=io.arrow_filesystem(run.storage_path, run.storage_options),
             failure_config=FailureConfig(max_failures=run.max_failures),
-            worker_runtime_env={"env_vars": worker_env(run)} if worker_env(run) else None,
+            worker_runtime_env={"env_vars": env} if env else None,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=run.keep_checkpoints,
                 checkpoint_score_attribute=score,

@@ -35,9 +35,10 @@ def load_rng_state(path: str) -> None:
         return
     states = load_file(file)
     torch.set_rng_state(states["cpu"])
-    cuda = [states[k] for k in sorted(k for k in states if k.startswith("cuda_"))]
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    saved = sum(k.startswith("cuda_") for k in states)
+    if gpus and saved == gpus:  # the same device count as when saved; in device order (not cuda_10 < cuda_2)
+        torch.cuda.set_rng_state_all([states[f"cuda_{i}"] for i in range(gpus)])
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
