@@ -29,10 +29,20 @@ def build(name: str, params: dict[str, Any] | None = None) -> Method:
         raise ValueError(f"method {name!r}: bad method.params: {e}") from e
 
 
-def load(path: str) -> Method:
-    """Load any saved method (an artifact dir, or a method dir whose ``LATEST`` names one)."""
+def artifact_method(path: str) -> tuple[str, str]:
+    """``(version dir, method name)`` of a saved method, ``LATEST`` resolved, without loading it.
+
+    Raises:
+        KeyError: its ``config.json`` names no registered method.
+    """
     path = resolve(path)
     name = read_config(path).get("method")
     if name not in REGISTRY:
         raise KeyError(f"{path}: config.json names unknown method {name!r}; registered: {sorted(REGISTRY)}")
+    return path, name
+
+
+def load(path: str) -> Method:
+    """Load any saved method (an artifact dir, or a method dir whose ``LATEST`` names one)."""
+    path, name = artifact_method(path)
     return REGISTRY[name].load(path)

@@ -24,8 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
-from components.methods import REGISTRY
-from components.methods.base import read_config
+from components.methods import artifact_method
 from components.registry import resolve
 from components.serving.deployments import Detector, QueryRewriter, Retriever, Selector
 from components.serving.errors import API_KEY_ENV
@@ -84,11 +83,11 @@ def pinned_artifact(path: str) -> str:
     if not os.path.isdir(version):
         raise ValueError(f"artifact {path!r}: {version} is not a directory")
     try:
-        method = read_config(version).get("method")
+        artifact_method(version)
     except (OSError, ValueError) as e:  # missing, unreadable, or not JSON
         raise ValueError(f"artifact {path!r}: cannot read its config.json: {e}") from e
-    if method not in REGISTRY:
-        raise ValueError(f"artifact {path!r}: config.json names unknown method {method!r}")
+    except KeyError as e:
+        raise ValueError(f"artifact {path!r}: {e.args[0]}") from e
     return version
 
 
@@ -111,8 +110,9 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
 
     Artifacts are pinned (see :func:`pinned_artifact`), so every replica loads the same version.
     """
+    retriever = pinned_artifact(args.artifact)
     detector = {
-        "artifact": pinned_artifact(args.detector_artifact or args.artifact),
+        "artifact": pinned_artifact(args.detector_artifact) if args.detector_artifact else retriever,
         "detector_file": _local(args.detector_file),
         "calibration_data": _local(args.calibration_data),
         "splits": args.splits,
@@ -122,7 +122,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         selector["model"] = _local(selector["model"])
     configs = {
         "Detector": detector,
-        "Retriever": {"artifact": pinned_artifact(args.artifact)},
+        "Retriever": {"artifact": retriever},
         "QueryRewriter": dict(args.rewriter),
         "Selector": selector,
     }
