@@ -72,11 +72,14 @@ class NumberGrammar:
                     after = number_step(state, text, decimal)
                     if after is not None:
                         self.next[state, token] = after
+        # Both masks per state, once: decoding looks one row up per generated token.
+        self.ok = self.next >= 0
+        self.completes = torch.isin(self.next, torch.tensor(ACCEPTING))
 
     def allowed(self, state: int, finish: bool = False) -> torch.Tensor:
-        """Tokens that may follow ``state``; with ``finish``, only those that complete a number."""
-        after = self.next[state]
-        return torch.isin(after, torch.tensor(ACCEPTING)) if finish else after >= 0
+        """Tokens that may follow ``state``; with ``finish``, only those that complete a number.
+        A row of a shared table: clone it before changing it."""
+        return (self.completes if finish else self.ok)[state]
 
     def step(self, state: int, token: int) -> int:
         return int(self.next[state, token])
