@@ -125,7 +125,6 @@ class Ingress:
             "probability": detected["probability"],
             "tools": [],
             "call": None,
-            "model_version": detected["version"],  # the retriever's, once it answers
             "versions": {"detector": detected["version"], "retriever": None},
         }
         if not out["needs_tool"]:
@@ -136,7 +135,7 @@ class Ingress:
                 timings, "rewrite", self._call(self.rewriter.rewrite, req.query, req.history)
             )
         found = await self._timed(timings, "retrieve", self._call(self.retriever.retrieve, (text, req.top_k)))
-        out["tools"], out["model_version"] = found["tools"], found["version"]
+        out["tools"] = found["tools"]
         out["versions"]["retriever"] = found["version"]
         if self.selector is not None and found["tools"]:
             ask = {
@@ -162,7 +161,9 @@ class Ingress:
         except BackendUnavailable as e:
             return error(503, "backend_unavailable", str(e))
         timings["total"] = round((time.perf_counter() - start) * 1000, 3)
-        return {**out, "timings_ms": timings}
+        # The retriever's version, or the detector's when no tool was needed.
+        model_version = out["versions"]["retriever"] or out["versions"]["detector"]
+        return {**out, "model_version": model_version, "timings_ms": timings}
 
     @api.get("/v1/tools", response_model=ToolsInfo, responses={c: ERRORS[c] for c in (401, 500, 503)})
     async def tools(self) -> Any:
