@@ -19,6 +19,10 @@ one runs the whole chain. The in-process baseline calls the same loaded models s
 this process, in the same run. Faults: one Retriever replica killed (``ray.kill`` on the actor
 found by name), and a hot-swap of the artifact through the deployments' user configs, each while 8
 clients run.
+
+Every load runs twice, through the two doors a client can use: Serve's HTTP proxy (the one stable
+address) and direct ingress (the ingress replicas' own ports, one hop shorter; clients are spread
+over the replicas listed by :func:`components.serving.deploy.ingress_urls`). Rows say which.
 """
 
 from __future__ import annotations
@@ -44,7 +48,13 @@ from components.methods.base import RunSpec
 from components.registry import promote, resolve
 from components.serving.calibration import find_calibration
 from components.serving.catalog import load_catalog
-from components.serving.deploy import apply_serve_env, deploy_config, serve_config, swap_artifact
+from components.serving.deploy import (
+    apply_serve_env,
+    deploy_config,
+    ingress_urls,
+    serve_config,
+    swap_artifact,
+)
 from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 from components.serving.selector_lm import LMSelector
@@ -102,22 +112,33 @@ class NoopIngress:
         return {"model_version": "noop"}
 
 
-def serve_floor(url: str, bodies: list[dict], clients: list[int], seconds: float) -> list[dict]:
+def doors(proxy: str) -> dict[str, list[str]]:
+    """The base URLs to load, per path: the proxy, and the ingress replicas' own ports (direct
+    ingress; absent when it is off). Asked again after every deploy, since replicas' ports change."""
+    paths = {"proxy": [proxy]}
+    direct = ingress_urls("127.0.0.1")
+    if direct:
+        paths["direct ingress"] = direct
+    return paths
+
+
+def serve_floor(proxy: str, bodies: list[dict], clients: list[int], seconds: float) -> list[dict]:
     """Load on the no-op graph: the floor set by Serve's proxy and handle hops on this machine."""
     app = NoopIngress.bind(NoopStage.options(name="A").bind(), NoopStage.options(name="B").bind())
     serve.run(app, name="noop", route_prefix="/")
     rows = []
-    for n in clients:
-        m = load(url, bodies, n, seconds)
-        m.pop("sample_errors")
-        rows.append(
-            {
-                "method": "serve: no-op graph (same hops, no models)",
-                "config": {"model": "-", "clients": n, "seconds": seconds},
-                "split": "test",
-                "metrics": m,
-            }
-        )
+    for path, urls in doors(proxy).items():
+        for n in clients:
+            m = load(urls, bodies, n, seconds)
+            m.pop("sample_errors")
+            rows.append(
+                {
+                    "method": "serve: no-op graph (same hops, no models)",
+                    "config": {"model": "-", "path": path, "clients": n, "seconds": seconds},
+                    "split": "test",
+                    "metrics": m,
+                }
+            )
     serve.delete("noop")
     return rows
 
@@ -183,9 +204,10 @@ def in_process(
 
 
 async def _load(
-    url: str, bodies: list[dict], clients: int, seconds: float, warmup: float, on_start=None
+    urls: list[str], bodies: list[dict], clients: int, seconds: float, warmup: float, on_start=None
 ) -> dict:
-    """``clients`` keep-alive clients posting in a loop; latencies after the warm-up only."""
+    """``clients`` keep-alive clients posting in a loop, client ``c`` to ``urls[c % len(urls)]``;
+    latencies after the warm-up only."""
     latencies: list[float] = []
     errors: list[str] = []
     versions: list[str] = []
@@ -195,7 +217,7 @@ async def _load(
         measure_from, stop_at = t0 + warmup, t0 + warmup + seconds
 
         async def client(c: int) -> None:
-            i = c
+            i, url = c, urls[c % len(urls)]
             while (now := time.perf_counter()) < stop_at:
                 body = bodies[i % len(bodies)]
                 i += clients
@@ -224,14 +246,15 @@ async def _load(
     }
 
 
-def load(url: str, bodies: list[dict], clients: int, seconds: float, on_start=None) -> dict:
-    return asyncio.run(_load(url, bodies, clients, seconds, 1.0, on_start))
+def load(urls: list[str], bodies: list[dict], clients: int, seconds: float, on_start=None) -> dict:
+    return asyncio.run(_load(urls, bodies, clients, seconds, 1.0, on_start))
 
 
 def fault_drills(
-    url: str, config: dict, bodies: list[dict], artifacts: dict[str, str], seconds: float
+    proxy: str, config: dict, bodies: list[dict], artifacts: dict[str, str], seconds: float
 ) -> list[dict]:
-    """Kill a Retriever replica, then hot-swap the artifact, each under 8 clients; count failures."""
+    """Per path: kill a Retriever replica, then hot-swap the artifact, each under 8 clients; count
+    failures. The swap alternates v0001 -> v0002 -> v0001 so each one changes the version."""
     rows = []
     with_two = copy.deepcopy(config)
     app = with_two["applications"][0]
@@ -240,35 +263,41 @@ def fault_drills(
         {"name": "Retriever", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}}
     )
     deploy_config(with_two)
-    wait_for_replicas("Retriever", 2)
-    victim = replica_names("Retriever")[0]
+    targets = [artifacts["bm25_v2"], artifacts["bm25"]]
+    for path, urls in doors(proxy).items():
+        wait_for_replicas("Retriever", 2)
+        victim = replica_names("Retriever")[0]
 
-    def kill() -> None:
-        time.sleep(seconds / 3)
-        ray.kill(replica_actor(victim), no_restart=True)
+        def kill(victim: str = victim) -> None:
+            time.sleep(seconds / 3)
+            ray.kill(replica_actor(victim), no_restart=True)
 
-    killed = load(
-        url, bodies, 8, seconds, on_start=lambda: threading.Thread(target=kill, daemon=True).start()
-    )
-    wait_for_replicas("Retriever", 2)
-    rows.append(("kill one Retriever replica", killed, {"replicas": 2, "killed": victim.split("#")[-1]}))
+        killed = load(
+            urls, bodies, 8, seconds, on_start=lambda: threading.Thread(target=kill, daemon=True).start()
+        )
+        rows.append(
+            ("kill one Retriever replica", path, killed, {"replicas": 2, "killed": victim.split("#")[-1]})
+        )
+        wait_for_replicas("Retriever", 2)
+        target = targets.pop(0)
 
-    def swap() -> None:
-        time.sleep(seconds / 3)
-        deploy_config(swap_artifact(with_two, artifacts["bm25_v2"]))
+        def swap(target: str = target) -> None:
+            time.sleep(seconds / 3)
+            deploy_config(swap_artifact(with_two, target))
 
-    swapped = load(
-        url, bodies, 8, seconds, on_start=lambda: threading.Thread(target=swap, daemon=True).start()
-    )
-    rows.append(("hot-swap bm25/v0001 -> bm25/v0002", swapped, {"replicas": 2}))
+        swapped = load(
+            urls, bodies, 8, seconds, on_start=lambda: threading.Thread(target=swap, daemon=True).start()
+        )
+        version = "/".join(os.path.normpath(target).split(os.sep)[-2:])
+        rows.append((f"hot-swap to {version}", path, swapped, {"replicas": 2}))
     return [
         {
             "method": f"fault: {name}",
-            "config": {"clients": 8, "seconds": seconds, **extra},
+            "config": {"path": path, "clients": 8, "seconds": seconds, **extra},
             "split": "test",
             "metrics": {k: v for k, v in m.items() if k != "sample_errors"},
         }
-        for name, m, extra in rows
+        for name, path, m, extra in rows
     ]
 
 
@@ -306,9 +335,9 @@ def main() -> None:
 
     port = 18000 + os.getpid() % 1000
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    url = f"http://127.0.0.1:{port}"
+    proxy = f"http://127.0.0.1:{port}"
     base = read_serve_config(None)
-    rows = serve_floor(url, bodies, args.clients, args.seconds)
+    rows = serve_floor(proxy, bodies, args.clients, args.seconds)
     scenarios = [
         ("detect→retrieve", "bm25", None),
         ("detect→retrieve", "dense", None),
@@ -330,31 +359,37 @@ def main() -> None:
         rows.append(
             {
                 "method": f"in-process: {label}",
-                "config": {"model": version, "clients": 1},
+                "config": {"model": version, "path": "-", "clients": 1},
                 "split": "test",
                 "metrics": {**base_metrics, "ratio": 1.0},
             }
         )
-        for clients in args.clients:
-            m = load(url, bodies, clients, args.seconds)
-            m.pop("sample_errors")
-            m["ratio"] = m["p50_ms"] / base_metrics["p50_ms"]
-            m["rps_ratio"] = m["rps"] / base_metrics["rps"]
-            rows.append(
-                {
-                    "method": f"serve: {label}",
-                    "config": {"model": version, "clients": clients, "seconds": args.seconds},
-                    "split": "test",
-                    "metrics": m,
-                }
-            )
-            print(
-                f"{label} {version} x{clients}: p50 {m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms "
-                f"{m['rps']:.0f} req/s errors {m['errors']}"
-            )
+        for path, urls in doors(proxy).items():
+            for clients in args.clients:
+                m = load(urls, bodies, clients, args.seconds)
+                m.pop("sample_errors")
+                m["ratio"] = m["p50_ms"] / base_metrics["p50_ms"]
+                m["rps_ratio"] = m["rps"] / base_metrics["rps"]
+                rows.append(
+                    {
+                        "method": f"serve: {label}",
+                        "config": {
+                            "model": version,
+                            "path": path,
+                            "clients": clients,
+                            "seconds": args.seconds,
+                        },
+                        "split": "test",
+                        "metrics": m,
+                    }
+                )
+                print(
+                    f"{label} {version} via {path} x{clients}: p50 {m['p50_ms']:.1f} ms "
+                    f"p99 {m['p99_ms']:.1f} ms {m['rps']:.0f} req/s errors {m['errors']}"
+                )
         if key == "bm25" and selector is None:
             rows += fault_drills(
-                url, serve_config(serve_args, base), bodies, artifacts, max(args.seconds, 4.0)
+                proxy, serve_config(serve_args, base), bodies, artifacts, max(args.seconds, 4.0)
             )
     serve.shutdown()
     machine = f"1-min load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. "
@@ -372,7 +407,8 @@ def main() -> None:
         + f"Serve env {settings}. "
         + f"2 CPU cores, Ray {ray.__version__}, client and server on the same cores; "
         "p50/p99 per request, rps = completed / seconds; ratio = serve p50 / in-process p50 of the same "
-        "models (in-process = sequential calls in this process, same run); the no-op graph is the same "
+        "models (in-process = sequential calls in this process, same run); path: through Serve's HTTP proxy, "
+        "or direct ingress (the ingress replica's own port, no proxy hop); the no-op graph is the same "
         "HTTP → ingress → 2 handle calls with no model work, i.e. the floor Serve sets on this machine in "
         "this run; a closed loop of c clients has p50 ≳ c / req/s (Little's law); goal for detect→retrieve: "
         f"p50 ≤ {GOAL['p50_ms']:g} ms, p99 ≤ {GOAL['p99_ms']:g} ms, ≥ {GOAL['rps']:g} req/s, 0 errors.\n",
@@ -390,6 +426,7 @@ def write_markdown(report: dict, out: str) -> None:
             faults.append(
                 [
                     r["method"][7:],
+                    c["path"],
                     str(m["requests"]),
                     str(m["errors"]),
                     f"{m['p50_ms']:.1f}",
@@ -403,6 +440,7 @@ def write_markdown(report: dict, out: str) -> None:
             [
                 r["method"],
                 c["model"],
+                c["path"],
                 str(c["clients"]),
                 f"{m['p50_ms']:.1f}",
                 f"{m['p99_ms']:.1f}",
@@ -414,6 +452,7 @@ def write_markdown(report: dict, out: str) -> None:
     load_head = [
         "scenario",
         "model",
+        "path",
         "clients",
         "p50 ms",
         "p99 ms",
@@ -422,7 +461,7 @@ def write_markdown(report: dict, out: str) -> None:
         "p50 ratio",
         "rps ratio",
     ]
-    fault_head = ["fault", "requests", "failed", "p50 ms", "p99 ms", "versions answering"]
+    fault_head = ["fault", "path", "requests", "failed", "p50 ms", "p99 ms", "versions answering"]
     text = "\n".join(
         [*md_table(load_head, loads), "", "## Faults under load", "", *md_table(fault_head, faults)]
     )

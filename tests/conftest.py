@@ -15,10 +15,14 @@ TOOLLENS = Path(
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray (2 CPUs, 127.0.0.1, no dashboard) shared by every test that needs it."""
+    """One local Ray (2 CPUs, 127.0.0.1, no dashboard) shared by every test that needs it, with
+    Serve's settings as ``toolscout serve`` sets them (direct ingress included)."""
     import ray
 
+    from components.serving.deploy import apply_serve_env
     from workflows.ray_env import init_ray
+
+    apply_serve_env()
 
     init_ray({"num_cpus": 2, "progress_bars": False})
     yield ray

@@ -110,12 +110,15 @@ def run_server(
     does, so later redeploys with a new artifact reconfigure replicas in place); blocks until Ctrl-C."""
     from ray import serve
 
-    from components.serving.deploy import deploy_config, serve_config
+    from components.serving.deploy import deploy_config, ingress_urls, serve_config
 
     serve.start(http_options={"host": host, "port": port})
     deploy_config(serve_config(absolute_paths(args), base))
     url = f"http://{host}:{port}"
     print(f"serving on {url} (OpenAPI: {url}/docs)")
+    for direct in ingress_urls(host):
+        # The same API one hop shorter; a replica's port lives as long as the replica.
+        print(f"  direct ingress replica: {direct}")
     if blocking:
         try:
             while True:

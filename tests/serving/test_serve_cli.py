@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+import ray
 import requests
 import yaml
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
@@ -13,6 +15,7 @@ from typer.testing import CliRunner
 
 from components.serving.app import ServeArgs, build_app
 from components.serving.calibration import find_calibration
+from components.serving.deploy import ingress_urls
 from workflows.cli import app
 from workflows.serve import DEFAULT_SERVE_CONFIG, absolute_paths, app_args, read_serve_config, run_server
 
@@ -100,8 +103,19 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
         url = run_server(args, "127.0.0.1", port, read_serve_config(None), blocking=False)
         info = requests.get(f"{url}/v1/tools", timeout=10).json()
         assert info["model_version"] == "bm25/v0002"  # LATEST
-        r = requests.post(f"{url}/v1/select", json={"query": "weather forecast in Paris"}, timeout=30)
+        body = {"query": "weather forecast in Paris"}
+        r = requests.post(f"{url}/v1/select", json=body, timeout=30)
         assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"
+        # Direct ingress: the ingress replica's own port answers the same, and binds loopback only.
+        (direct,) = ingress_urls("127.0.0.1")
+        assert direct != url
+        d = requests.post(f"{direct}/v1/select", json=body, timeout=30)
+        assert d.status_code == 200 and d.json()["tools"] == r.json()["tools"]
+        assert requests.post(f"{direct}/v1/select", json={"query": " "}, timeout=30).status_code == 422
+        node_ip = ray.util.get_node_ip_address()
+        if node_ip != "127.0.0.1":
+            with pytest.raises(requests.ConnectionError):
+                requests.get(f"http://{node_ip}:{direct.rsplit(':', 1)[1]}/healthz", timeout=5)
         # The builder also works with serve.run (a restart on every update, see components.serving.deploy).
         serve.run(build_app(absolute_paths(args)), name="toolscout", route_prefix="/")
         assert requests.get(f"{url}/v1/tools", timeout=10).json()["model_version"] == "bm25/v0002"
