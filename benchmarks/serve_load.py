@@ -49,6 +49,7 @@ from components.registry import promote, resolve
 from components.serving.calibration import find_calibration
 from components.serving.catalog import load_catalog
 from components.serving.deploy import (
+    APP_NAME,
     apply_serve_env,
     deploy_config,
     ingress_urls,
@@ -112,11 +113,11 @@ class NoopIngress:
         return {"model_version": "noop"}
 
 
-def doors(proxy: str) -> dict[str, list[str]]:
+def doors(proxy: str, app_name: str = APP_NAME) -> dict[str, list[str]]:
     """The base URLs to load, per path: the proxy, and the ingress replicas' own ports (direct
     ingress; absent when it is off). Asked again after every deploy, since replicas' ports change."""
     paths = {"proxy": [proxy]}
-    direct = ingress_urls("127.0.0.1")
+    direct = ingress_urls("127.0.0.1", app_name)
     if direct:
         paths["direct ingress"] = direct
     return paths
@@ -127,7 +128,7 @@ def serve_floor(proxy: str, bodies: list[dict], clients: list[int], seconds: flo
     app = NoopIngress.bind(NoopStage.options(name="A").bind(), NoopStage.options(name="B").bind())
     serve.run(app, name="noop", route_prefix="/")
     rows = []
-    for path, urls in doors(proxy).items():
+    for path, urls in doors(proxy, "noop").items():
         for n in clients:
             m = load(urls, bodies, n, seconds)
             m.pop("sample_errors")

@@ -153,6 +153,8 @@ def ingress_urls(host: str, app_name: str = APP_NAME) -> list[str]:
     """
     from ray.serve._private.common import REPLICA_ID_FULL_ID_STR_PREFIX
 
+    if app_name not in serve.status().applications:
+        return []  # the controller raises KeyError for an app it does not know
     groups = ray.get(_get_global_client()._controller.get_target_groups.remote(app_name))
     wildcard = host in ("0.0.0.0", "::", "")
     # Without direct ingress, or before a replica runs, the groups name the proxies instead.

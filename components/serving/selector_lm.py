@@ -18,6 +18,7 @@ the typed values, so it is valid JSON that satisfies the schema's required keys 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -188,41 +189,53 @@ class LMSelector:
         text = self._string(decoder)
         return [text] if kind == "array" else text
 
-    def _string(self, decoder: _Decoder) -> str:
-        """Printable tokens until ``</s>`` (at least one) or the token budget."""
+    def _spell(
+        self,
+        decoder: _Decoder,
+        mask_at: Callable[[int], torch.Tensor],
+        advance: Callable[[int], None] = lambda token: None,
+    ) -> str:
+        """One value: at step ``i`` the best token under ``mask_at(i)`` (which decides whether
+        ``</s>`` may end it there), ``advance`` told each kept token, until ``</s>`` or the budget."""
         ids: list[int] = []
         end = self.fmt.end
-        for _ in range(self.max_value_tokens):
-            mask = self.masks.string.clone()
-            mask[end] = bool(ids)  # a value is never empty
-            token = decoder.pick(mask)
+        for step in range(self.max_value_tokens):
+            token = decoder.pick(mask_at(step))
             decoder.push([token])
             if token == end:
                 break
             ids.append(token)
+            advance(token)
         else:
             decoder.push([end])  # close the value as in training
         return self.tokenizer.decode(ids).strip()
 
+    def _string(self, decoder: _Decoder) -> str:
+        """Printable tokens until ``</s>`` (at least one) or the token budget."""
+
+        def mask_at(step: int) -> torch.Tensor:
+            mask = self.masks.string.clone()
+            mask[self.fmt.end] = step > 0  # a value is never empty
+            return mask
+
+        return self._spell(decoder, mask_at)
+
     def _number(self, decoder: _Decoder, grammar: NumberGrammar) -> str:
         """A number spelled under ``grammar``; the last token of the budget must complete it."""
-        ids: list[int] = []
-        end = self.fmt.end
         state = START
-        for step in range(self.max_value_tokens):
+
+        def mask_at(step: int) -> torch.Tensor:
             mask = grammar.allowed(state, finish=step == self.max_value_tokens - 1).clone()
-            mask[end] = state in ACCEPTING
+            mask[self.fmt.end] = state in ACCEPTING
             if not bool(mask.any()):
                 raise ValueError("the vocabulary cannot complete a number within max_value_tokens")
-            token = decoder.pick(mask)
-            decoder.push([token])
-            if token == end:
-                break
-            ids.append(token)
+            return mask
+
+        def advance(token: int) -> None:
+            nonlocal state
             state = grammar.step(state, token)
-        else:
-            decoder.push([end])  # close the value as in training
-        return self.tokenizer.decode(ids).strip()
+
+        return self._spell(decoder, mask_at, advance)
 
     @torch.inference_mode()
     def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None:

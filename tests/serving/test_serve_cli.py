@@ -108,6 +108,7 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
         assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"
         # Direct ingress: the ingress replica's own port answers the same, and binds loopback only.
         (direct,) = ingress_urls("127.0.0.1")
+        assert ingress_urls("127.0.0.1", "no-such-app") == []
         assert direct != url
         d = requests.post(f"{direct}/v1/select", json=body, timeout=30)
         assert d.status_code == 200 and d.json()["tools"] == r.json()["tools"]
