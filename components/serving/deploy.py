@@ -30,9 +30,10 @@ IMPORT_PATH = "components.serving.app:build_app"
 # replica's event loop instead of a separate thread, routers on the caller's loop, request logs are
 # buffered, deployments talk over gRPC, and the ingress replica serves HTTP itself on a port of its
 # own (direct ingress, bound to ``http_options``' host, 127.0.0.1 by default) beside the proxy's,
-# which saves the proxy -> ingress hop. On 2 cores the no-op graph went from 189 to 634 req/s at 8
-# clients through that port in back-to-back runs; the proxy's port keeps working as the one stable
-# address (README, "Load and faults"). :func:`ingress_urls` lists the direct ports.
+# which saves the proxy -> ingress hop. On 2 cores BM25 detect -> retrieve at 8 clients did 394
+# req/s through that port against 133 through the proxy, in the same run
+# (benchmarks/results/serve_load.md); the proxy's port keeps working as the one stable address.
+# :func:`ingress_urls` lists the direct ports.
 # A stopping ingress replica keeps its port open for a minimum draining period so that a load
 # balancer in front can deregister it; Ray's default is 30 s, which made every local shutdown and
 # every redeploy that restarts the ingress wait that long (``serve.shutdown`` gave up at 30 s and
@@ -145,7 +146,8 @@ def ingress_urls(host: str, app_name: str = APP_NAME) -> list[str]:
     Each ingress replica listens on its own port (30000-31000 by default) and answers the same API
     as the proxy without the proxy's hop. The list is a snapshot: autoscaling adds and removes
     replicas, so a client that wants every replica (or a load balancer) asks again; the proxy's
-    port always routes to whichever replicas exist. Empty when direct ingress is off.
+    port always routes to whichever replicas exist. Empty when direct ingress is off or Serve runs
+    no application of that name.
 
     Args:
         host: The address clients use. Replicas bind ``http_options``' host, so with a loopback
