@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from components.registry import promote
 
 SELECTOR_LM = {
     "vocab_size": 1000,
@@ -28,6 +33,24 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def half_written(root: Path, version: str = "v0009") -> str:
+    """A version dir whose config.json names a method but whose index is missing (a partial copy)."""
+    path = root / "bm25" / version
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"method": "bm25"}))
+    return str(path)
+
+
+def copy_versions(bm25_versions: dict[str, str], root: Path) -> Path:
+    """A private method dir with both BM25 versions, v0002 promoted (promoting in the shared one
+    would leak into other tests)."""
+    method_dir = root / "bm25"
+    for name in ("default", "lucene"):
+        shutil.copytree(bm25_versions[name], method_dir / Path(bm25_versions[name]).name)
+    promote(str(method_dir / "v0002"))
+    return method_dir
 
 
 def free_port() -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import threading
 import time
 from functools import partial
@@ -18,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from local_openai_server import LocalChatServer
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
-from serving_helpers import deploy
+from serving_helpers import copy_versions, deploy, half_written
 
 from components.registry import promote
 from components.serving.app import ServeArgs, user_configs
@@ -80,14 +79,6 @@ def test_a_failing_item_fails_only_itself(dense):
     assert same(ranked[0], dense.retrieve(["weather in Paris"], 2)[0]) and isinstance(ranked[1], TypeError)
 
 
-def half_written(root: Path) -> str:
-    """A version dir whose config.json names a method but whose index is missing (a partial copy)."""
-    path = root / "bm25" / "v0009"
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"method": "bm25"}))
-    return str(path)
-
-
 def test_a_failed_swap_keeps_the_serving_model(bm25_versions, serving_data, tmp_path, caplog):
     broken = half_written(tmp_path)
     retriever, detector = Retriever(serving_data), Detector()
@@ -117,15 +108,6 @@ def test_a_failed_selector_swap_keeps_its_backend(serving_data):
     assert selector.configured and selector.backend is None
     with pytest.raises(ValueError, match="unknown selector backend"):
         asyncio.run(Selector(serving_data).reconfigure({"backend": "nope"}))
-
-
-def copy_versions(bm25_versions, root: Path) -> Path:
-    """A private method dir with both BM25 versions (promoting in the shared one would leak)."""
-    method_dir = root / "bm25"
-    for name in ("default", "lucene"):
-        shutil.copytree(bm25_versions[name], method_dir / Path(bm25_versions[name]).name)
-    promote(str(method_dir / "v0002"))
-    return method_dir
 
 
 def test_latest_is_pinned_when_user_configs_are_built(bm25_versions, serving_data, tmp_path):

@@ -4,7 +4,6 @@ killing a replica."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 
@@ -13,7 +12,7 @@ import ray
 import requests
 from conftest import TINY_ENCODER
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
-from serving_helpers import Load, deploy
+from serving_helpers import Load, copy_versions, deploy, half_written
 
 from components.methods.base import RunSpec
 from components.methods.dense import DenseMethod
@@ -113,15 +112,13 @@ def test_a_swap_to_a_version_that_fails_to_load_keeps_serving(live, serving_root
     url, args, bodies = live
     unpinned = {k: v for k, v in args.items() if k != "detector_artifact"}
     deploy(unpinned)  # the same args as the swap below: a change of args would restart the replicas
-    broken = serving_root / "broken" / "bm25" / "v0099"  # config.json present, index missing
-    broken.mkdir(parents=True, exist_ok=True)
-    (broken / "config.json").write_text(json.dumps({"method": "bm25"}))
+    broken = half_written(serving_root / "broken", "v0099")  # config.json present, index missing
     try:
         with Load(url, bodies, threads=2) as load:
             load.wait_for(lambda s: s.ok >= 10)
             # The driver's check passes (a config naming a known method); both replicas fail to load
             # it, log it, and keep the version they serve instead of going down.
-            deploy_config(swap_artifact(serve_config(unpinned), str(broken)))
+            deploy_config(swap_artifact(serve_config(unpinned), broken))
             served = load.ok
             load.wait_for(lambda s: s.ok >= served + 20)
         assert load.failures == []
@@ -131,15 +128,12 @@ def test_a_swap_to_a_version_that_fails_to_load_keeps_serving(live, serving_root
         shutil.rmtree(broken)
     # A missing artifact never reaches the replicas: the driver refuses it.
     with pytest.raises(ValueError, match="is not a directory"):
-        swap_artifact(serve_config(unpinned), str(broken))
+        swap_artifact(serve_config(unpinned), broken)
 
 
 def test_latest_is_pinned_across_a_replica_replacement(live, bm25_versions, serving_root):
     url, args, bodies = live
-    method_dir = serving_root / "pinned" / "bm25"  # a private copy: promoting here leaks nowhere
-    for name in ("default", "lucene"):
-        shutil.copytree(bm25_versions[name], method_dir / bm25_versions[name].rsplit("/", 1)[1])
-    promote(str(method_dir / "v0002"))
+    method_dir = copy_versions(bm25_versions, serving_root / "pinned")  # promoting here leaks nowhere
     pinned_args = {**args, "artifact": str(method_dir)}
     deploy(pinned_args)
     assert select(url, bodies[0])["versions"]["retriever"] == V2
