@@ -23,7 +23,6 @@ def ray_session():
     from workflows.ray_env import init_ray
 
     apply_serve_env()
-
     init_ray({"num_cpus": 2, "progress_bars": False})
     yield ray
     ray.shutdown()

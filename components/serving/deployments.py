@@ -9,9 +9,9 @@ version that fails to load is logged and the replica keeps serving the one it ha
 :func:`_load_new`); only a replica's first load fails it. Changing the app's ``args`` instead changes
 its code version, so Serve restarts the replicas.
 
-Model calls go through ``@serve.batch`` (small batches, a short wait: the latency goal is tens of
-milliseconds) and run in a worker thread so the replica's event loop keeps collecting the next
-batch while torch / numpy compute. A batch must answer each request as it would be answered alone:
+Model calls go through ``@serve.batch`` (small batches, no wait for partners: see
+:data:`BATCH_KEYS`) and run in a worker thread so the replica's event loop keeps collecting the
+next batch while torch / numpy compute. A batch must answer each request as it would be answered alone:
 the retriever ranks each distinct ``k`` separately (:func:`rank_by_k`), and a model call that raises
 is retried item by item (:func:`call_each`), so one bad input fails only its own request.
 """
