@@ -1,0 +1,87 @@
+"""The serve load benchmark's client: closed loops and paced (open-loop) schedules.
+
+A small keep-alive HTTP server on 127.0.0.1 answers ``/v1/select`` after a fixed delay, so the
+expected rates and latencies are known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from benchmarks.serve_load import load
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the benchmark's clients expect
+    disable_nagle_algorithm = True  # headers and body are two writes; Nagle would hold the body 40 ms
+    delay_s = 0.0
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(self.delay_s)
+        body = json.dumps({"model_version": "test/v0001"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _server(delay_s: float) -> Iterator[str]:
+    handler = type("Handler", (_Handler,), {"delay_s": delay_s})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def fast_server() -> Iterator[str]:
+    yield from _server(0.0)
+
+
+@pytest.fixture
+def slow_server() -> Iterator[str]:
+    yield from _server(0.05)
+
+
+BODIES = [{"query": "weather in Paris", "top_k": 5}]
+
+
+def test_paced_load_keeps_the_offered_rate(fast_server: str) -> None:
+    m = load([fast_server], BODIES, clients=4, seconds=1.5, rate=80.0)
+    assert m["errors"] == 0
+    assert m["versions"] == ["test/v0001"]
+    # 80 req/s for 1.5 s after the warm-up: 120 slots, all answered within the window.
+    assert 110 <= m["requests"] <= 121
+    assert m["p50_ms"] < 40
+
+
+def test_paced_load_charges_queueing_to_latency(slow_server: str) -> None:
+    """One client offered 40 req/s against a 50 ms server can do only 20/s: it falls further
+    behind each request, and the latencies (counted from the schedule) show the backlog."""
+    m = load([slow_server], BODIES, clients=1, seconds=1.0, rate=40.0)
+    assert m["errors"] == 0
+    assert m["rps"] < 25  # completions per second of the run, not the offered rate
+    assert m["p99_ms"] > 500  # a closed loop would report about 50 ms here
+
+
+def test_closed_loop_is_bounded_by_service_time(slow_server: str) -> None:
+    m = load([slow_server], BODIES, clients=2, seconds=1.0)
+    assert m["errors"] == 0
+    assert 45 <= m["p50_ms"] < 120
+    assert 15 <= m["rps"] <= 42  # two clients, 50 ms each: at most 40 req/s
