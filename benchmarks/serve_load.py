@@ -70,7 +70,7 @@ from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
-from workflows.serve import read_serve_config
+from workflows.serve import app_args, read_serve_config
 from workflows.train import fit_method
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_load.json")
@@ -403,12 +403,15 @@ def main() -> None:
         ("full graph (LM selector)", "bm25", {"backend": "lm", "model": selector_path}),
     ]
     for label, key, selector in scenarios:
-        serve_args = {
+        # The config file's args (deployment options, batching) under these flags, as `toolscout
+        # serve` builds them: the graph measured here is the one users get.
+        flags = {
             "artifact": artifacts[key],
             "catalog": catalog,
             "detector_file": detector_file,
             "selector": selector or {"backend": "none"},
         }
+        serve_args = app_args(base, flags, [])
         deploy_config(serve_config(serve_args, base))
         detector = DetectorModel(artifacts[key], detector_file)
         retriever = RetrieverModel(artifacts[key])
