@@ -320,8 +320,11 @@ def fault_drills(
     with_two = copy.deepcopy(config)
     app = with_two["applications"][0]
     app["deployments"] = [d for d in app.get("deployments", []) if d["name"] != "Retriever"]
+    # Two replicas, pinned: the app's code options carry an autoscaling config (from the config
+    # file's args), which a fixed num_replicas here would conflict with.
+    pinned = {"min_replicas": 2, "max_replicas": 2, "target_ongoing_requests": 16}
     app["deployments"].append(
-        {"name": "Retriever", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}}
+        {"name": "Retriever", "autoscaling_config": pinned, "ray_actor_options": {"num_cpus": 0.25}}
     )
     deploy_config(with_two)
     targets = [artifacts["bm25_v2"], artifacts["bm25"]]
@@ -366,7 +369,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument(
-        "--rates", type=float, nargs="*", default=[150.0, 300.0], help="paced loads, req/s (8 clients)"
+        "--rates", type=float, nargs="*", default=[120.0, 150.0, 300.0], help="paced loads, req/s (8 clients)"
     )
     parser.add_argument("--dense-epochs", type=int, default=1)
     parser.add_argument("--selector-steps", type=int, default=300)
