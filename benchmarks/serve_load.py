@@ -29,7 +29,8 @@ so the server always runs flat out and p50 is set by the client count. Latency a
 level is measured by paced (open-loop) loads on detect → retrieve: the same 8 clients send on a
 fixed schedule at ``--rates`` requests per second in all, and each latency counts from the
 request's scheduled send time, so a request that waits behind a slow one is charged for the wait
-(no coordinated omission; a late timer wake-up is charged too).
+(no coordinated omission; a late timer wake-up is charged too). Each rate runs ``--repeats`` times
+and the median run is reported; the proxy, which saturates lower, is paced at the lowest rate only.
 """
 
 from __future__ import annotations
