@@ -240,6 +240,7 @@ async def _load(
         last_done = stop_at
 
         async def client(c: int) -> None:
+            nonlocal last_done
             i, url = c, urls[c % len(urls)]
             while True:
                 if rate is None:
@@ -259,7 +260,6 @@ async def _load(
                 except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                     ok, payload = False, {"error": repr(e)}
                 if now >= measure_from:
-                    nonlocal last_done
                     last_done = time.perf_counter()
                     if ok:
                         latencies.append(last_done - now)
@@ -292,6 +292,11 @@ def load(
     return asyncio.run(_load(urls, bodies, clients, seconds, 1.0, on_start, rate))
 
 
+def with_ratios(m: dict, baseline: dict) -> dict:
+    """``m`` with its p50 and req/s as ratios of the in-process baseline of the same run."""
+    return {**m, "ratio": m["p50_ms"] / baseline["p50_ms"], "rps_ratio": m["rps"] / baseline["rps"]}
+
+
 def paced_loads(
     proxy: str,
     bodies: list[dict],
@@ -308,7 +313,8 @@ def paced_loads(
     above its capacity the schedule's backlog only grows."""
     rows = []
     for path, urls in doors(proxy).items():
-        for rate in rates if path != "proxy" else sorted(rates)[:1]:
+        path_rates = sorted(rates)[:1] if path == "proxy" else rates
+        for rate in path_rates:
             runs = [load(urls, bodies, 8, seconds, rate=rate) for _ in range(repeats)]
             m: dict[str, Any] = {
                 key: float(np.median([r[key] for r in runs])) for key in ("p50_ms", "p99_ms", "rps")
@@ -316,8 +322,7 @@ def paced_loads(
             m["errors"] = sum(r["errors"] for r in runs)
             m["requests"] = sum(r["requests"] for r in runs)
             m["p99_ms_runs"] = [round(r["p99_ms"], 1) for r in runs]
-            m["ratio"] = m["p50_ms"] / baseline["p50_ms"]
-            m["rps_ratio"] = m["rps"] / baseline["rps"]
+            m = with_ratios(m, baseline)
             config = {
                 "model": version,
                 "path": path,
@@ -439,8 +444,8 @@ def main() -> None:
             "detector_file": detector_file,
             "selector": selector or {"backend": "none"},
         }
-        serve_args = app_args(base, flags, [])
-        deploy_config(serve_config(serve_args, base))
+        app_config = serve_config(app_args(base, flags, []), base)
+        deploy_config(app_config)
         detector = DetectorModel(artifacts[key], detector_file)
         retriever = RetrieverModel(artifacts[key])
         lm = LMSelector(selector_path, load_catalog(catalog)) if selector else None
@@ -455,9 +460,7 @@ def main() -> None:
         )
         for path, urls in doors(proxy).items():
             for clients in args.clients:
-                m = load(urls, bodies, clients, args.seconds)
-                m["ratio"] = m["p50_ms"] / base_metrics["p50_ms"]
-                m["rps_ratio"] = m["rps"] / base_metrics["rps"]
+                m = with_ratios(load(urls, bodies, clients, args.seconds), base_metrics)
                 config = {"model": version, "path": path, "clients": clients, "seconds": args.seconds}
                 rows.append(row(f"serve: {label}", config, m))
                 print(
@@ -466,9 +469,7 @@ def main() -> None:
                 )
         if key == "bm25" and selector is None:
             rows += paced_loads(proxy, bodies, version, args.rates, args.seconds, base_metrics, args.repeats)
-            rows += fault_drills(
-                proxy, serve_config(serve_args, base), bodies, artifacts, max(args.seconds, 4.0)
-            )
+            rows += fault_drills(proxy, app_config, bodies, artifacts, max(args.seconds, 4.0))
     serve.shutdown()
     machine = f"1-min load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. "
     note = (
@@ -500,8 +501,8 @@ def main() -> None:
 
 def p99_cell(m: dict) -> str:
     """p99, with the range over runs where a row is the median of several."""
-    runs = m.get("p99_ms_runs")
-    if not runs or len(runs) < 2:
+    runs = m.get("p99_ms_runs") or []
+    if len(runs) < 2:
         return f"{m['p99_ms']:.1f}"
     return f"{m['p99_ms']:.1f} ({min(runs):.1f}–{max(runs):.1f})"
 

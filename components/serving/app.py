@@ -34,7 +34,8 @@ from components.serving.ingress import IngressDeployment
 FALLBACK_ACTOR_OPTIONS = {"num_cpus": 0.25}
 # Used when the config names no cap. Serve's default (5) makes a busy stage reject, and its router
 # then retries with growing backoff while the replica idles: a Selector at 5 served 8 req/s to 32
-# clients, at 128 it served 99. Queued requests still count toward autoscaling.
+# clients (99 at a cap of 32), and at 32 it served 12 to 64 clients (117 at 128). Queued requests
+# still count toward autoscaling.
 FALLBACK_MAX_ONGOING_REQUESTS = 128
 
 

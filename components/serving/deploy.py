@@ -30,9 +30,9 @@ IMPORT_PATH = "components.serving.app:build_app"
 # replica's event loop instead of a separate thread, routers on the caller's loop, request logs are
 # buffered, deployments talk over gRPC, and the ingress replica serves HTTP itself on a port of its
 # own (direct ingress, bound to ``http_options``' host, 127.0.0.1 by default) beside the proxy's,
-# which saves the proxy -> ingress hop. On 2 cores BM25 detect -> retrieve at 8 clients did 394
-# req/s through that port against 133 through the proxy, in the same run
-# (benchmarks/results/serve_load.md); the proxy's port keeps working as the one stable address.
+# which saves the proxy -> ingress hop. On 2 cores BM25 detect -> retrieve at 8 clients did 2.6 to
+# 3.1 times the proxy's req/s through that port, in the same runs (README, "Load and faults"); the
+# proxy's port keeps working as the one stable address.
 # :func:`ingress_urls` lists the direct ports.
 # A stopping ingress replica keeps its port open for a minimum draining period so that a load
 # balancer in front can deregister it; Ray's default is 30 s, which made every local shutdown and
