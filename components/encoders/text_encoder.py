@@ -8,6 +8,7 @@ the spec's sizes, so everything works offline and is trained from scratch.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Iterable
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel
 
 from components.encoders.tokenizer import train_wordpiece
 
@@ -152,7 +153,20 @@ class TextEncoder(nn.Module):
         """Reload a saved encoder through ``from_pretrained`` (the same path a hub name takes)."""
         with open(os.path.join(path, ENCODER_CONFIG)) as f:
             extra = json.load(f)
-        return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), **extra)
+        return cls(backbone_without_pooler(path), AutoTokenizer.from_pretrained(path), **extra)
+
+
+def backbone_without_pooler(path: str) -> nn.Module:
+    """``AutoModel.from_pretrained(path)``, not building a pooler where the class can skip it.
+
+    :meth:`TextEncoder.save` writes no pooler (pooling is the encoder's own), so building one
+    would only initialise random weights and print a "MISSING pooler" load report on every load.
+    """
+    config = AutoConfig.from_pretrained(path)
+    model_class = MODEL_MAPPING.get(type(config), None)
+    params = inspect.signature(model_class.__init__).parameters if model_class is not None else {}
+    kwargs = {"add_pooling_layer": False} if "add_pooling_layer" in params else {}
+    return AutoModel.from_pretrained(path, **kwargs)
 
 
 def spec_from(params: dict | str | None) -> EncoderSpec:

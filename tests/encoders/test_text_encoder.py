@@ -50,6 +50,16 @@ def test_save_load_round_trip_uses_safetensors(tmp_path):
     assert again.pooling == enc.pooling and again.max_length == enc.max_length
 
 
+def test_reload_builds_no_pooler_to_fill_with_random_weights(tmp_path, capfd, caplog):
+    # save() writes no pooler; a reload that built one would report it as newly initialised.
+    TextEncoder.from_spec(TINY, TEXTS).save(str(tmp_path / "enc"))
+    capfd.readouterr()
+    again = TextEncoder.load(str(tmp_path / "enc"))
+    out, err = capfd.readouterr()
+    assert "MISSING" not in out + err + caplog.text
+    assert again.backbone.pooler is None
+
+
 def test_name_or_path_loads_any_hf_checkpoint(tmp_path):
     tok = train_wordpiece(TEXTS, vocab_size=200, min_frequency=1)
     model = BertModel(
