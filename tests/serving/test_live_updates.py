@@ -4,6 +4,7 @@ killing a replica."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -17,7 +18,7 @@ from serving_helpers import Load, copy_versions, deploy, half_written
 from components.methods.base import RunSpec
 from components.methods.dense import DenseMethod
 from components.registry import promote
-from components.serving.deploy import deploy_config, serve_config, swap_artifact
+from components.serving.deploy import METRICS_COLLECTION, deploy_config, serve_config, swap_artifact
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 
 V1, V2 = "bm25/v0001", "bm25/v0002"
@@ -163,3 +164,42 @@ def test_killing_a_retriever_replica_under_load_fails_no_request(live):
         load.wait_for(lambda s: s.ok >= served_before + 80)
     assert load.failures == []
     assert victim not in replica_names("Retriever")
+
+
+def test_autoscaling_adds_a_retriever_replica_under_load(live):
+    # Serve's autoscaling runs on queue lengths the handles report to the controller, not on Ray's
+    # metrics, which the serving env turns off (components/serving/deploy.py): with them off, load
+    # must still bring a second replica, and no request may fail while it starts.
+    assert os.environ.get(METRICS_COLLECTION) == "0"
+    url, args, bodies = live
+    autoscaling = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 0.1,  # any steady traffic asks for the second replica
+        "metrics_interval_s": 0.5,
+        "look_back_period_s": 2.0,
+        "upscale_delay_s": 0.5,
+        "downscale_delay_s": 600.0,  # no scale-down while the test looks
+    }
+    options = {
+        "name": "Retriever",
+        "autoscaling_config": autoscaling,
+        "ray_actor_options": {"num_cpus": 0.25},
+    }
+    # Start from one replica (an earlier test may have left two; autoscaling would keep them).
+    one = {"name": "Retriever", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}
+    deploy({**args, "deployments": [one]})
+    deadline = time.monotonic() + 60
+    while len(replica_names("Retriever")) != 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(replica_names("Retriever")) == 1
+    deploy({**args, "deployments": [options]})
+    time.sleep(3)  # no load yet: nothing may ask for a second replica
+    assert len(replica_names("Retriever")) == 1
+    with Load(url, bodies, threads=4, max_seconds=90) as load:
+        load.wait_for(lambda s: s.ok >= 20)
+        wait_for_replicas("Retriever", 2, timeout_s=60)
+        served = load.ok
+        load.wait_for(lambda s: s.ok >= served + 20)
+    assert load.failures == []
+    assert len(replica_names("Retriever")) == 2
