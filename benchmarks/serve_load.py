@@ -155,14 +155,19 @@ def serve_floor(proxy: str, bodies: list[dict], clients: list[int], seconds: flo
     return rows
 
 
-def train_artifacts(data: Dataset, work: str, dense_epochs: int) -> dict[str, str]:
-    """BM25 v0001 (default), v0002 (lucene) and dense v0001 under ``work/models``, reused if present."""
+def train_artifacts(
+    data: Dataset, work: str, dense_epochs: int, keys: tuple[str, ...] = ("bm25", "bm25_v2", "dense")
+) -> dict[str, str]:
+    """BM25 v0001 (default), v0002 (lucene) and dense v0001 under ``work/models`` (those of
+    ``keys``), reused if present."""
     out = {}
     for key, (name, params) in {
         "bm25": ("bm25", {"profile": "default"}),
         "bm25_v2": ("bm25", {"profile": "lucene"}),
         "dense": ("dense", {**DENSE, "epochs": dense_epochs}),
     }.items():
+        if key not in keys:
+            continue
         version = "v0002" if key == "bm25_v2" else "v0001"
         path = os.path.join(work, "models", name, version)
         if not os.path.exists(os.path.join(path, "config.json")):
