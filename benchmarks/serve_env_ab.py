@@ -101,6 +101,26 @@ def median_of(runs: list[dict]) -> dict[str, float]:
     return {**m, "errors": sum(r["errors"] for r in runs), "requests": sum(r["requests"] for r in runs)}
 
 
+def summarize(runs: dict[str, dict[str, list[dict]]], variants: dict[str, str], setting: str) -> list[dict]:
+    """Per rate and variant: the medians over all runs, every run's p99, and ``ratio`` = the
+    variant's median p99 / the baseline's at the same rate."""
+    rows = []
+    for rate in runs["baseline"]:
+        base = median_of(runs["baseline"][rate])
+        for variant, value in variants.items():
+            m = median_of(runs[variant][rate])
+            m["ratio"] = m["p99_ms"] / base["p99_ms"]
+            m["p99_ms_runs"] = [round(r["p99_ms"], 1) for r in runs[variant][rate]]
+            config = {
+                "variant": variant,
+                setting: value,
+                "rate": float(rate),
+                "runs": len(runs[variant][rate]),
+            }
+            rows.append(row(config, m, method="median over runs"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/datasets/toollens")
@@ -135,20 +155,7 @@ def main() -> None:
                     rows.append(row({**config, "round": i + 1, "run": j + 1}, r))
                 p99s = [round(r["p99_ms"], 1) for r in rate_runs]
                 print(f"round {i + 1} {variant} ({args.setting}={variants[variant]}) {rate}/s: p99 {p99s}")
-    summary_rows = []
-    for rate in map(str, args.rates):
-        base = median_of(runs["baseline"][rate])
-        for variant, value in variants.items():
-            m = median_of(runs[variant][rate])
-            m["ratio"] = m["p99_ms"] / base["p99_ms"]  # candidate p99 / baseline p99
-            m["p99_ms_runs"] = [round(r["p99_ms"], 1) for r in runs[variant][rate]]
-            config = {
-                "variant": variant,
-                args.setting: value,
-                "rate": float(rate),
-                "runs": len(m["p99_ms_runs"]),
-            }
-            summary_rows.append(row(config, m, method="median over runs"))
+    summary_rows = summarize(runs, variants, args.setting)
     report = {
         "dataset": os.path.basename(os.path.abspath(args.data)),
         "setting": args.setting,
