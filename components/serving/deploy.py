@@ -42,8 +42,8 @@ IMPORT_PATH = "components.serving.app:build_app"
 # Ray's metrics collection (``RAY_enable_metrics_collection``, a Ray core setting) is off for a
 # local Serve: every replica records per-request Prometheus metrics and pushes them to the node's
 # agent, all on the same few cores as the requests. On 2 cores, BM25 detect -> retrieve paced at
-# 120 and 150 req/s had a median p99 of 31-44 and 32-37 ms without it against 54-65 and 67-74 ms
-# with it (two A/B rounds, three 10 s runs per rate each; README, "Load and faults"). Serve's
+# 120 and 150 req/s had a median p99 of 17.9 and 23.1 ms without it against 38.2 and 35.6 ms with it
+# (benchmarks/serve_env_ab.py: 24 paced runs of 10 s per variant, each in its own Ray). Serve's
 # autoscaling does not use these metrics (handles report queue lengths to the controller), which
 # tests/serving/test_live_updates.py checks. Export RAY_enable_metrics_collection=1 to keep
 # Prometheus metrics; clusters keep them (their nodes start Ray themselves).
