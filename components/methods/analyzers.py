@@ -11,7 +11,14 @@ split it lands within 0.005 on R@3, N@3 and N@5 but 0.011 under on R@5
 (``benchmarks/results/toollens_bm25.md``). Lucene's one-byte document-length norms, dropping
 repeated query terms, stopword lists, other fields and bm25s's other scoring variants (Robertson,
 ATIRE, BM25L, BM25+) were each tried and none matched all four: their R@5/R@3 ratios are
-1.20-1.22 at k1 1.2, b 0.75, the published row's 1.25.
+1.20-1.22 at k1 1.2, b 0.75, the published row's 1.25. ``benchmarks/bm25_reproduction.py`` sweeps
+every tokenizer, stop list, stemmer, field choice, scoring variant and (k1, b) below against the
+published row (``benchmarks/results/bm25_reproduction.md``).
+
+Analyzer parts beyond the two profiles, so that other published BM25 set-ups can be rebuilt:
+tokenizers ``whitespace`` (lower-cased text split on whitespace, the ``rank_bm25`` habit) and
+``word`` (every run of word characters); stop lists ``english`` (the 33 words of Lucene's and
+Elasticsearch's English set), ``nltk`` (NLTK's 179) or ``none``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,21 @@ _LUCENE_TOKEN = re.compile(
     r"\w+(?:(?:[.'’]|(?<=" + _LETTER + r")[:·](?=" + _LETTER + r")|(?<=\d)[,;](?=\d))\w+)*"
 )
 _DEFAULT_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+_WORD_TOKEN = re.compile(r"\w+")
+_WHITESPACE_TOKEN = re.compile(r"\S+")
+TOKENIZERS = {
+    "default": _DEFAULT_TOKEN,
+    "lucene": _LUCENE_TOKEN,
+    "word": _WORD_TOKEN,
+    "whitespace": _WHITESPACE_TOKEN,
+}
+# "english" is bm25s's list: the 33 words of Lucene's EnglishAnalyzer and Elasticsearch's
+# ``_english_``; "nltk" is bm25s's longer list, NLTK's 179 English stopwords.
+STOPWORDS = {
+    "english": frozenset(bm25s.stopwords.STOPWORDS_EN),
+    "nltk": frozenset(bm25s.stopwords.STOPWORDS_EN_PLUS),
+    "none": frozenset(),
+}
 MAX_TOKEN_CHARS = 255  # Lucene's StandardTokenizer default
 
 
@@ -35,23 +57,29 @@ MAX_TOKEN_CHARS = 255  # Lucene's StandardTokenizer default
 class Analyzer:
     """A tokenizer + stopword + stemmer pipeline, described by plain fields so it saves as JSON."""
 
-    tokenizer: str = "default"  # "default" | "lucene"
-    stopwords: str = "english"  # "english" | "none"
+    tokenizer: str = "default"  # a key of TOKENIZERS
+    stopwords: str = "english"  # a key of STOPWORDS
     stemmer: str = "english"  # a PyStemmer algorithm ("english", "porter") or "none"
+
+    def __post_init__(self) -> None:
+        for part, value, known in (
+            ("tokenizer", self.tokenizer, TOKENIZERS),
+            ("stopwords", self.stopwords, STOPWORDS),
+        ):
+            if value not in known:
+                raise ValueError(f"unknown analyzer {part} {value!r}; choose one of {sorted(known)}")
+        if self.stemmer != "none" and self.stemmer not in Stemmer.algorithms():
+            raise ValueError(f"unknown stemmer {self.stemmer!r}; use 'none' or one of {Stemmer.algorithms()}")
 
     @cached_property
     def _stemmer(self) -> Stemmer.Stemmer | None:
         return None if self.stemmer == "none" else Stemmer.Stemmer(self.stemmer)
 
-    @cached_property
-    def _stopwords(self) -> frozenset[str]:
-        return frozenset() if self.stopwords == "none" else frozenset(bm25s.stopwords.STOPWORDS_EN)
-
     def tokens(self, text: str) -> list[str]:
         """Analyzed tokens of one text."""
-        pattern = _LUCENE_TOKEN if self.tokenizer == "lucene" else _DEFAULT_TOKEN
-        words = [w for w in pattern.findall(text.lower()) if len(w) <= MAX_TOKEN_CHARS]
-        words = [w for w in words if w not in self._stopwords]
+        stop = STOPWORDS[self.stopwords]
+        words = [w for w in TOKENIZERS[self.tokenizer].findall(text.lower()) if len(w) <= MAX_TOKEN_CHARS]
+        words = [w for w in words if w not in stop]
         return self._stemmer.stemWords(words) if self._stemmer is not None else words
 
     def __call__(self, texts: list[str]) -> list[list[str]]:

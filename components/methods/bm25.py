@@ -14,6 +14,9 @@ from components.data.types import Corpus, Dataset, Queries, Results
 from components.methods.analyzers import PROFILES, Analyzer
 from components.methods.base import RunSpec, read_config, write_config
 
+# bm25s's scoring variants (Kamphuis et al., "Which BM25 Do You Mean?", ECIR 2020).
+VARIANTS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+
 
 class BM25Method:
     """Lexical retrieval with Okapi BM25 (Robertson & Zaragoza, 2009).
@@ -23,6 +26,9 @@ class BM25Method:
         k1: Term-frequency saturation.
         b: Length normalisation.
         fields: ``"raw"`` to index the whole tool document, or a list of parsed tool fields.
+        variant: The bm25s scoring variant (``lucene``, ``robertson``, ``atire``, ``bm25l``,
+            ``bm25+``; Kamphuis et al., ECIR 2020, compare them).
+        analyzer: ``{tokenizer, stopwords, stemmer}`` to replace the profile's analyzer.
     """
 
     name: ClassVar[str] = "bm25"
@@ -34,12 +40,17 @@ class BM25Method:
         k1: float | None = None,
         b: float | None = None,
         fields: str | list[str] = "raw",
+        variant: str = "lucene",
+        analyzer: dict[str, str] | None = None,
     ) -> None:
         if profile not in PROFILES:
             raise ValueError(f"unknown BM25 profile {profile!r}; choose one of {sorted(PROFILES)}")
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown BM25 variant {variant!r}; choose one of {list(VARIANTS)}")
         preset = PROFILES[profile]
         self.profile = profile
-        self.analyzer: Analyzer = preset["analyzer"]
+        self.variant = variant
+        self.analyzer: Analyzer = Analyzer(**analyzer) if analyzer else preset["analyzer"]
         self.k1 = float(preset["k1"] if k1 is None else k1)
         self.b = float(preset["b"] if b is None else b)
         self.fields = fields if fields == "raw" else list(fields)
@@ -48,7 +59,14 @@ class BM25Method:
 
     def config(self) -> dict[str, Any]:
         """Constructor arguments, as saved in ``config.json``."""
-        return {"profile": self.profile, "k1": self.k1, "b": self.b, "fields": self.fields}
+        return {
+            "profile": self.profile,
+            "k1": self.k1,
+            "b": self.b,
+            "fields": self.fields,
+            "variant": self.variant,
+            "analyzer": asdict(self.analyzer),
+        }
 
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
         """BM25 has no training stage."""
@@ -58,7 +76,7 @@ class BM25Method:
         """Tokenize and index every tool document."""
         self.tool_ids = list(corpus)
         docs = [tool_document(corpus[t], self.fields) for t in self.tool_ids]
-        self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method=self.variant)
         self._bm25.index(self.analyzer(docs), show_progress=False)
 
     def score_matrix(self, texts: list[str]) -> np.ndarray:
@@ -92,18 +110,23 @@ class BM25Method:
         """``config.json`` + the bm25s index (numpy arrays and a JSON vocabulary)."""
         if self._bm25 is None:
             raise RuntimeError("nothing to save: call index() first")
-        config = {"method": self.name, **self.config(), "analyzer": asdict(self.analyzer)}
-        write_config(path, {**config, "tool_ids": self.tool_ids})
+        write_config(path, {"method": self.name, **self.config(), "tool_ids": self.tool_ids})
         self._bm25.save(os.path.join(path, "bm25s"))
 
     @classmethod
     def load(cls, path: str) -> BM25Method:
         """Load an index written by :meth:`save`."""
         config = read_config(path)
-        method = cls(config["profile"], config["k1"], config["b"], config["fields"])
-        if "analyzer" in config:
-            # The analyzer the index was built with, even if the profile's preset changed since.
-            method.analyzer = Analyzer(**config["analyzer"])
+        # The analyzer the index was built with, even if the profile's preset changed since;
+        # artifacts written before ``variant`` existed were all scored the Lucene way.
+        method = cls(
+            config["profile"],
+            config["k1"],
+            config["b"],
+            config["fields"],
+            config.get("variant", "lucene"),
+            config.get("analyzer"),
+        )
         method.tool_ids = list(config["tool_ids"])
         method._bm25 = bm25s.BM25.load(os.path.join(path, "bm25s"))
         return method

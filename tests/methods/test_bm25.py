@@ -90,6 +90,73 @@ def test_default_analyzer_drops_stopwords_and_stems():
     assert Analyzer().tokens("The forecasts of the weather") == ["forecast", "weather"]
 
 
+@pytest.mark.parametrize(
+    ("tokenizer", "tokens"),
+    [
+        ("whitespace", ["api-ninjas,", "u.s.a", "costs"]),
+        ("word", ["api", "ninjas", "u", "s", "a", "costs"]),
+    ],
+)
+def test_extra_tokenizers(tokenizer, tokens):
+    assert Analyzer(tokenizer, "none", "none").tokens("API-Ninjas, U.S.A  costs") == tokens
+
+
+def test_english_stop_list_is_lucenes_short_one_and_nltk_the_long_one():
+    text = "what should I do about the weather"
+    kept = ["what", "should", "i", "do", "about", "weather"]
+    assert Analyzer("lucene", "english", "none").tokens(text) == kept
+    assert Analyzer("lucene", "nltk", "none").tokens(text) == ["weather"]
+
+
+@pytest.mark.parametrize(
+    ("part", "value"), [("tokenizer", "nltk"), ("stopwords", "french"), ("stemmer", "porter2000")]
+)
+def test_unknown_analyzer_parts_are_rejected(part, value):
+    with pytest.raises(ValueError, match=f"unknown (analyzer {part}|stemmer)"):
+        Analyzer(**{part: value})
+
+
+def test_scoring_variant_changes_scores_and_round_trips(tmp_path):
+    queries = {"a": "weather forecast for my city", "b": "hotels in the city"}
+    lucene, robertson = BM25Method("lucene"), BM25Method("lucene", variant="robertson")
+    for m in (lucene, robertson):
+        m.index(CORPUS)
+    assert (
+        lucene.score_matrix(list(queries.values())).tolist()
+        != robertson.score_matrix(list(queries.values())).tolist()
+    )
+    robertson.save(str(tmp_path / "bm25"))
+    loaded = methods.load(str(tmp_path / "bm25"))
+    assert loaded.variant == "robertson"
+    assert loaded.retrieve(queries, 3) == robertson.retrieve(queries, 3)
+    with pytest.raises(ValueError, match="unknown BM25 variant"):
+        BM25Method(variant="bm26")
+
+
+def test_custom_analyzer_replaces_the_profile_and_is_saved(tmp_path):
+    custom = {"tokenizer": "word", "stopwords": "nltk", "stemmer": "none"}
+    m = BM25Method("lucene", analyzer=custom)
+    assert m.analyzer == Analyzer(**custom)
+    m.index(CORPUS)
+    m.save(str(tmp_path / "bm25"))
+    assert methods.load(str(tmp_path / "bm25")).config() == m.config()
+
+
+def test_artifact_from_before_variants_loads_as_lucene(tmp_path):
+    import json
+
+    m = BM25Method("lucene")
+    m.index(CORPUS)
+    m.save(str(tmp_path / "bm25"))
+    path = tmp_path / "bm25" / "config.json"
+    config = json.loads(path.read_text())
+    del config["variant"]
+    path.write_text(json.dumps(config))
+    loaded = methods.load(str(tmp_path / "bm25"))
+    assert loaded.variant == "lucene"
+    assert loaded.retrieve({"a": "find flights"}, 3) == m.retrieve({"a": "find flights"}, 3)
+
+
 def test_tool_document_fields():
     doc = tool_document(CORPUS["1"], ["tool", "api", "required_params"])
     assert doc.startswith("Fly search flights from")
