@@ -18,13 +18,14 @@ import argparse
 import itertools
 import os
 import sys
+from dataclasses import asdict
 
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from components.data import Dataset, open_dataset
-from components.methods.analyzers import STOPWORDS, TOKENIZERS
+from components.methods.analyzers import DOC_FIELDS, PROFILES, STOPWORDS, TOKENIZERS
 from components.methods.bm25 import VARIANTS, BM25Method
 from components.metrics import evaluate_retrieval
 from workflows.report import md_table, write_report
@@ -34,10 +35,7 @@ PUBLISHED = {"recall@3": 0.2158, "recall@5": 0.2688, "ndcg@3": 0.2319, "ndcg@5":
 TOLERANCE = 0.005
 STEMMERS = ("none", "porter", "english")
 # The whole document, or its parsed fields without the return schema (JSON keys of the response).
-FIELDS = {
-    "raw": "raw",
-    "no_schema": ["category", "tool", "api", "description", "required_params", "optional_params"],
-}
+FIELDS = {"raw": "raw", "no_schema": list(DOC_FIELDS)}
 K1_B = ((1.2, 0.75), (0.9, 0.4), (1.5, 0.75), (1.2, 0.4), (2.0, 0.75))
 
 
@@ -73,34 +71,44 @@ def score_setting(method: BM25Method, dataset: Dataset) -> dict[str, dict[str, f
 
 def label(config: dict) -> str:
     """A short, readable name of one setting."""
-    a = config["analyzer"]
-    fields = "raw" if config["fields"] == "raw" else "no_schema"
-    return (
-        f"{a['tokenizer']}/{a['stopwords']}/{a['stemmer']} {fields} {config['variant']} "
-        f"k1={config['k1']} b={config['b']}"
-    )
+    c = config
+    analyzer = f"{c['tokenizer']}/{c['stopwords']}/{c['stemmer']}"
+    return f"{analyzer} {c['fields']} {c['variant']} k1={c['k1']} b={c['b']}"
 
 
-def sweep(dataset: Dataset) -> list[dict]:
-    """Score every setting; one row per (setting, split)."""
-    rows = []
+def flat_config(method: BM25Method) -> dict:
+    """One setting as flat JSON: analyzer parts, field choice, variant, k1, b."""
+    fields = "raw" if method.fields == "raw" else "no_schema"
+    return {
+        **asdict(method.analyzer),
+        "fields": fields,
+        "variant": method.variant,
+        "k1": method.k1,
+        "b": method.b,
+    }
+
+
+def sweep(dataset: Dataset) -> tuple[list[dict], list[dict]]:
+    """Score every setting; one row per setting for test, and the valid rows."""
+    rows: dict[str, list[dict]] = {"valid": [], "test": []}
     for kwargs in tqdm(settings(), desc="BM25 settings"):
         method = BM25Method("lucene", **kwargs)
         for split, metrics in score_setting(method, dataset).items():
-            keep = {k: round(metrics[k], 4) for k in ("recall@1", "recall@3", "recall@5", "ndcg@3", "ndcg@5")}
+            keep = {k: round(metrics[k], 4) for k in PUBLISHED}
             keep["max_gap"] = round(max_gap(metrics), 4)
-            rows.append({"method": "bm25", "config": method.config(), "split": split, "metrics": keep})
-    return rows
+            rows[split].append(
+                {"method": "bm25", "config": flat_config(method), "split": split, "metrics": keep}
+            )
+    return rows["valid"], rows["test"]
 
 
-def summary(rows: list[dict]) -> dict:
+def summary(valid: list[dict], test: list[dict]) -> dict:
     """Counts within tolerance, the closest settings, and the honest (valid-selected) pick."""
-    test = [r for r in rows if r["split"] == "test"]
-    valid = {label(r["config"]): r for r in rows if r["split"] == "valid"}
     within = {k: sum(abs(r["metrics"][k] - v) <= TOLERANCE for r in test) for k, v in PUBLISHED.items()}
     within["all four"] = sum(r["metrics"]["max_gap"] <= TOLERANCE for r in test)
     near_r3 = [r for r in test if abs(r["metrics"]["recall@3"] - PUBLISHED["recall@3"]) <= TOLERANCE]
-    picked = max(test, key=lambda r: valid[label(r["config"])]["metrics"]["ndcg@3"])
+    # valid and test rows come in the same order, one per setting
+    pick = max(range(len(test)), key=lambda i: valid[i]["metrics"]["ndcg@3"])
     return {
         "settings": len(test),
         "within": within,
@@ -111,13 +119,14 @@ def summary(rows: list[dict]) -> dict:
         }
         if near_r3
         else {},
-        "valid_pick": picked,
+        "valid_pick": (valid[pick], test[pick]),
     }
 
 
 def markdown(summ: dict, profiles: dict[str, dict[str, float]]) -> str:
     """The report's tables."""
     head = ["setting", "R@3", "R@5", "N@3", "N@5", "largest gap"]
+    picked = summ["valid_pick"][1]  # its test row
 
     def cells(name: str, m: dict[str, float]) -> list[str]:
         gap = m.get("max_gap", max_gap(m))
@@ -132,9 +141,7 @@ def markdown(summ: dict, profiles: dict[str, dict[str, float]]) -> str:
             head,
             [cells("published (COLT / MassTool)", {**PUBLISHED, "max_gap": 0.0})]
             + [cells(f"profile `{p}`", m) for p, m in profiles.items()]
-            + [
-                cells("best valid N@3: " + label(summ["valid_pick"]["config"]), summ["valid_pick"]["metrics"])
-            ],
+            + [cells("best valid N@3: " + label(picked["config"]), picked["metrics"])],
         ),
         "",
         "The 15 settings closest to the published row (test):",
@@ -155,11 +162,9 @@ def main() -> None:
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     dataset = open_dataset(args.toollens)  # valid carved from train, as `toolscout bench` does
-    rows = sweep(dataset)
-    profiles = {}
-    for name in ("lucene", "default"):
-        profiles[name] = score_setting(BM25Method(name), dataset)["test"]
-    summ = summary(rows)
+    valid, test = sweep(dataset)
+    profiles = {name: score_setting(BM25Method(name), dataset)["test"] for name in PROFILES}
+    summ = summary(valid, test)
     report = {
         "dataset": "toollens",
         "notes": (
@@ -167,16 +172,18 @@ def main() -> None:
             "scored with `components.metrics` on valid (carved from train) and test; `largest gap` is "
             "the largest absolute difference to the published R@3 / R@5 / N@3 / N@5.\n"
         ),
-        "results": rows,
+        # every setting on test, and the valid row of the setting valid selects
+        "results": [*test, summ["valid_pick"][0]],
         "summary": {k: v for k, v in summ.items() if k not in ("closest", "valid_pick")},
     }
-    print(markdown(summ, profiles))
+    table = markdown(summ, profiles)
+    print(table)
     write_report(
         report,
         args.out,
         title="ToolLens: BM25 settings against the published row",
         plot=False,
-        table=markdown(summ, profiles),
+        table=table,
     )
 
 

@@ -25,7 +25,8 @@ class BM25Method:
         profile: ``default`` or ``lucene`` (fixes the analyzer and, unless given, k1 and b).
         k1: Term-frequency saturation.
         b: Length normalisation.
-        fields: ``"raw"`` to index the whole tool document, or a list of parsed tool fields.
+        fields: ``"raw"`` to index the whole tool document, or a list of parsed tool fields
+            (default: the profile's).
         variant: The bm25s scoring variant (``lucene``, ``robertson``, ``atire``, ``bm25l``,
             ``bm25+``; Kamphuis et al., ECIR 2020, compare them).
         analyzer: ``{tokenizer, stopwords, stemmer}`` to replace the profile's analyzer.
@@ -39,7 +40,7 @@ class BM25Method:
         profile: str = "default",
         k1: float | None = None,
         b: float | None = None,
-        fields: str | list[str] = "raw",
+        fields: str | list[str] | None = None,
         variant: str = "lucene",
         analyzer: dict[str, str] | None = None,
     ) -> None:
@@ -53,6 +54,7 @@ class BM25Method:
         self.analyzer: Analyzer = Analyzer(**analyzer) if analyzer else preset["analyzer"]
         self.k1 = float(preset["k1"] if k1 is None else k1)
         self.b = float(preset["b"] if b is None else b)
+        fields = preset["fields"] if fields is None else fields
         self.fields = fields if fields == "raw" else list(fields)
         self.tool_ids: list[str] = []
         self._bm25: bm25s.BM25 | None = None

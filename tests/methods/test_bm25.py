@@ -163,10 +163,24 @@ def test_tool_document_fields():
     assert tool_document(CORPUS["1"], "raw") == TOOLS["1"]
 
 
-def test_lucene_profile_near_published_toollens_row(toollens):
+@pytest.mark.parametrize(("profile", "tolerance"), [("colt", 0.005), ("lucene", 0.012)])
+def test_profiles_near_published_toollens_row(toollens, profile, tolerance):
     ds = load_dataset(str(toollens), splits=["test"])
-    m = BM25Method("lucene")
+    m = BM25Method(profile)
     m.index(ds.corpus)
     got = evaluate_retrieval(ds.qrels["test"], m.retrieve(ds.split_queries("test"), 10))
     for name, value in PUBLISHED.items():
-        assert got[name] == pytest.approx(value, abs=0.012), name
+        assert got[name] == pytest.approx(value, abs=tolerance), name
+
+
+def test_colt_profile_splits_on_whitespace_and_indexes_documentation_without_schema():
+    m = BM25Method("colt")
+    assert m.analyzer.tokens("Search the recipes, by Name!") == ["search", "recipes,", "name!"]
+    doc = "category_name:Food, tool_name:Recipes, api_name:Find, api_description:Find a recipe"
+    record = {
+        "_id": "9",
+        "title": "",
+        "text": doc + ', required_params: [], optional_params: [], return_schema: {"calories": "int"}',
+    }
+    assert "calories" not in tool_document(record, m.fields)
+    assert "recipe" in tool_document(record, m.fields)
