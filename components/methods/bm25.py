@@ -1,4 +1,8 @@
-"""BM25 baseline on bm25s (Lù, 2024), with analyzer profiles (see :mod:`.analyzers`)."""
+"""BM25 baseline on bm25s (Lù, 2024), with analyzer profiles (see :mod:`.analyzers`).
+
+The ``colt`` profile reproduces the BM25 row that COLT (CIKM 2024) and MassTool (arXiv 2507.00487)
+publish for ToolLens; ``default`` is the one to use, with k1 and b selected on valid.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ class BM25Method:
     """Lexical retrieval with Okapi BM25 (Robertson & Zaragoza, 2009).
 
     Args:
-        profile: ``default`` or ``lucene`` (fixes the analyzer and, unless given, k1 and b).
+        profile: ``default``, ``lucene`` or ``colt`` (see :mod:`.analyzers`): presets the
+            analyzer, k1, b and the indexed fields; each argument below overrides its preset.
         k1: Term-frequency saturation.
         b: Length normalisation.
         fields: ``"raw"`` to index the whole tool document, or a list of parsed tool fields
