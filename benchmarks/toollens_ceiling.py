@@ -20,6 +20,7 @@ import os
 import sys
 
 import numpy as np
+import torch
 from scipy.sparse import csr_matrix, hstack
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.svm import LinearSVC
@@ -28,6 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from components import methods
 from components.data import Dataset, open_dataset
+from components.data.types import Qrels, Queries, Results
+from components.methods.base import Method
+from components.methods.dense import top_k
 from components.metrics import evaluate_retrieval, query_metrics
 from components.metrics import ranked as ranked_ids
 from workflows.report import md_table, write_report
@@ -72,7 +76,7 @@ class LexicalSceneModel:
         return (probs / probs.sum(axis=1, keepdims=True)) @ self.scene_tools
 
 
-def masstool_scores(method, texts: dict[str, str], tools: list[str]) -> np.ndarray:
+def masstool_scores(method: Method, texts: Queries, tools: list[str]) -> np.ndarray:
     """Softmax over every tool of a saved method's scores, one row per text."""
     results = method.retrieve(texts, len(tools))
     column = {t: i for i, t in enumerate(tools)}
@@ -84,13 +88,12 @@ def masstool_scores(method, texts: dict[str, str], tools: list[str]) -> np.ndarr
     return out / out.sum(axis=1, keepdims=True)
 
 
-def as_results(qids: list[str], scores: np.ndarray, tools: list[str], k: int = 10) -> dict:
+def as_results(qids: list[str], scores: np.ndarray, tools: list[str], k: int = 10) -> Results:
     """A score matrix as the project's ``Results`` (top ``k`` per query)."""
-    top = np.argsort(-scores, axis=1)[:, :k]
-    return {q: {tools[j]: float(scores[i, j]) for j in top[i]} for i, q in enumerate(qids)}
+    return top_k(torch.from_numpy(scores), qids, tools, k)
 
 
-def oracle_recall(qrels: dict, rankings: list[dict], k: int = 3) -> float:
+def oracle_recall(qrels: Qrels, rankings: list[Results], k: int = 3) -> float:
     """Mean over queries of the best R@k among several rankings of the same queries."""
     best = [
         max(query_metrics(set(qrels[q]), ranked_ids(r[q], k), k)[f"recall@{k}"] for r in rankings)
@@ -105,7 +108,13 @@ Scores = dict[str, tuple[list[str], np.ndarray, np.ndarray]]
 
 
 def score_row(
-    dataset: Dataset, tools: list[str], name: str, split: str, qids: list[str], scores, config
+    dataset: Dataset,
+    tools: list[str],
+    name: str,
+    split: str,
+    qids: list[str],
+    scores: np.ndarray,
+    config: dict[str, float],
 ) -> dict:
     """One report row: the project's metrics of a score matrix on ``split``."""
     metrics = evaluate_retrieval(dataset.qrels[split], as_results(qids, scores, tools))
