@@ -4,6 +4,11 @@ With ``name_or_path`` set, the backbone and its tokenizer come from ``from_pretr
 name such as ``sentence-transformers/msmarco-distilbert-base-tas-b`` or a local directory).
 Without it, a WordPiece tokenizer is trained on the given texts and a small BERT is built from
 the spec's sizes, so everything works offline and is trained from scratch.
+
+With ``ngram_buckets`` > 0 either kind becomes a hybrid: a bag of hashed token n-grams
+(:mod:`components.encoders.ngram_bag`, fastText's channel) is computed from the same token ids,
+and the output is the sum of the two channels, each L2-normalised, so that cosine similarity
+between two texts is close to the mean of the channels' similarities.
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel
 
+from components.encoders.ngram_bag import TokenNgramBag
 from components.encoders.tokenizer import train_wordpiece
 
 ENCODER_CONFIG = "encoder.json"
+NGRAM_WEIGHTS = "ngram_bag.safetensors"
 OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "data2vec-text"})
 
 # Backbones the tool-retrieval papers used (COLT, MassTool, 2412.03573), with their pooling.
@@ -45,6 +54,8 @@ class EncoderSpec:
     num_layers: int = 2
     num_heads: int = 4
     intermediate_size: int = 512
+    ngram_buckets: int = 0  # > 0: add the hashed token n-gram channel (a hybrid encoder)
+    ngram_order: int = 3
 
     def __post_init__(self) -> None:
         if self.name_or_path in PAPER_BACKBONES:
@@ -54,12 +65,24 @@ class EncoderSpec:
         self.pooling = self.pooling or "mean"
         if self.pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        if self.ngram_buckets < 0 or self.ngram_order < 1:
+            raise ValueError(
+                f"ngram_buckets must be >= 0 and ngram_order >= 1, got {self.ngram_buckets} "
+                f"and {self.ngram_order}"
+            )
 
 
 class TextEncoder(nn.Module):
-    """Backbone + pooling; ``forward`` maps token ids to one vector per text."""
+    """Backbone + pooling (+ an optional n-gram bag); ``forward`` maps token ids to one vector per text."""
 
-    def __init__(self, backbone: nn.Module, tokenizer, pooling: str = "mean", max_length: int = 64) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        tokenizer,
+        pooling: str = "mean",
+        max_length: int = 64,
+        ngrams: TokenNgramBag | None = None,
+    ) -> None:
         super().__init__()
         # Pooling happens here, so a backbone's own pooler would only be unused weights (and
         # unused parameters make DDP fail); drop it.
@@ -69,6 +92,7 @@ class TextEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.max_length = max_length
+        self.ngrams = ngrams
 
     @property
     def dim(self) -> int:
@@ -78,9 +102,12 @@ class TextEncoder(nn.Module):
     @classmethod
     def from_spec(cls, spec: EncoderSpec, texts: Iterable[str] = (), seed: int = 0) -> TextEncoder:
         """Load a pretrained backbone, or train a tokenizer on ``texts`` and build a small BERT."""
+        torch.manual_seed(seed)
         if spec.name_or_path:
             tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path)
-            return cls(AutoModel.from_pretrained(spec.name_or_path), tokenizer, spec.pooling, spec.max_length)
+            backbone = AutoModel.from_pretrained(spec.name_or_path)
+            ngrams = cls._ngram_bag(spec, int(backbone.config.hidden_size))
+            return cls(backbone, tokenizer, spec.pooling, spec.max_length, ngrams)
         tokenizer = train_wordpiece(texts, vocab_size=spec.vocab_size)
         config = BertConfig(
             vocab_size=len(tokenizer),
@@ -93,7 +120,12 @@ class TextEncoder(nn.Module):
         )
         tokenizer.model_max_length = config.max_position_embeddings  # what this BERT was built for
         torch.manual_seed(seed)
-        return cls(BertModel(config, add_pooling_layer=False), tokenizer, spec.pooling, spec.max_length)
+        backbone = BertModel(config, add_pooling_layer=False)
+        return cls(backbone, tokenizer, spec.pooling, spec.max_length, cls._ngram_bag(spec, spec.hidden_size))
+
+    @staticmethod
+    def _ngram_bag(spec: EncoderSpec, dim: int) -> TokenNgramBag | None:
+        return TokenNgramBag(spec.ngram_buckets, dim, spec.ngram_order) if spec.ngram_buckets else None
 
     @property
     def max_positions(self) -> int:
@@ -123,9 +155,16 @@ class TextEncoder(nn.Module):
         """Pooled embeddings, shape ``(batch, dim)``."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         if self.pooling == "cls":
-            return hidden[:, 0]
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if self.ngrams is None:
+            return pooled
+        # Each channel normalised before the sum: neither dominates by scale (a LayerNorm'd
+        # transformer output has norm ~sqrt(dim), a fresh bag ~0.02), and the cosine of two sums
+        # is close to the mean of the channels' cosines.
+        return F.normalize(pooled, dim=-1) + F.normalize(self.ngrams(input_ids, attention_mask), dim=-1)
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 256, max_length: int | None = None) -> torch.Tensor:
@@ -141,19 +180,31 @@ class TextEncoder(nn.Module):
         return torch.cat(out) if out else torch.empty(0, self.dim)
 
     def save(self, path: str) -> None:
-        """HF layout (``config.json`` + ``model.safetensors`` + tokenizer files) plus pooling settings."""
+        """HF layout (``config.json`` + ``model.safetensors`` + tokenizer files) plus pooling settings,
+        and the n-gram table in its own safetensors file."""
         os.makedirs(path, exist_ok=True)
         self.backbone.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+        extra = {"pooling": self.pooling, "max_length": self.max_length}
+        if self.ngrams is not None:
+            extra |= {"ngram_buckets": self.ngrams.buckets, "ngram_order": self.ngrams.order}
+            weight = self.ngrams.embedding.weight.detach().cpu().contiguous()
+            save_file({"embedding": weight}, os.path.join(path, NGRAM_WEIGHTS))
         with open(os.path.join(path, ENCODER_CONFIG), "w") as f:
-            json.dump({"pooling": self.pooling, "max_length": self.max_length}, f)
+            json.dump(extra, f)
 
     @classmethod
     def load(cls, path: str) -> TextEncoder:
         """Reload a saved encoder through ``from_pretrained`` (the same path a hub name takes)."""
         with open(os.path.join(path, ENCODER_CONFIG)) as f:
             extra = json.load(f)
-        return cls(backbone_without_pooler(path), AutoTokenizer.from_pretrained(path), **extra)
+        buckets, order = extra.pop("ngram_buckets", 0), extra.pop("ngram_order", 3)
+        backbone = backbone_without_pooler(path)
+        ngrams = None
+        if buckets:
+            ngrams = TokenNgramBag(buckets, int(backbone.config.hidden_size), order)
+            ngrams.embedding.weight.data.copy_(load_file(os.path.join(path, NGRAM_WEIGHTS))["embedding"])
+        return cls(backbone, AutoTokenizer.from_pretrained(path), **extra, ngrams=ngrams)
 
 
 def backbone_without_pooler(path: str) -> nn.Module:

@@ -1,0 +1,122 @@
+"""The hashed token n-gram bag (fastText's channel) and the hybrid encoder built with it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from components.encoders import EncoderSpec, TextEncoder
+from components.encoders.ngram_bag import TokenNgramBag, hash_ngrams
+
+TEXTS = [
+    "get the weather forecast for a city",
+    "search flights between two airports",
+    "find hotels near the airport",
+    "recipes using an ingredient like salmon",
+] * 5
+HYBRID = EncoderSpec(
+    vocab_size=200,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=64,
+    max_length=16,
+    ngram_buckets=512,
+)
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 5])
+@pytest.mark.parametrize("length", [1, 2, 4, 9])
+def test_hash_shapes_ranges_and_counts(order, length):
+    ids = torch.randint(0, 1000, (3, length))
+    mask = torch.ones(3, length, dtype=torch.long)
+    mask[1, length // 2 :] = 0  # a padded row
+    buckets, real = hash_ngrams(ids, mask, buckets=97, order=order)
+    expected = sum(max(length - n + 1, 0) for n in range(1, order + 1))
+    assert buckets.shape == real.shape == (3, expected)
+    assert int(buckets.min()) >= 0 and int(buckets.max()) < 97
+    # Row 0 is all real; row 1 keeps only n-grams inside its unpadded prefix.
+    kept = length // 2
+    assert int(real[0].sum()) == expected
+    assert int(real[1].sum()) == sum(max(kept - n + 1, 0) for n in range(1, order + 1))
+
+
+def test_ngrams_are_order_sensitive_and_deterministic():
+    ab, ba = torch.tensor([[5, 9]]), torch.tensor([[9, 5]])
+    mask = torch.ones(1, 2, dtype=torch.long)
+    h_ab, _ = hash_ngrams(ab, mask, buckets=1 << 20, order=2)
+    h_ba, _ = hash_ngrams(ba, mask, buckets=1 << 20, order=2)
+    assert sorted(h_ab[0, :2].tolist()) == sorted(h_ba[0, :2].tolist())  # same unigrams
+    assert h_ab[0, 2] != h_ba[0, 2]  # different bigram
+    torch.testing.assert_close(hash_ngrams(ab, mask, 1 << 20, 2)[0], h_ab)
+
+
+def test_bag_ignores_padding():
+    bag = TokenNgramBag(buckets=64, dim=8, order=3)
+    ids = torch.tensor([[2, 7, 8, 3]])
+    short = bag(ids, torch.ones_like(ids))
+    padded_ids = torch.tensor([[2, 7, 8, 3, 0, 0, 0]])
+    padded = bag(padded_ids, torch.tensor([[1, 1, 1, 1, 0, 0, 0]]))
+    torch.testing.assert_close(short, padded)
+
+
+@pytest.mark.parametrize(("order", "separable"), [(1, False), (2, True)])
+def test_bigrams_learn_what_a_bag_of_words_cannot(order, separable):
+    # "dog bites man" vs "man bites dog": same words, other order. Only bigrams tell them apart.
+    x = torch.tensor([[1, 2, 3], [3, 2, 1]])
+    y = torch.tensor([0, 1])
+    torch.manual_seed(0)
+    bag = TokenNgramBag(buckets=4096, dim=8, order=order)
+    head = torch.nn.Linear(8, 2)
+    opt = torch.optim.Adam([*bag.parameters(), *head.parameters()], lr=0.05)
+    for _ in range(200):
+        loss = torch.nn.functional.cross_entropy(head(bag(x, torch.ones_like(x))), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert (loss.item() < 0.05) is separable
+
+
+def test_bad_bag_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="buckets >= 1"):
+        TokenNgramBag(buckets=0, dim=4)
+    with pytest.raises(ValueError, match="ngram_buckets"):
+        EncoderSpec(ngram_buckets=-1)
+    with pytest.raises(ValueError, match="ngram_order"):
+        EncoderSpec(ngram_order=0)
+
+
+def test_hybrid_encoder_sums_two_normalised_channels():
+    enc = TextEncoder.from_spec(HYBRID, TEXTS).eval()
+    tokens = enc.tokenize(["find hotels near the airport"])
+    with torch.no_grad():
+        out = enc(tokens["input_ids"], tokens["attention_mask"])
+        bag = enc.ngrams(tokens["input_ids"], tokens["attention_mask"])
+        enc.ngrams, ngrams = None, enc.ngrams
+        pooled = enc(tokens["input_ids"], tokens["attention_mask"])
+    enc.ngrams = ngrams
+    expected = torch.nn.functional.normalize(pooled, dim=-1) + torch.nn.functional.normalize(bag, dim=-1)
+    torch.testing.assert_close(out, expected)
+    assert enc.dim == 32
+
+
+def test_hybrid_encoder_round_trip_and_padding_invariance(tmp_path):
+    enc = TextEncoder.from_spec(HYBRID, TEXTS)
+    alone = enc.encode(["find hotels"])
+    padded = enc.encode(["find hotels", "search flights between two airports near the city"])
+    torch.testing.assert_close(alone[0], padded[0], atol=1e-5, rtol=1e-4)
+    enc.save(str(tmp_path / "enc"))
+    files = os.listdir(tmp_path / "enc")
+    assert "ngram_bag.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    again = TextEncoder.load(str(tmp_path / "enc"))
+    assert again.ngrams is not None and again.ngrams.buckets == 512 and again.ngrams.order == 3
+    torch.testing.assert_close(enc.encode(TEXTS[:4]), again.encode(TEXTS[:4]))
+
+
+def test_plain_encoder_saves_no_ngram_table(tmp_path):
+    enc = TextEncoder.from_spec(EncoderSpec(**{**HYBRID.__dict__, "ngram_buckets": 0}), TEXTS)
+    enc.save(str(tmp_path / "enc"))
+    assert "ngram_bag.safetensors" not in os.listdir(tmp_path / "enc")
+    assert TextEncoder.load(str(tmp_path / "enc")).ngrams is None
