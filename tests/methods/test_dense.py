@@ -105,3 +105,28 @@ def test_faiss_backend_matches_exact_search(trained, small_quickstart):
 def test_select_metric_is_checked_on_the_driver():
     with pytest.raises(ValueError, match="select_metric must be one of"):
         DenseMethod(select_metric="ndcg@5")
+
+
+def test_hybrid_encoder_trains_through_ray_train_and_reloads(ray_session, small_quickstart, tmp_path):
+    # The n-gram bag rides inside the encoder: the same stage, checkpoint and artifact code must carry it.
+    method = DenseMethod(encoder={**TINY_ENCODER, "ngram_buckets": 4096}, epochs=2, batch_size=32, lr=3e-3)
+    run = RunSpec(
+        name="dense-hybrid", storage_path=str(tmp_path / "store"), local_dir=str(tmp_path / "local")
+    )
+    report = method.fit("contrastive", small_quickstart, run)
+    method.index(small_quickstart.corpus)
+    untrained = DenseMethod.from_model(
+        BiEncoder.load(str(tmp_path / "local" / "dense-hybrid-init")), method.params
+    )
+    untrained.index(small_quickstart.corpus)
+    queries = small_quickstart.split_queries("test")
+    before = evaluate_retrieval(small_quickstart.qrels["test"], untrained.retrieve(queries, 10))
+    after = evaluate_retrieval(small_quickstart.qrels["test"], method.retrieve(queries, 10))
+    assert after["ndcg@3"] > before["ndcg@3"] + 0.2 and report["valid_ndcg@3"] > 0.3
+    method.save(str(tmp_path / "artifact"))
+    assert os.path.exists(tmp_path / "artifact" / "model" / "encoder" / "ngram_bag.safetensors")
+    loaded = load(str(tmp_path / "artifact"))
+    assert loaded.model.encoder.ngrams is not None
+    sample = dict(list(queries.items())[:20])
+    a, b = method.retrieve(sample, 5), loaded.retrieve(sample, 5)
+    assert {q: list(r) for q, r in a.items()} == {q: list(r) for q, r in b.items()}
