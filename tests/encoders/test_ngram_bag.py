@@ -6,25 +6,12 @@ import os
 
 import pytest
 import torch
+from test_text_encoder import TEXTS, TINY
 
 from components.encoders import EncoderSpec, TextEncoder
 from components.encoders.ngram_bag import TokenNgramBag, hash_ngrams
 
-TEXTS = [
-    "get the weather forecast for a city",
-    "search flights between two airports",
-    "find hotels near the airport",
-    "recipes using an ingredient like salmon",
-] * 5
-HYBRID = EncoderSpec(
-    vocab_size=200,
-    hidden_size=32,
-    num_layers=1,
-    num_heads=2,
-    intermediate_size=64,
-    max_length=16,
-    ngram_buckets=512,
-)
+HYBRID = EncoderSpec(**{**TINY.__dict__, "ngram_buckets": 512})
 
 
 @pytest.mark.parametrize("order", [1, 2, 3, 5])
