@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# Odd multipliers of a polynomial rolling hash; distinct per order so "a b" and "a" "b" differ.
+# The base of a polynomial rolling hash, and a salt times n added per order, so that an n-gram and
+# a shorter one with the same rolling value land in different buckets.
 _BASE = 1_000_003
 _ORDER_SALT = 0x9E3779B1
 

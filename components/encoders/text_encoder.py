@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_model, save_model
 from torch import nn
 from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel
 
@@ -101,31 +101,29 @@ class TextEncoder(nn.Module):
 
     @classmethod
     def from_spec(cls, spec: EncoderSpec, texts: Iterable[str] = (), seed: int = 0) -> TextEncoder:
-        """Load a pretrained backbone, or train a tokenizer on ``texts`` and build a small BERT."""
-        torch.manual_seed(seed)
+        """Load a pretrained backbone, or train a tokenizer on ``texts`` and build a small BERT;
+        add the n-gram bag when the spec asks for one."""
+        torch.manual_seed(seed)  # a fresh BERT's and the n-gram bag's initial weights
         if spec.name_or_path:
             tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path)
             backbone = AutoModel.from_pretrained(spec.name_or_path)
-            ngrams = cls._ngram_bag(spec, int(backbone.config.hidden_size))
-            return cls(backbone, tokenizer, spec.pooling, spec.max_length, ngrams)
-        tokenizer = train_wordpiece(texts, vocab_size=spec.vocab_size)
-        config = BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=spec.hidden_size,
-            num_hidden_layers=spec.num_layers,
-            num_attention_heads=spec.num_heads,
-            intermediate_size=spec.intermediate_size,
-            max_position_embeddings=max(512, spec.max_length),
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        tokenizer.model_max_length = config.max_position_embeddings  # what this BERT was built for
-        torch.manual_seed(seed)
-        backbone = BertModel(config, add_pooling_layer=False)
-        return cls(backbone, tokenizer, spec.pooling, spec.max_length, cls._ngram_bag(spec, spec.hidden_size))
-
-    @staticmethod
-    def _ngram_bag(spec: EncoderSpec, dim: int) -> TokenNgramBag | None:
-        return TokenNgramBag(spec.ngram_buckets, dim, spec.ngram_order) if spec.ngram_buckets else None
+        else:
+            tokenizer = train_wordpiece(texts, vocab_size=spec.vocab_size)
+            config = BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=spec.hidden_size,
+                num_hidden_layers=spec.num_layers,
+                num_attention_heads=spec.num_heads,
+                intermediate_size=spec.intermediate_size,
+                max_position_embeddings=max(512, spec.max_length),
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            tokenizer.model_max_length = config.max_position_embeddings  # what this BERT was built for
+            backbone = BertModel(config, add_pooling_layer=False)
+        ngrams = None
+        if spec.ngram_buckets:
+            ngrams = TokenNgramBag(spec.ngram_buckets, int(backbone.config.hidden_size), spec.ngram_order)
+        return cls(backbone, tokenizer, spec.pooling, spec.max_length, ngrams)
 
     @property
     def max_positions(self) -> int:
@@ -188,8 +186,7 @@ class TextEncoder(nn.Module):
         extra = {"pooling": self.pooling, "max_length": self.max_length}
         if self.ngrams is not None:
             extra |= {"ngram_buckets": self.ngrams.buckets, "ngram_order": self.ngrams.order}
-            weight = self.ngrams.embedding.weight.detach().cpu().contiguous()
-            save_file({"embedding": weight}, os.path.join(path, NGRAM_WEIGHTS))
+            save_model(self.ngrams, os.path.join(path, NGRAM_WEIGHTS))
         with open(os.path.join(path, ENCODER_CONFIG), "w") as f:
             json.dump(extra, f)
 
@@ -203,7 +200,7 @@ class TextEncoder(nn.Module):
         ngrams = None
         if buckets:
             ngrams = TokenNgramBag(buckets, int(backbone.config.hidden_size), order)
-            ngrams.embedding.weight.data.copy_(load_file(os.path.join(path, NGRAM_WEIGHTS))["embedding"])
+            load_model(ngrams, os.path.join(path, NGRAM_WEIGHTS))
         return cls(backbone, AutoTokenizer.from_pretrained(path), **extra, ngrams=ngrams)
 
 

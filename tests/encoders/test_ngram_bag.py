@@ -1,8 +1,10 @@
-"""The hashed token n-gram bag (fastText's channel) and the hybrid encoder built with it."""
+"""The hashed token n-gram bag (fastText's channel) and the hybrid encoder built with it.
+
+The hybrid's padding invariance and save/load round trip are parametrized cases of
+``test_text_encoder.py``'s tests.
+"""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -87,23 +89,3 @@ def test_hybrid_encoder_sums_two_normalised_channels():
     expected = torch.nn.functional.normalize(pooled, dim=-1) + torch.nn.functional.normalize(bag, dim=-1)
     torch.testing.assert_close(out, expected)
     assert enc.dim == 32
-
-
-def test_hybrid_encoder_round_trip_and_padding_invariance(tmp_path):
-    enc = TextEncoder.from_spec(HYBRID, TEXTS)
-    alone = enc.encode(["find hotels"])
-    padded = enc.encode(["find hotels", "search flights between two airports near the city"])
-    torch.testing.assert_close(alone[0], padded[0], atol=1e-5, rtol=1e-4)
-    enc.save(str(tmp_path / "enc"))
-    files = os.listdir(tmp_path / "enc")
-    assert "ngram_bag.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
-    again = TextEncoder.load(str(tmp_path / "enc"))
-    assert again.ngrams is not None and again.ngrams.buckets == 512 and again.ngrams.order == 3
-    torch.testing.assert_close(enc.encode(TEXTS[:4]), again.encode(TEXTS[:4]))
-
-
-def test_plain_encoder_saves_no_ngram_table(tmp_path):
-    enc = TextEncoder.from_spec(EncoderSpec(**{**HYBRID.__dict__, "ngram_buckets": 0}), TEXTS)
-    enc.save(str(tmp_path / "enc"))
-    assert "ngram_bag.safetensors" not in os.listdir(tmp_path / "enc")
-    assert TextEncoder.load(str(tmp_path / "enc")).ngrams is None

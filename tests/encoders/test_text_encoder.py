@@ -31,23 +31,32 @@ def test_wordpiece_learns_corpus_words_and_reloads(tmp_path):
     assert again("weather forecast")["input_ids"] == tok("weather forecast")["input_ids"]
 
 
+@pytest.mark.parametrize("ngram_buckets", [0, 512])  # 512: the hybrid encoder (test_ngram_bag.py)
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
-def test_encoder_shapes_and_padding_invariance(pooling):
-    enc = TextEncoder.from_spec(EncoderSpec(**{**TINY.__dict__, "pooling": pooling}), TEXTS)
+def test_encoder_shapes_and_padding_invariance(pooling, ngram_buckets):
+    spec = EncoderSpec(**{**TINY.__dict__, "pooling": pooling, "ngram_buckets": ngram_buckets})
+    enc = TextEncoder.from_spec(spec, TEXTS)
     alone = enc.encode(["find hotels"])
     padded = enc.encode(["find hotels", "search flights between two airports near the city"])
     assert alone.shape == (1, 32) and padded.shape == (2, 32)
     torch.testing.assert_close(alone[0], padded[0], atol=1e-5, rtol=1e-4)
 
 
-def test_save_load_round_trip_uses_safetensors(tmp_path):
-    enc = TextEncoder.from_spec(TINY, TEXTS)
+@pytest.mark.parametrize("ngram_buckets", [0, 512])
+def test_save_load_round_trip_uses_safetensors(tmp_path, ngram_buckets):
+    enc = TextEncoder.from_spec(EncoderSpec(**{**TINY.__dict__, "ngram_buckets": ngram_buckets}), TEXTS)
     enc.save(str(tmp_path / "enc"))
     files = os.listdir(tmp_path / "enc")
     assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    # The hybrid's n-gram table has a file of its own; a plain encoder writes none.
+    assert ("ngram_bag.safetensors" in files) == bool(ngram_buckets)
     again = TextEncoder.load(str(tmp_path / "enc"))
     torch.testing.assert_close(enc.encode(TEXTS[:4]), again.encode(TEXTS[:4]))
     assert again.pooling == enc.pooling and again.max_length == enc.max_length
+    if ngram_buckets:
+        assert again.ngrams is not None and again.ngrams.buckets == 512 and again.ngrams.order == 3
+    else:
+        assert again.ngrams is None
 
 
 def test_reload_builds_no_pooler_to_fill_with_random_weights(tmp_path, capfd, caplog):

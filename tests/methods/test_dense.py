@@ -51,14 +51,26 @@ def trained(ray_session, small_quickstart, tmp_path_factory):
     return method, report, root
 
 
+def ndcg3_before_after(method: DenseMethod, init_dir: str, data) -> tuple[float, float]:
+    """Test NDCG@3 of the model in its initial state (``init_dir``) and of the trained ``method``."""
+    untrained = DenseMethod.from_model(BiEncoder.load(init_dir), method.params)
+    untrained.index(data.corpus)
+    queries = data.split_queries("test")
+    before = evaluate_retrieval(data.qrels["test"], untrained.retrieve(queries, 10))
+    after = evaluate_retrieval(data.qrels["test"], method.retrieve(queries, 10))
+    return before["ndcg@3"], after["ndcg@3"]
+
+
+def assert_same_rankings(a: DenseMethod, b: DenseMethod, data, n: int = 20) -> None:
+    queries = dict(list(data.split_queries("test").items())[:n])
+    got_a, got_b = a.retrieve(queries, 5), b.retrieve(queries, 5)
+    assert {q: list(r) for q, r in got_a.items()} == {q: list(r) for q, r in got_b.items()}
+
+
 def test_trained_model_beats_untrained(trained, small_quickstart):
     method, report, root = trained
-    untrained = DenseMethod.from_model(BiEncoder.load(str(root / "local" / "dense-test-init")), method.params)
-    untrained.index(small_quickstart.corpus)
-    queries = small_quickstart.split_queries("test")
-    before = evaluate_retrieval(small_quickstart.qrels["test"], untrained.retrieve(queries, 10))
-    after = evaluate_retrieval(small_quickstart.qrels["test"], method.retrieve(queries, 10))
-    assert after["ndcg@3"] > before["ndcg@3"] + 0.2
+    before, after = ndcg3_before_after(method, str(root / "local" / "dense-test-init"), small_quickstart)
+    assert after > before + 0.2
     assert report["valid_ndcg@3"] > 0.3 and 0.0 <= report["mix"] <= 1.0
 
 
@@ -67,10 +79,7 @@ def test_save_load_round_trip(trained, small_quickstart, tmp_path):
     method.save(str(tmp_path / "a"))
     files = [f for _, _, fs in os.walk(tmp_path) for f in fs]
     assert not any(f.endswith((".pt", ".pkl", ".bin")) for f in files)
-    loaded = load(str(tmp_path / "a"))
-    queries = dict(list(small_quickstart.split_queries("test").items())[:20])
-    a, b = method.retrieve(queries, 5), loaded.retrieve(queries, 5)
-    assert {q: list(r) for q, r in a.items()} == {q: list(r) for q, r in b.items()}
+    assert_same_rankings(method, load(str(tmp_path / "a")), small_quickstart)
 
 
 def test_new_tool_is_scored_through_its_text(trained, small_quickstart):
@@ -115,18 +124,12 @@ def test_hybrid_encoder_trains_through_ray_train_and_reloads(ray_session, small_
     )
     report = method.fit("contrastive", small_quickstart, run)
     method.index(small_quickstart.corpus)
-    untrained = DenseMethod.from_model(
-        BiEncoder.load(str(tmp_path / "local" / "dense-hybrid-init")), method.params
+    before, after = ndcg3_before_after(
+        method, str(tmp_path / "local" / "dense-hybrid-init"), small_quickstart
     )
-    untrained.index(small_quickstart.corpus)
-    queries = small_quickstart.split_queries("test")
-    before = evaluate_retrieval(small_quickstart.qrels["test"], untrained.retrieve(queries, 10))
-    after = evaluate_retrieval(small_quickstart.qrels["test"], method.retrieve(queries, 10))
-    assert after["ndcg@3"] > before["ndcg@3"] + 0.2 and report["valid_ndcg@3"] > 0.3
+    assert after > before + 0.2 and report["valid_ndcg@3"] > 0.3
     method.save(str(tmp_path / "artifact"))
     assert os.path.exists(tmp_path / "artifact" / "model" / "encoder" / "ngram_bag.safetensors")
     loaded = load(str(tmp_path / "artifact"))
     assert loaded.model.encoder.ngrams is not None
-    sample = dict(list(queries.items())[:20])
-    a, b = method.retrieve(sample, 5), loaded.retrieve(sample, 5)
-    assert {q: list(r) for q, r in a.items()} == {q: list(r) for q, r in b.items()}
+    assert_same_rankings(method, loaded, small_quickstart)
