@@ -94,10 +94,15 @@ def as_results(qids: list[str], scores: np.ndarray, tools: list[str], k: int = 1
 
 
 def oracle_recall(qrels: Qrels, rankings: list[Results], k: int = 3) -> float:
-    """Mean over queries of the best R@k among several rankings of the same queries."""
+    """Mean over queries of the best R@k among several rankings of the same queries.
+
+    Relevant tools are those with relevance > 0; queries with none are left out, as
+    :func:`components.metrics.evaluate_retrieval` leaves them out.
+    """
     best = [
-        max(query_metrics(set(qrels[q]), ranked_ids(r[q], k), k)[f"recall@{k}"] for r in rankings)
+        max(query_metrics(relevant, ranked_ids(r[q], k), k)[f"recall@{k}"] for r in rankings)
         for q in qrels
+        if (relevant := {t for t, s in qrels[q].items() if s > 0})
     ]
     return float(np.mean(best))
 

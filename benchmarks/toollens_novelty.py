@@ -4,16 +4,17 @@ Every ToolLens test query needs the tool set of a scene seen in training, and ma
 rewrites of a training query. This benchmark bins the queries of valid and test by the cosine to
 their nearest training query (TF-IDF over character 2-5-grams) and reports per bin:
 
-- ``queries`` and ``share`` of the split;
+- ``queries``, ``share`` of the split and ``tools_per_query`` (R@3 is harder with 3 tools);
 - ``other_tools_rate``: how often that nearest training query needs a different tool set
   (near-identical texts written for sibling scenes, e.g. two sources of one API);
 - the R@3 of answering with the nearest training query's tools (``nearest_train_query``), of
   the lexical scene SVM of ``toollens_ceiling.py``, and of each saved model passed with
-  ``--model NAME=DIR`` (any method artifact, e.g. MassTool's).
+  ``--model NAME=DIR`` (any method artifact, e.g. MassTool's), with ``miss_share``: the bin's
+  part of all the recall the model lost on the split.
 
-If the models are near 1.0 on close rewrites and lose their recall on queries unlike any
-training query, what caps them is generalisation from 17k training queries (what a pretrained
-encoder brings), not near-duplicates they cannot tell apart.
+If the models are near 1.0 on close rewrites and most of their misses are on queries with no
+close lexical neighbour, what caps them is generalising from ~15k training queries to new
+wordings, not near-duplicates they cannot tell apart.
 
     python benchmarks/toollens_novelty.py --model masstool=runs/models/masstool [--toollens PATH]
 """
@@ -23,6 +24,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -30,22 +34,24 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.toollens_ceiling import LexicalSceneModel
+from benchmarks.toollens_ceiling import LexicalSceneModel, as_results
 from components import methods
 from components.data import Dataset, open_dataset
-from components.data.types import Results
+from components.data.types import Queries, Results
 from components.metrics import query_metrics, ranked
 from workflows.report import md_table, write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "toollens_novelty.json")
 EDGES = (0.9, 0.8, 0.7, 0.6, 0.0)  # lower edges of the cosine bins, highest first
 NEIGHBOUR = "nearest_train_query"
+Model = Callable[[Queries], Results]  # query texts -> ranked tools, e.g. a saved method's retrieve
 
 
 def nearest(queries: csr_matrix, pool: csr_matrix, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise nearest pool row and its cosine (rows are L2-normalised TF-IDF vectors).
 
-    ``chunk`` query rows are compared at a time, so memory stays at ``chunk × len(pool)``.
+    ``chunk`` query rows are compared at a time, so memory stays at ``chunk × len(pool)``. Ties go
+    to the first pool row (numpy's ``argmax``).
     """
     best = np.empty(queries.shape[0], dtype=np.int64)
     cosine = np.empty(queries.shape[0])
@@ -61,14 +67,54 @@ def relevant(dataset: Dataset, split: str, qid: str) -> set[str]:
     return {t for t, s in dataset.qrels[split][qid].items() if s > 0}
 
 
-def recall_at_3(dataset: Dataset, split: str, results: Results) -> np.ndarray:
-    """Per-query R@3 of ``results``, in the order of ``dataset.qrels[split]``."""
+def recall_at_3(dataset: Dataset, split: str, qids: list[str], results: Results) -> np.ndarray:
+    """Per-query R@3 of ``results``, in the order of ``qids``."""
     return np.array(
         [
             query_metrics(relevant(dataset, split, q), ranked(results.get(q, {}), 3), 3)["recall@3"]
-            for q in dataset.qrels[split]
+            for q in qids
         ]
     )
+
+
+@dataclass
+class SplitRecalls:
+    """Per-query arrays of one split, aligned with ``qids``."""
+
+    qids: list[str]
+    cosine: np.ndarray  # cosine to the nearest training query
+    other: np.ndarray  # that training query needs a different tool set
+    tools: np.ndarray  # how many tools the query needs
+    recalls: dict[str, np.ndarray]  # model name -> R@3 (the nearest-neighbour answer first)
+
+
+class TrainingPool:
+    """The training queries as TF-IDF character 2-5-gram vectors, for nearest-neighbour lookups."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self.qids = list(dataset.qrels["train"])
+        self.vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True)
+        self.matrix = self.vectorizer.fit_transform([dataset.queries[q] for q in self.qids])
+
+    def recalls(self, split: str, models: dict[str, Model]) -> SplitRecalls:
+        """Nearest training query of every judged query of ``split``, and each model's R@3.
+
+        Queries with no relevant tool are left out, as :func:`components.metrics.evaluate_retrieval`
+        leaves them out.
+        """
+        data = self.dataset
+        qids = [q for q in data.qrels[split] if relevant(data, split, q)]
+        texts = {q: data.queries[q] for q in qids}
+        best, cosine = nearest(self.vectorizer.transform(list(texts.values())), self.matrix)
+        found = [relevant(data, "train", self.qids[j]) for j in best]
+        gold = [relevant(data, split, q) for q in qids]
+        answers = {q: dict.fromkeys(f, 1.0) for q, f in zip(qids, found, strict=True)}
+        recalls = {NEIGHBOUR: recall_at_3(data, split, qids, answers)}
+        for name, model in models.items():
+            recalls[name] = recall_at_3(data, split, qids, model(texts))
+        other = np.array([g != f for g, f in zip(gold, found, strict=True)])
+        return SplitRecalls(qids, cosine, other, np.array([len(g) for g in gold]), recalls)
 
 
 def bin_label(i: int) -> str:
@@ -76,31 +122,35 @@ def bin_label(i: int) -> str:
     return f"[{EDGES[i]}, 1]" if i == 0 else f"[{EDGES[i]}, {EDGES[i - 1]})"
 
 
-def split_rows(
-    split: str, cosine: np.ndarray, other: np.ndarray, recalls: dict[str, np.ndarray]
-) -> list[dict]:
-    """Report rows of one split: per bin (then all queries), its size and each model's R@3.
+def split_rows(split: str, data: SplitRecalls) -> list[dict]:
+    """Report rows of one split, per bin and then for all queries.
 
-    Args:
-        cosine: Each query's cosine to its nearest training query.
-        other: Whether that training query needs a different tool set.
-        recalls: Model name -> per-query R@3 (the nearest-neighbour answer among them).
+    The ``nearest_train_query`` row of a bin carries its size: ``queries``, ``share`` of the
+    split, ``tools_per_query`` and ``other_tools_rate``. Every model row carries its ``recall@3``
+    in the bin and ``miss_share``: the bin's part of everything the model missed on the split.
     """
+    if NEIGHBOUR not in data.recalls:
+        raise ValueError(f"split_rows needs the {NEIGHBOUR!r} recalls, which carry the bin sizes")
+    cosine = data.cosine
     bins = [
         (bin_label(i), (cosine >= low) & (cosine < (EDGES[i - 1] if i else np.inf)))
         for i, low in enumerate(EDGES)
     ]
     bins.append(("all", np.ones_like(cosine, dtype=bool)))
+    missed = {name: float((1.0 - r).sum()) for name, r in data.recalls.items()}
     rows = []
     for label, kept in bins:
         n = int(kept.sum())
-        size = {"queries": n, "share": round(n / len(cosine), 4)}
+        size: dict[str, float] = {"queries": n, "share": round(n / len(cosine), 4)}
         if n:
-            size["other_tools_rate"] = round(float(other[kept].mean()), 4)
-        for name, r in recalls.items():
+            size["tools_per_query"] = round(float(data.tools[kept].mean()), 4)
+            size["other_tools_rate"] = round(float(data.other[kept].mean()), 4)
+        for name, r in data.recalls.items():
             metrics = {**size} if name == NEIGHBOUR else {}
             if n:
                 metrics["recall@3"] = round(float(r[kept].mean()), 4)
+                if missed[name]:
+                    metrics["miss_share"] = round(float((1.0 - r[kept]).sum()) / missed[name], 4)
             rows.append(
                 {"method": name, "config": {"neighbour_cosine": label}, "split": split, "metrics": metrics}
             )
@@ -108,7 +158,17 @@ def split_rows(
 
 
 def markdown(rows: list[dict]) -> str:
-    """One line per (split, bin): its size, then every model's R@3 side by side."""
+    """One line per (split, bin): its size, then every model's R@3 (and share of its misses)."""
+
+    def number(metrics: dict, key: str) -> str:
+        return f"{metrics[key]:.4f}" if key in metrics else ""
+
+    def recall(metrics: dict) -> str:
+        if "recall@3" not in metrics:
+            return ""
+        share = f" ({metrics['miss_share']:.0%})" if "miss_share" in metrics else ""
+        return f"{metrics['recall@3']:.4f}{share}"
+
     models = list(dict.fromkeys(r["method"] for r in rows))
     lines: dict[tuple[str, str], dict[str, dict]] = {}
     for r in rows:
@@ -117,12 +177,12 @@ def markdown(rows: list[dict]) -> str:
     for (split, label), by_model in lines.items():
         size = by_model[NEIGHBOUR]
         cells.append(
-            [split, label, str(size["queries"]), f"{size['share']:.4f}"]
-            + [f"{size['other_tools_rate']:.4f}" if "other_tools_rate" in size else ""]
-            + [f"{by_model[m]['recall@3']:.4f}" if "recall@3" in by_model[m] else "" for m in models]
+            [split, label, str(size["queries"]), number(size, "share")]
+            + [number(size, "tools_per_query"), number(size, "other_tools_rate")]
+            + [recall(by_model[m]) for m in models]
         )
-    head = ["split", "neighbour cosine", "queries", "share", "other tools", *(f"R@3 {m}" for m in models)]
-    return "\n".join(md_table(head, cells)) + "\n"
+    head = ["split", "neighbour cosine", "queries", "share", "tools/query", "other tools"]
+    return "\n".join(md_table(head + [f"R@3 {m} (misses)" for m in models], cells)) + "\n"
 
 
 def main() -> None:
@@ -141,38 +201,21 @@ def main() -> None:
             parser.error(f"--model takes NAME=DIR, got {spec!r}")
     dataset = open_dataset(args.toollens)  # valid carved from train, as `toolscout bench` does
     tools = list(dataset.corpus)
-    train = list(dataset.qrels["train"])
-    vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True)
-    pool = vectorizer.fit_transform([dataset.queries[q] for q in train])
     svm = LexicalSceneModel().fit(dataset, tools)
-    saved = {name: methods.load(path) for name, path in (spec.split("=", 1) for spec in args.model)}
-    rows = []
-    for split in ("valid", "test"):
-        texts = dataset.split_queries(split)
-        qids = list(texts)
-        best, cosine = nearest(vectorizer.transform(list(texts.values())), pool)
-        neighbour_tools = [relevant(dataset, "train", train[j]) for j in best]
-        other = np.array(
-            [relevant(dataset, split, q) != n for q, n in zip(qids, neighbour_tools, strict=True)]
-        )
-        answers = {q: {t: 1.0 for t in n} for q, n in zip(qids, neighbour_tools, strict=True)}
-        svm_scores = svm.scores(list(texts.values()))
-        svm_results = {
-            q: dict(zip(tools, row.tolist(), strict=True)) for q, row in zip(qids, svm_scores, strict=True)
-        }
-        recalls = {
-            NEIGHBOUR: recall_at_3(dataset, split, answers),
-            "lexical_scene_svm": recall_at_3(dataset, split, svm_results),
-        }
-        for name, method in saved.items():
-            recalls[name] = recall_at_3(dataset, split, method.retrieve(texts, 10))
-        rows += split_rows(split, cosine, other, recalls)
+    models: dict[str, Model] = {
+        "lexical_scene_svm": lambda texts: as_results(list(texts), svm.scores(list(texts.values())), tools)
+    }
+    for name, path in (spec.split("=", 1) for spec in args.model):
+        models[name] = partial(methods.load(path).retrieve, k=10)
+    pool = TrainingPool(dataset)
+    rows = [row for split in ("valid", "test") for row in split_rows(split, pool.recalls(split, models))]
     notes = (
-        "Run: `python benchmarks/toollens_novelty.py "
-        + " ".join(f"--model {spec}" for spec in args.model)
+        "Run: `"
+        + " ".join(["python benchmarks/toollens_novelty.py", *(f"--model {m}" for m in args.model)])
         + "`. Queries binned by the cosine to their nearest training query (TF-IDF character "
         "2-5-grams). `other tools`: how often that training query needs a different tool set. "
-        f"`R@3 {NEIGHBOUR}`: answering with its tools. {args.about}\n"
+        f"`R@3 {NEIGHBOUR}`: answering with its tools. `(misses)`: the bin's share of all that the "
+        f"model missed on the split. {args.about}\n"
     )
     table = markdown(rows)
     print(table)

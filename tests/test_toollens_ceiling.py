@@ -58,6 +58,9 @@ def test_oracle_takes_the_better_ranking_per_query():
     good_on_q2 = {"q1": {"t3": 1.0}, "q2": {"t2": 1.0}}
     assert oracle_recall(qrels, [good_on_q1], k=1) == 0.5
     assert oracle_recall(qrels, [good_on_q1, good_on_q2], k=1) == 1.0
+    # A tool of relevance 0 is not needed, and a query that needs none is left out.
+    graded = {"q1": {"t0": 1, "t1": 0}, "q3": {"t1": 0}}
+    assert oracle_recall(graded, [{"q1": {"t0": 1.0}, "q3": {}}], k=1) == 1.0
 
 
 def test_compare_reports_each_model_the_mix_and_the_bound():
