@@ -32,7 +32,7 @@ from components.data import Dataset, open_dataset
 from components.data.types import Qrels, Queries, Results
 from components.methods.base import Method
 from components.methods.dense import top_k
-from components.metrics import evaluate_retrieval, query_metrics
+from components.metrics import evaluate_retrieval, query_metrics, relevant_tools
 from components.metrics import ranked as ranked_ids
 from workflows.report import md_table, write_report
 
@@ -102,7 +102,7 @@ def oracle_recall(qrels: Qrels, rankings: list[Results], k: int = 3) -> float:
     best = [
         max(query_metrics(relevant, ranked_ids(r[q], k), k)[f"recall@{k}"] for r in rankings)
         for q in qrels
-        if (relevant := {t for t, s in qrels[q].items() if s > 0})
+        if (relevant := relevant_tools(qrels[q]))
     ]
     return float(np.mean(best))
 

@@ -38,7 +38,7 @@ from benchmarks.toollens_ceiling import LexicalSceneModel, as_results
 from components import methods
 from components.data import Dataset, open_dataset
 from components.data.types import Queries, Results
-from components.metrics import query_metrics, ranked
+from components.metrics import query_metrics, ranked, relevant_tools
 from workflows.report import md_table, write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "toollens_novelty.json")
@@ -62,19 +62,9 @@ def nearest(queries: csr_matrix, pool: csr_matrix, chunk: int = 2048) -> tuple[n
     return best, cosine
 
 
-def relevant(dataset: Dataset, split: str, qid: str) -> set[str]:
-    """The tools ``qid`` needs in ``split`` (relevance > 0)."""
-    return {t for t, s in dataset.qrels[split][qid].items() if s > 0}
-
-
-def recall_at_3(dataset: Dataset, split: str, qids: list[str], results: Results) -> np.ndarray:
-    """Per-query R@3 of ``results``, in the order of ``qids``."""
-    return np.array(
-        [
-            query_metrics(relevant(dataset, split, q), ranked(results.get(q, {}), 3), 3)["recall@3"]
-            for q in qids
-        ]
-    )
+def recall_at_3(gold: dict[str, set[str]], results: Results) -> np.ndarray:
+    """Per-query R@3 of ``results`` against the tools each query needs, in the order of ``gold``."""
+    return np.array([query_metrics(g, ranked(results.get(q, {}), 3), 3)["recall@3"] for q, g in gold.items()])
 
 
 @dataclass
@@ -104,17 +94,18 @@ class TrainingPool:
         leaves them out.
         """
         data = self.dataset
-        qids = [q for q in data.qrels[split] if relevant(data, split, q)]
+        needs = {q: relevant_tools(rel) for q, rel in data.qrels[split].items()}
+        gold = {q: tools for q, tools in needs.items() if tools}
+        qids = list(gold)
         texts = {q: data.queries[q] for q in qids}
         best, cosine = nearest(self.vectorizer.transform(list(texts.values())), self.matrix)
-        found = [relevant(data, "train", self.qids[j]) for j in best]
-        gold = [relevant(data, split, q) for q in qids]
+        found = [relevant_tools(data.qrels["train"][self.qids[j]]) for j in best]
         answers = {q: dict.fromkeys(f, 1.0) for q, f in zip(qids, found, strict=True)}
-        recalls = {NEIGHBOUR: recall_at_3(data, split, qids, answers)}
+        recalls = {NEIGHBOUR: recall_at_3(gold, answers)}
         for name, model in models.items():
-            recalls[name] = recall_at_3(data, split, qids, model(texts))
-        other = np.array([g != f for g, f in zip(gold, found, strict=True)])
-        return SplitRecalls(qids, cosine, other, np.array([len(g) for g in gold]), recalls)
+            recalls[name] = recall_at_3(gold, model(texts))
+        other = np.array([gold[q] != f for q, f in zip(qids, found, strict=True)])
+        return SplitRecalls(qids, cosine, other, np.array([len(g) for g in gold.values()]), recalls)
 
 
 def bin_label(i: int) -> str:

@@ -52,6 +52,11 @@ def query_metrics(relevant: set[str], top: list[str], k: int) -> dict[str, float
     }
 
 
+def relevant_tools(rel: dict[str, float]) -> set[str]:
+    """The tools a query needs: those its qrels judge with relevance > 0."""
+    return {d for d, s in rel.items() if s > 0}
+
+
 def evaluate_retrieval(qrels: Qrels, results: Results, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
     """Mean metrics over queries with at least one relevant tool (score > 0).
 
