@@ -25,8 +25,8 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from components.data import Dataset, open_dataset
-from components.methods.analyzers import DOC_FIELDS, PROFILES, STOPWORDS, TOKENIZERS
-from components.methods.bm25 import VARIANTS, BM25Method
+from components.methods.bm25.analyzers import DOC_FIELDS, PROFILES, STOPWORDS, TOKENIZERS
+from components.methods.bm25.method import VARIANTS, BM25Method
 from components.metrics import evaluate_retrieval
 from workflows.report import md_table, write_report
 

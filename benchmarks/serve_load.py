@@ -53,8 +53,7 @@ from ray import serve
 
 from components import methods
 from components.data import Dataset, open_dataset
-from components.methods.base import RunSpec
-from components.registry import promote, resolve
+from components.data.registry import promote, resolve
 from components.serving.calibration import find_calibration
 from components.serving.catalog import load_catalog
 from components.serving.deploy import (
@@ -69,6 +68,7 @@ from components.serving.models import DetectorModel, RetrieverModel, calibrate_a
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
+from components.training.spec import RunSpec
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 from workflows.serve import app_args, read_serve_config

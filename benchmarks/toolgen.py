@@ -36,7 +36,7 @@ from components import methods
 from components.config import load_yaml, merge
 from components.data import Dataset, dataset_from_config
 from components.generative.hallucination import hallucination_rate, outputs_to_results
-from components.methods.toolgen import ToolGenMethod
+from components.methods.toolgen.method import ToolGenMethod
 from components.metrics import DEFAULT_KS, evaluate_retrieval
 from workflows.bench import report_splits, split_rows
 from workflows.ray_env import init_ray

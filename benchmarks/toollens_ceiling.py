@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from components import methods
 from components.data import Dataset, open_dataset
 from components.data.types import Qrels, Queries, Results
+from components.encoders.retriever import top_k
 from components.methods.base import Method
-from components.methods.dense import top_k
 from components.metrics import evaluate_retrieval, query_metrics, relevant_tools
 from components.metrics import ranked as ranked_ids
 from workflows.report import md_table, write_report

@@ -22,10 +22,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from components.data import open_dataset
-from components.methods.base import RunSpec
-from components.methods.dense import DenseMethod
+from components.methods.dense.method import DenseMethod
 from components.training.loop import train_in_process
 from components.training.runner import run_stage
+from components.training.spec import RunSpec
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 
@@ -60,11 +60,11 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="overhead-")
     init = os.path.join(work, "init")
     method.initial_model(data, init, seed=0)
-    loop = {**method.loop_config(init, data), "method": "dense", "stage": "contrastive", "seed": 0}
+    stage = method.stage_config(init, data)
 
     torch.set_num_threads(2)
     started = time.perf_counter()
-    plain_history = train_in_process(loop, os.path.join(work, "plain"))
+    plain_history = train_in_process(stage, os.path.join(work, "plain"))
     plain = time.perf_counter() - started
 
     run = RunSpec(
@@ -74,7 +74,7 @@ def main() -> None:
         resources_per_worker={"CPU": 2},
     )
     started = time.perf_counter()
-    result = run_stage("dense", "contrastive", {**loop, "dataset": ray.put(data)}, run)
+    result = run_stage(method.stage_config(init, ray.put(data)), run)
     with_ray = time.perf_counter() - started
 
     config = {"dataset": data.name, "epochs": args.epochs, "threads": 2, **PARAMS, "epochs_run": args.epochs}

@@ -13,10 +13,12 @@ Scores are averaged over queries with |G| > 0; a query the retriever returned no
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from components.data.types import Qrels, Results
+if TYPE_CHECKING:  # type aliases only: metrics sit below the data layer
+    from components.data.types import Qrels, Results
 
 DEFAULT_KS = (1, 3, 5, 10)
 # What the training stages compute on valid every epoch; a method's select_metric is one of them.

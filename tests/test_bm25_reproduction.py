@@ -14,7 +14,7 @@ from benchmarks.bm25_reproduction import (
     summary,
 )
 from components.data import open_dataset
-from components.methods.bm25 import BM25Method
+from components.methods.bm25.method import BM25Method
 
 
 def _row(split: str, r3: float, ndcg3: float = 0.2319, tokenizer: str = "whitespace") -> dict:

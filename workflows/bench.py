@@ -53,7 +53,7 @@ def bench_entry(
     _, method, trained = best
     rows = []
     # A method with several scoring modes (dense: text tower, ID head, their mix) gets a row each.
-    variants = method.variants() if hasattr(method, "variants") else {"": None}
+    variants = method.variants() if "variants" in method.capabilities else {"": None}
     for mode, mix in variants.items():
         if mix is not None:
             method.mix = mix

@@ -26,12 +26,11 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
     results = method.retrieve(queries, max(ks))
     metrics = evaluate_retrieval(dataset.qrels[split], results, ks)
     negatives = dataset.neg_split.get(split, [])
-    if hasattr(method, "detect") and negatives:
+    if "detect" in method.capabilities and negatives:
         texts = list(queries.values()) + negatives
         probs = method.detect({str(i): t for i, t in enumerate(texts)})
         labels = np.array([1] * len(queries) + [0] * len(negatives))
-        params = getattr(method, "params", None)  # MassTool keeps its threshold in its params
-        threshold = float(getattr(params, "detect_threshold", 0.5))
+        threshold = float(method.detect_threshold)
         det = detection_metrics(labels, np.array([probs[str(i)] for i in range(len(texts))]), threshold)
         metrics |= {f"detect_{k}": v for k, v in det.items()}
     metrics["eval_seconds"] = time.perf_counter() - started

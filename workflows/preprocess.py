@@ -18,7 +18,7 @@ import pyarrow as pa
 import ray
 
 from components.data import io
-from components.data.graphs import IdMap, qrels_pairs, save_sparse
+from components.data.graphs import GRAPH_SPLIT, graph_inputs, qrels_pairs, save_sparse
 from components.data.loader import assemble, dataset_name, discover
 from components.data.prepared import MANIFEST
 from components.data.rejects import RejectLog
@@ -27,8 +27,6 @@ from components.data.tooltext import parse_tool_text
 from components.data.types import Dataset
 from workflows.ray_graphs import pairs_dataset, ray_bipartite, ray_cooccurrence
 from workflows.ray_ingest import ingest
-
-GRAPH_SPLIT = "train"  # graphs see training pairs only: valid/test pairs would leak into the model
 
 
 def table_rows(dataset: Dataset) -> dict[str, list[dict]]:
@@ -121,21 +119,14 @@ def write_graphs(
     ``graphs`` directory is rewritten whole, so a graph that this dataset lacks does not survive
     from an earlier run.
     """
-    tools = IdMap.of(dataset.corpus)
-    train = dataset.qrels.get(GRAPH_SPLIT, {})
-    queries = IdMap.of(train)
-    q_idx, t_idx = qrels_pairs(train, queries, tools)
+    inputs = graph_inputs(dataset)  # the same inputs as the in-process build (training_graphs)
+    _, queries, tools = inputs["query_tool"]
+    q_idx, t_idx = qrels_pairs(dataset.qrels.get(GRAPH_SPLIT, {}), queries, tools)
     graphs = {
         "cooccurrence": (ray_cooccurrence(pairs_dataset(q_idx, t_idx, parallelism), len(tools)), tools, tools)
     }
-    qt = [(q, t) for q, rel in train.items() for t, s in rel.items() if s > 0]
-    graphs["query_tool"] = (ray_bipartite(qt, queries, tools, parallelism), queries, tools)
-    qs = list(dataset.query_scene.get(GRAPH_SPLIT, {}).items())
-    if qs:
-        scenes = IdMap.of(s for _, s in qs)
-        st = [(s, t) for s in scenes.ids for t in dataset.scene_tool[s]]
-        graphs["scene_tool"] = (ray_bipartite(st, scenes, tools, parallelism), scenes, tools)
-        graphs["query_scene"] = (ray_bipartite(qs, queries, scenes, parallelism), queries, scenes)
+    for name, (pairs, rows, cols) in inputs.items():
+        graphs[name] = (ray_bipartite(pairs, rows, cols, parallelism), rows, cols)
     io.remove(io.join(out, "graphs"), storage_options)
     summary = {}
     for name, (matrix, rows, cols) in graphs.items():

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import apply_overrides, load_yaml
-from components.registry import resolve
+from components.data.registry import resolve
 
 DEFAULT_SERVE_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "serve_config.yaml"
 
@@ -69,10 +69,10 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
 
 def has_detect(artifact: str) -> bool:
     """Whether the artifact's method detects tool use itself (no calibration needed)."""
-    from components.methods import REGISTRY
+    from components.methods import method_class
     from components.methods.base import read_config
 
-    return hasattr(REGISTRY[read_config(resolve(artifact))["method"]], "detect")
+    return "detect" in method_class(read_config(resolve(artifact))["method"]).capabilities
 
 
 def train_selector(

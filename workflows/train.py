@@ -15,8 +15,8 @@ from typing import Any
 
 from components import methods
 from components.data import Dataset, dataset_from_config
+from components.data.registry import promote, reserve_version
 from components.methods.base import Method, RunSpec
-from components.registry import promote, reserve_version
 
 
 def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpec:

@@ -16,6 +16,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from components.data import io
+from components.data.types import Dataset
+
+GRAPH_SPLIT = "train"  # graphs see training pairs only: valid/test pairs would leak into the model
+GRAPH_NAMES = ("cooccurrence", "query_tool", "scene_tool", "query_scene")
 
 
 @dataclass(frozen=True)
@@ -99,3 +103,64 @@ def load_sparse(path: str, storage_options: dict | None = None) -> tuple[sp.csr_
         matrix = sp.load_npz(f).tocsr()
     ids = json.loads(io.read_bytes(path + ".ids.json", storage_options))
     return matrix, IdMap(tuple(ids["rows"])), IdMap(tuple(ids["cols"]))
+
+
+@dataclass(frozen=True)
+class SparseGraph:
+    """A sparse matrix with named rows and columns (as saved under ``graphs/`` of a prepared dir)."""
+
+    matrix: sp.csr_matrix
+    rows: IdMap
+    cols: IdMap
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (row id, column id) of every stored non-zero."""
+        coo = self.matrix.tocoo()
+        return [(self.rows.ids[r], self.cols.ids[c]) for r, c in zip(coo.row, coo.col, strict=True)]
+
+
+def load_graphs(path: str, storage_options: dict | None = None) -> dict[str, SparseGraph]:
+    """Every graph in a prepared directory's ``graphs/`` (absent ones are left out)."""
+    out = {}
+    for name in GRAPH_NAMES:
+        target = io.join(path, "graphs", name)
+        if io.exists(target + ".npz", storage_options):
+            out[name] = SparseGraph(*load_sparse(target, storage_options))
+    return out
+
+
+def graph_inputs(dataset: Dataset) -> dict[str, tuple[list[tuple[str, str]], IdMap, IdMap]]:
+    """What each training graph is built from: its (row id, column id) pairs and id maps.
+
+    The one definition both builds use: Ray Data's in ``toolscout preprocess`` and the
+    in-process one of :func:`training_graphs`.
+    """
+    tools = IdMap.of(dataset.corpus)
+    train = dataset.qrels.get(GRAPH_SPLIT, {})
+    queries = IdMap.of(train)
+    qt = [(q, t) for q, rel in train.items() for t, s in rel.items() if s > 0]
+    out = {"query_tool": (qt, queries, tools)}
+    qs = list(dataset.query_scene.get(GRAPH_SPLIT, {}).items())
+    if qs:
+        scenes = IdMap.of(s for _, s in qs)
+        out["scene_tool"] = ([(s, t) for s in scenes.ids for t in dataset.scene_tool[s]], scenes, tools)
+        out["query_scene"] = (qs, queries, scenes)
+    return out
+
+
+def training_graphs(dataset: Dataset) -> dict[str, SparseGraph]:
+    """The dataset's training graphs: those preprocessing built with Ray Data when the dataset was
+    loaded from a prepared directory, else built here from the same inputs (:func:`graph_inputs`)
+    with the same kernels (:func:`cooccurrence`, :func:`incidence`)."""
+    if dataset.graphs:
+        return dict(dataset.graphs)
+    inputs = graph_inputs(dataset)
+    _, queries, tools = inputs["query_tool"]
+    q_idx, t_idx = qrels_pairs(dataset.qrels.get(GRAPH_SPLIT, {}), queries, tools)
+    out = {"cooccurrence": SparseGraph(cooccurrence(q_idx, t_idx, len(tools)), tools, tools)}
+    for name, (pairs, rows, cols) in inputs.items():
+        ri, ci = rows.index(), cols.index()
+        r = np.asarray([ri[a] for a, _ in pairs], dtype=np.int64)
+        c = np.asarray([ci[b] for _, b in pairs], dtype=np.int64)
+        out[name] = SparseGraph(incidence(r, c, (len(rows), len(cols))), rows, cols)
+    return out

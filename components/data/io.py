@@ -6,7 +6,11 @@ explicit ``storage_options``; credentials follow the usual boto chain.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import tempfile
+import uuid
 from typing import Any
 
 import fsspec
@@ -88,3 +92,35 @@ def remove(path: str, storage_options: dict[str, Any] | None = None) -> None:
     fs = filesystem(path, storage_options)
     if fs.exists(path):
         fs.rm(path, recursive=True)
+
+
+def fetch(path: str, storage_options: dict | None = None) -> str:
+    """A local directory with the contents of ``path``: itself if local, else a cached download.
+
+    The download lands in a private directory first and is renamed into place, so processes on
+    one node that fetch at once never read a half-copied model. The cache key covers each stored
+    file's name, size and version marker, so an input re-uploaded under the same name is fetched
+    again. The cache (``$TMPDIR/toolscout-inputs``) is not evicted: clear it on long-lived nodes.
+    """
+    if not is_remote(path):
+        return path
+    fs = filesystem(path, storage_options)
+    # Whatever version marker the store gives (s3fs: ETag / LastModified, gcsfs: etag / updated).
+    markers = ("ETag", "etag", "LastModified", "updated", "mtime")
+    listing = sorted(
+        (name, info.get("size"), str(next((info[m] for m in markers if info.get(m)), "")))
+        for name, info in fs.find(path, detail=True).items()
+    )
+    if not listing:
+        raise FileNotFoundError(f"stage input {path} is empty or missing")
+    key = hashlib.sha1(repr((path, listing)).encode()).hexdigest()[:16]
+    local = os.path.join(tempfile.gettempdir(), "toolscout-inputs", key)
+    if os.path.isdir(local):
+        return local
+    partial = f"{local}.{uuid.uuid4().hex}.tmp"
+    fs.get(path.rstrip("/") + "/", partial, recursive=True)
+    try:
+        os.rename(partial, local)
+    except OSError:  # another process got there first: keep its copy
+        shutil.rmtree(partial, ignore_errors=True)
+    return local

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from components.data import io
+from components.data.graphs import load_graphs
 from components.data.types import Dataset
 
 MANIFEST = "manifest.json"
@@ -92,4 +93,5 @@ def load_prepared(path: str, storage_options: dict[str, Any] | None = None) -> D
         scene_tool=scene_tool,
         neg_queries=[r["text"] for r in neg],
         neg_split=neg_split,
+        graphs=load_graphs(path, storage_options),
     )

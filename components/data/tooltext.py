@@ -15,6 +15,8 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
+from components.data.types import Corpus
+
 KEYS = (
     "category_name",
     "tool_name",
@@ -110,10 +112,15 @@ def tool_document(record: dict, fields: str | list[str] | tuple[str, ...] = "raw
     tool = parse_tool_text(record["_id"], record["text"])
     parts = []
     for name in fields:
-        if not hasattr(tool, name):
+        if name not in ToolRecord.__dataclass_fields__:
             raise ValueError(f"unknown tool field {name!r}; use 'raw' or fields of ToolRecord")
         value = getattr(tool, name)
         if name.endswith("_params"):
             value = " ".join(f"{p.get('name', '')} {p.get('description', '')}".strip() for p in value)
         parts.append(str(value))
     return " ".join(p for p in parts if p)
+
+
+def tool_texts(corpus: Corpus, ids: list[str], fields: tuple[str, ...]) -> list[str]:
+    """The text each encoder reads for each tool id: the tool's document over ``fields``."""
+    return [tool_document(corpus[t], list(fields)) for t in ids]

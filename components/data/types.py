@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # tool id -> {"_id", "title", "text", "metadata"}
 Corpus = dict[str, dict]
@@ -27,6 +28,10 @@ class Dataset:
         scene_tool: Scene id -> the tool ids that scene (one query's needs) groups.
         neg_queries: Queries that need no tool (for tool-usage detection).
         neg_split: The no-tool queries divided into train / valid / test (fixed by seed).
+        graphs: The training-split graphs ``toolscout preprocess`` built with Ray Data (name ->
+            :class:`components.data.graphs.SparseGraph`: ``cooccurrence``, ``query_tool``,
+            ``scene_tool``, ``query_scene``); empty for a dataset loaded raw, whose graphs
+            :func:`components.data.graphs.training_graphs` builds in-process.
     """
 
     name: str
@@ -37,6 +42,7 @@ class Dataset:
     scene_tool: dict[str, list[str]] = field(default_factory=dict)
     neg_queries: list[str] = field(default_factory=list)
     neg_split: dict[str, list[str]] = field(default_factory=dict)
+    graphs: dict[str, Any] = field(default_factory=dict)
 
     def split_queries(self, split: str) -> Queries:
         """Texts of the queries judged in ``split``."""

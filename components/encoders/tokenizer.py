@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from components.encoders.subword import learn_bpe
+from components.data.subword import learn_bpe
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

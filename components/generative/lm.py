@@ -22,7 +22,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from components.encoders.subword import learn_bpe
+from components.data.subword import learn_bpe
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 
@@ -67,7 +67,7 @@ def train_bpe(
     """A byte-level BPE tokenizer (GPT-2 / Llama-3 style: no unknown characters), BOS prepended."""
     pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     words = (word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(text))
-    # Deterministic merges (see components.encoders.subword): tokenizers' BpeTrainer breaks
+    # Deterministic merges (see components.data.subword): tokenizers' BpeTrainer breaks
     # count ties in hash order, so equal texts gave different token ids on every run.
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     learned = learn_bpe(words, vocab_size, min_frequency, specials=SPECIALS, alphabet=alphabet)

@@ -1,30 +1,41 @@
-"""Retrieval methods: an explicit registry of plug-ins implementing :class:`.base.Method`."""
+"""Retrieval methods: the protocol, and a registry from method name to import string.
+
+Entries resolve lazily, so importing this package imports no method (and no torch model code):
+adding a method is one package under ``components/methods/`` and one line here.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from components.methods.base import Method, read_config
-from components.methods.bm25 import BM25Method
-from components.methods.dense import DenseMethod
-from components.methods.masstool import MassToolMethod
-from components.methods.toolgen import ToolGenMethod
-from components.registry import resolve
+from components.data.registry import resolve
+from components.methods.base import CAPABILITIES, Method, check_capabilities, read_config
+from components.training.spec import import_object
 
-REGISTRY: dict[str, type] = {
-    BM25Method.name: BM25Method,
-    DenseMethod.name: DenseMethod,
-    MassToolMethod.name: MassToolMethod,
-    ToolGenMethod.name: ToolGenMethod,
+REGISTRY: dict[str, str] = {
+    "bm25": "components.methods.bm25.method:BM25Method",
+    "dense": "components.methods.dense.method:DenseMethod",
+    "masstool": "components.methods.masstool.method:MassToolMethod",
+    "toolgen": "components.methods.toolgen.method:ToolGenMethod",
 }
+
+__all__ = ["CAPABILITIES", "REGISTRY", "Method", "artifact_method", "build", "load", "method_class"]
+
+
+def method_class(name: str) -> type:
+    """The class registered as ``name`` (imported on first use)."""
+    if name not in REGISTRY:
+        raise KeyError(f"unknown method {name!r}; registered: {sorted(REGISTRY)}")
+    cls = import_object(REGISTRY[name])
+    check_capabilities(cls)
+    return cls
 
 
 def build(name: str, params: dict[str, Any] | None = None) -> Method:
     """Instantiate a registered method from config parameters."""
-    if name not in REGISTRY:
-        raise KeyError(f"unknown method {name!r}; registered: {sorted(REGISTRY)}")
+    cls = method_class(name)
     try:
-        return REGISTRY[name](**(params or {}))
+        return cls(**(params or {}))
     except TypeError as e:  # e.g. "unexpected keyword argument 'profile'": name the method and config
         raise ValueError(f"method {name!r}: bad method.params: {e}") from e
 
@@ -45,4 +56,4 @@ def artifact_method(path: str) -> tuple[str, str]:
 def load(path: str) -> Method:
     """Load any saved method (an artifact dir, or a method dir whose ``LATEST`` names one)."""
     path, name = artifact_method(path)
-    return REGISTRY[name].load(path)
+    return method_class(name).load(path)

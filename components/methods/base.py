@@ -10,47 +10,42 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from components.data.types import Corpus, Dataset, Queries, Results
+from components.training.spec import RunSpec
 
-
-@dataclass
-class RunSpec:
-    """Where and how a training stage runs (filled from the ``train`` section of a config)."""
-
-    name: str = "toolscout"
-    storage_path: str = "runs"
-    num_workers: int = 1
-    use_gpu: bool = False
-    resources_per_worker: dict[str, float] = field(default_factory=dict)
-    max_failures: int = 0
-    keep_checkpoints: int | None = None  # None keeps every epoch's checkpoint
-    local_dir: str = "runs/checkpoints"  # where checkpoints from remote storage are downloaded
-    env: dict[str, str] = field(default_factory=dict)  # environment variables for the workers
-    storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec options for s3:// storage
-    seed: int = 0
-    # torch.use_deterministic_algorithms in the workers: on CPU, the backward of indexing with
-    # repeated indices (index_put with accumulate) adds in thread order otherwise, so two runs of
-    # one config differed in the 6th digit of every weight.
-    deterministic: bool = True
+# What a method can do beyond fit / index / retrieve, declared on its class as ``capabilities``
+# (serving, evaluation and bench read the declaration; nothing probes for attributes):
+CAPABILITIES = {
+    "train": "has Ray Train stages (fit runs them)",
+    "detect": "detect(queries) -> P(needs a tool); detect_threshold is its decision point",
+    "variants": "variants() -> scoring modes, each reported as its own bench row (mode -> mix)",
+    "cold_start": "tools added to the corpus after training are retrievable (by their text)",
+    "generate": "retrieves by generating tool tokens; generate(queries, k, constrained) gives beams",
+    "candidates": "retrieve(queries, k, candidates) narrows each query to given tools",
+}
 
 
 @runtime_checkable
 class Method(Protocol):
     """A tool-retrieval method.
 
-    A method with stages also has a classmethod ``stage_task(stage, config)`` returning the
-    worker-side :class:`components.training.task.StageTask` that the Ray Train loop runs.
+    Each trainable stage is one :class:`components.training.spec.StageConfig` that ``fit`` hands
+    to :func:`components.training.runner.run_stage`; the config names the worker-side task by
+    import string, so training never imports a method.
 
     Attributes:
         name: Registry key.
         stages: Training stages in order; empty for methods that only index (BM25).
+        capabilities: What it can do beyond the protocol (keys of :data:`CAPABILITIES`).
+        tool_ids: The indexed tools, in index order.
     """
 
     name: ClassVar[str]
     stages: ClassVar[tuple[str, ...]]
+    capabilities: ClassVar[frozenset[str]]
+    tool_ids: list[str]
 
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
         """Run one training stage; returns the validation metrics of its best checkpoint."""
@@ -72,6 +67,15 @@ class Method(Protocol):
     def load(cls, path: str) -> Method:
         """Rebuild a method saved with :meth:`save`."""
         ...
+
+
+def check_capabilities(cls: type) -> None:
+    """Raise if a method class declares a capability that does not exist (a typo would hide it)."""
+    unknown = set(cls.capabilities) - set(CAPABILITIES)
+    if unknown:
+        raise ValueError(
+            f"{cls.__name__} declares unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}"
+        )
 
 
 def write_config(path: str, config: dict[str, Any]) -> None:

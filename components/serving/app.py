@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
+from components.data.registry import resolve
 from components.methods import artifact_method
-from components.registry import resolve
 from components.serving.deployments import Detector, QueryRewriter, Retriever, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment

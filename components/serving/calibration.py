@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from components.data.registry import resolve
 from components.data.types import Dataset
-from components.registry import resolve
 
 
 def model_version(artifact: str) -> str:

@@ -217,7 +217,7 @@ async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[
             logger.exception("selector failed on one request; answering it without a call")
             return None
 
-    if getattr(backend, "concurrent_calls", False):
+    if backend.concurrent_calls:
         return list(await asyncio.gather(*(asyncio.to_thread(one, r) for r in requests)))
     return await asyncio.to_thread(lambda: [one(r) for r in requests])
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from components import methods
 from components.data import open_dataset
-from components.registry import resolve
+from components.data.registry import resolve
 from components.serving.calibration import (
     ScoreThreshold,
     calibrate,
@@ -41,7 +41,7 @@ class RetrieverModel:
         ]
 
     def size(self) -> int:
-        return len(getattr(self.method, "tool_ids", []))
+        return len(self.method.tool_ids)
 
 
 def named(ranking: Ranking, catalog: ToolCatalog) -> list[dict[str, Any]]:
@@ -71,7 +71,7 @@ class DetectorModel:
         self.version = model_version(self.artifact)
         self.method = methods.load(self.artifact)
         self.threshold: ScoreThreshold | None = None
-        if hasattr(self.method, "detect"):
+        if "detect" in self.method.capabilities:
             self.kind = "method"
             return
         self.kind = "score_threshold"
@@ -92,8 +92,7 @@ class DetectorModel:
         """The probability from which a query needs a tool: the method's own ``detect_threshold``
         (what ``toolscout evaluate`` reports detection accuracy at), else 0.5 (a calibrated score
         threshold maps the chosen score cut-off to probability 0.5)."""
-        params = getattr(self.method, "params", None)
-        return float(getattr(params, "detect_threshold", 0.5))
+        return float(self.method.detect_threshold) if self.kind == "method" else 0.5
 
     def probabilities(self, texts: list[str]) -> list[float]:
         """P(needs a tool) for each text."""
@@ -108,7 +107,7 @@ def calibrate_artifact(
 ) -> ScoreThreshold | None:
     """Calibrate ``artifact``'s threshold detector on ``data`` and store it (``None``: it has ``detect``)."""
     method = methods.load(resolve(artifact))
-    if hasattr(method, "detect"):
+    if "detect" in method.capabilities:
         return None
     detector = calibrate(method, open_dataset(data, splits))
     save_calibration(detector_file, artifact, detector)

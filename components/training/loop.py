@@ -9,7 +9,6 @@ one over (a retry after a worker failure, or a restarted run with the same name 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
@@ -24,9 +23,9 @@ from safetensors.torch import load_model, save_model
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.data import io
-from components.training import checkpoints
 from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT
+from components.training.resume import resume_checkpoint, settings_fingerprint
+from components.training.spec import StageConfig, import_object
 from components.training.state import (
     load_optimizer,
     load_rng_state,
@@ -38,100 +37,33 @@ from components.training.state import (
 from components.training.task import StageTask
 
 
-def make_task(config: dict[str, Any]) -> StageTask:
-    """Build the stage task named by ``config["method"]`` / ``config["stage"]`` (in the worker)."""
-    from components.methods import REGISTRY
-
-    return REGISTRY[config["method"]].stage_task(config["stage"], config)
+def make_task(config: StageConfig) -> StageTask:
+    """Build the stage's task from its import string (in the worker)."""
+    task = import_object(config.task)(config)
+    if not isinstance(task, StageTask):
+        raise TypeError(f"{config.task} built a {type(task).__name__}, not a StageTask")
+    return task
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP wrapper."""
-    return model.module if hasattr(model, "module") else model
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def _chaos(config: dict[str, Any], epoch: int) -> None:
+def _chaos(config: StageConfig, epoch: int) -> None:
     """Kill this worker process once at a chosen epoch (fault-tolerance tests and drills)."""
-    chaos = config.get("chaos") or {}
-    if chaos.get("kill_at_epoch") == epoch and not os.path.exists(chaos["marker"]):
-        with open(chaos["marker"], "w") as f:
+    chaos = config.chaos
+    if chaos is not None and chaos.kill_at_epoch == epoch and not os.path.exists(chaos.marker):
+        with open(chaos.marker, "w") as f:
             f.write(str(os.getpid()))
         os._exit(1)
 
 
-def _log_report(config: dict[str, Any], record: dict[str, Any]) -> None:
-    """Append a reported epoch to ``config["report_log"]`` (rank 0), to audit resumes."""
-    if config.get("report_log"):
-        with open(config["report_log"], "a") as f:
+def _log_report(config: StageConfig, record: dict[str, Any]) -> None:
+    """Append a reported epoch to ``config.report_log`` (rank 0), to audit resumes."""
+    if config.report_log:
+        with open(config.report_log, "a") as f:
             f.write(json.dumps(record) + "\n")
-
-
-def resume_checkpoint(config: dict[str, Any]) -> ray.train.Checkpoint | None:
-    """The newest complete checkpoint in the run's storage, else the one Ray hands over.
-
-    Every checkpoint Ray registered is also in storage, so the newest one there is never older
-    than Ray's; it is newer when a worker died between reporting and the controller's next poll.
-    """
-    found = None
-    if config.get("storage_path"):
-        found = checkpoints.latest(config["storage_path"], config["run_name"], config.get("storage_options"))
-    if found is None:
-        return ray.train.get_checkpoint()
-    if not io.is_remote(found[0]):
-        return ray.train.Checkpoint(found[0])
-    fs = io.arrow_filesystem(found[0], config.get("storage_options"))
-    return ray.train.Checkpoint(found[0].split("://", 1)[1], filesystem=fs)
-
-
-_SKIP = object()  # what settings_fingerprint leaves out
-
-# Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs,
-# deterministic kernels, and where and how its storage is reached (credentials rotate).
-RESUMABLE_KEYS = frozenset(
-    {
-        "epochs",
-        "progress",
-        "report_log",
-        "chaos",
-        "deterministic",
-        "storage_options",
-        "storage_path",
-        "run_name",
-    }
-)
-
-
-def settings_fingerprint(config: dict[str, Any]) -> str:
-    """A hash of the stage's JSON-valued settings, saved with each checkpoint.
-
-    Resuming a run under the same name with other settings (another learning rate, model size,
-    starting model) would silently continue the old run; run_stage refuses instead. Values that are
-    not plain JSON are left out: the dataset travels as an object reference that differs on every
-    start, so a change of data is not detected here.
-    :data:`RESUMABLE_KEYS` are left out at any depth (methods repeat their settings under ``params``).
-    """
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, dict):
-            kept = ((str(k), plain(v)) for k, v in value.items() if k not in RESUMABLE_KEYS)
-            return {k: v for k, v in kept if v is not _SKIP}
-        if isinstance(value, list | tuple):
-            return [v for v in map(plain, value) if v is not _SKIP]
-        if value is None or isinstance(value, bool | int | float | str):
-            return value
-        return _SKIP
-
-    return hashlib.sha256(json.dumps(plain(config), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def check_resumable(state: dict[str, Any], config: dict[str, Any]) -> None:
-    """Raise if a checkpoint was written by a run with other settings (see :func:`settings_fingerprint`)."""
-    saved = state.get("settings")
-    if saved is not None and saved != settings_fingerprint(config):
-        raise ValueError(
-            f"run {config.get('run_name')!r} has checkpoints from other settings; resuming would continue "
-            "that run. Use a new train.run_name (or remove the old run) to start afresh."
-        )
 
 
 def _save_checkpoint(
@@ -150,22 +82,15 @@ def _save_checkpoint(
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
 
 
-def build_optimizer(
-    model: torch.nn.Module, config: dict[str, Any], task: StageTask | None = None
-) -> torch.optim.Optimizer:
-    """AdamW with the stage's learning rate and weight decay.
-
-    A task with a ``param_groups(model)`` method chooses its own groups (e.g. a smaller learning
-    rate for a pretrained encoder than for freshly initialised heads).
-    """
-    params = task.param_groups(model) if hasattr(task, "param_groups") else model.parameters()
+def build_optimizer(model: torch.nn.Module, config: StageConfig, task: StageTask) -> torch.optim.Optimizer:
+    """AdamW with the stage's learning rate and weight decay over the task's parameter groups."""
     return torch.optim.AdamW(
-        params, lr=float(config["lr"]), weight_decay=float(config.get("weight_decay", 0.0))
+        task.param_groups(model), lr=float(config.lr), weight_decay=float(config.weight_decay)
     )
 
 
 def make_loader(
-    task: StageTask, config: dict[str, Any], world: int, generator: torch.Generator, rank: int = 0
+    task: StageTask, config: StageConfig, world: int, generator: torch.Generator, rank: int = 0
 ) -> DataLoader:
     """Shuffled batches of ``batch_size // world`` per worker (the global batch is ``batch_size``
     when the worker count divides it).
@@ -177,11 +102,11 @@ def make_loader(
     sampler = None
     if world > 1:
         sampler = torch.utils.data.DistributedSampler(
-            data, num_replicas=world, rank=rank, shuffle=True, seed=int(config.get("seed", 0))
+            data, num_replicas=world, rank=rank, shuffle=True, seed=int(config.seed)
         )
     return DataLoader(
         data,
-        batch_size=max(1, int(config["batch_size"]) // world),
+        batch_size=max(1, int(config.batch_size) // world),
         shuffle=sampler is None,
         sampler=sampler,
         drop_last=True,
@@ -195,28 +120,27 @@ def run_epoch(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     loader: Any,
-    config: dict[str, Any],
+    config: StageConfig,
     epoch: int,
     show_bar: bool,
 ) -> dict[str, float]:
     """Train one epoch, then validate; returns the epoch's metrics (``valid_*``, loss, seconds)."""
     started = time.perf_counter()
-    if hasattr(task, "start_epoch"):
-        # Optional hook: e.g. refresh embeddings the task caches between batches (MassTool's pool).
-        task.start_epoch(unwrap(model), epoch)
+    task.start_epoch(unwrap(model), epoch)  # e.g. refresh embeddings the task caches (MassTool's pool)
     model.train()
     losses = []
-    for batch in tqdm(loader, desc=f"{config['stage']} epoch {epoch}", disable=not show_bar):
-        loss = task.loss(model, batch)
+    for batch in tqdm(loader, desc=f"{config.stage} epoch {epoch}", disable=not show_bar):
+        with autocast(config):
+            loss = task.loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.get("max_grad_norm", 1.0)))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.max_grad_norm))
         optimizer.step()
         losses.append(loss.item())
     if not losses:
         # drop_last with fewer examples than a batch: a silent no-op epoch would report loss 0.
         raise ValueError(
-            f"{config['stage']}: no full training batch (batch_size {config['batch_size']}); "
+            f"{config.stage}: no full training batch (batch_size {config.batch_size}); "
             "lower batch_size or add training data"
         )
     model.eval()
@@ -228,13 +152,22 @@ def run_epoch(
     }
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point; ``config`` carries the method, stage, hyper-parameters and data."""
+def autocast(config: StageConfig) -> contextlib.AbstractContextManager:
+    """bf16 autocast for ``precision: bf16`` (weights and optimizer state stay fp32), else nothing."""
+    if config.precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=config.device, dtype=torch.bfloat16)
+
+
+def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
+    """Ray Train entry point: build the task from ``loop_config["stage"].task`` and train it epoch
+    by epoch (Ray Train passes a dict; it holds the one :class:`StageConfig`)."""
+    config = loop_config["stage"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     # The worker process is this stage's alone: the setting need not be restored.
-    torch.use_deterministic_algorithms(bool(config.get("deterministic", True)), warn_only=True)
-    torch.manual_seed(int(config.get("seed", 0)))
+    torch.use_deterministic_algorithms(bool(config.deterministic), warn_only=True)
+    torch.manual_seed(int(config.seed))
     task = make_task(config)
     model = task.build_model()
     optimizer = build_optimizer(model, config, task)
@@ -258,13 +191,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     loader = ray.train.torch.prepare_data_loader(
         make_loader(task, config, world, generator, rank), add_dist_sampler=False
     )
-    for epoch in range(start, int(config["epochs"])):
-        generator.manual_seed(int(config.get("seed", 0)) * 1000 + epoch)
+    for epoch in range(start, int(config.epochs)):
+        generator.manual_seed(int(config.seed) * 1000 + epoch)
         if world > 1:
             loader.sampler.set_epoch(epoch)
         _chaos(config, epoch)
         metrics = run_epoch(
-            task, model, optimizer, loader, config, epoch, rank == 0 and bool(config.get("progress"))
+            task, model, optimizer, loader, config, epoch, rank == 0 and bool(config.progress)
         )
         history.append(metrics)
         with tempfile.TemporaryDirectory() as tmp:
@@ -276,13 +209,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ray.train.report(metrics, checkpoint=ckpt)
 
 
-def train_in_process(config: dict[str, Any], checkpoint_root: str) -> list[dict[str, float]]:
+def train_in_process(config: StageConfig, checkpoint_root: str) -> list[dict[str, float]]:
     """The same stage as :func:`train_loop_per_worker`, in this process without Ray Train.
 
     Used to measure what Ray Train costs: identical task, batches, optimizer, validation and
     per-epoch checkpoint files, written under ``checkpoint_root/epoch_<n>``.
     """
-    with deterministic_kernels(bool(config.get("deterministic", True))):
+    with deterministic_kernels(bool(config.deterministic)):
         return _train_in_process(config, checkpoint_root)
 
 
@@ -299,17 +232,17 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
 
 
-def _train_in_process(config: dict[str, Any], checkpoint_root: str) -> list[dict[str, float]]:
-    torch.manual_seed(int(config.get("seed", 0)))
+def _train_in_process(config: StageConfig, checkpoint_root: str) -> list[dict[str, float]]:
+    torch.manual_seed(int(config.seed))
     task = make_task(config)
     model = task.build_model()
     optimizer = build_optimizer(model, config, task)
     generator = torch.Generator()
     loader = make_loader(task, config, 1, generator)
     history: list[dict[str, float]] = []
-    for epoch in range(int(config["epochs"])):
-        generator.manual_seed(int(config.get("seed", 0)) * 1000 + epoch)
-        history.append(run_epoch(task, model, optimizer, loader, config, epoch, bool(config.get("progress"))))
+    for epoch in range(int(config.epochs)):
+        generator.manual_seed(int(config.seed) * 1000 + epoch)
+        history.append(run_epoch(task, model, optimizer, loader, config, epoch, bool(config.progress)))
         path = os.path.join(checkpoint_root, f"epoch_{epoch}")
         os.makedirs(path, exist_ok=True)
         _save_checkpoint(path, model, optimizer, task, epoch, history)

@@ -1,8 +1,10 @@
 """Run one method stage as one Ray Train ``TorchTrainer`` run and return its best checkpoint.
 
-Scaling (workers, GPUs, resources per worker), failure handling and checkpoint selection come
-from the ``train`` section of the config (:class:`components.methods.base.RunSpec`). A run
-started again with the same name and storage path resumes from its latest checkpoint.
+This is the one training path: every stage of every method (and the serving selector's LM) is a
+:class:`components.training.spec.StageConfig` run here. Scaling (workers, GPUs, resources per
+worker), failure handling and checkpoint selection come from the ``train`` section of the config
+(:class:`components.training.spec.RunSpec`). A run started again with the same name and storage
+path resumes from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -11,16 +13,16 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from components.data import io
-from components.methods.base import RunSpec
 from components.training import checkpoints
 from components.training.checkpoints import STAGE_OUTPUT
-from components.training.loop import check_resumable, train_loop_per_worker
+from components.training.loop import train_loop_per_worker
+from components.training.resume import check_resumable
+from components.training.spec import RunSpec, StageConfig
 
 
 @dataclass
@@ -44,30 +46,17 @@ def worker_env(run: RunSpec) -> dict[str, str]:
     return env
 
 
-def run_stage(
-    method: str, stage: str, loop_config: dict[str, Any], run: RunSpec, score: str = "valid_ndcg@3"
-) -> StageResult:
-    """Train one stage with ``TorchTrainer``; the best checkpoint is chosen by ``score`` (max).
+def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
+    """Train one stage with ``TorchTrainer``; the best checkpoint is chosen by ``stage.score`` (max).
 
     Args:
-        method: Registry name of the method (its ``stage_task`` builds the worker-side task).
-        stage: Stage name.
-        loop_config: Hyper-parameters and data references for :func:`train_loop_per_worker`.
-        run: Scaling, storage and failure settings.
-        score: Reported metric that ranks checkpoints.
+        stage: What to train (the task's import string, hyper-parameters, inputs).
+        run: Scaling, storage and failure settings; they fill the stage's run name, storage,
+            seed, device and precision (:meth:`StageConfig.for_run`).
     """
     started = time.perf_counter()
-    name = f"{run.name}-{stage}"
-    config = {
-        **loop_config,
-        "method": method,
-        "stage": stage,
-        "seed": run.seed,
-        "deterministic": run.deterministic,
-        "storage_path": run.storage_path,
-        "storage_options": run.storage_options,
-        "run_name": name,
-    }
+    config = stage.for_run(run)
+    name, score = config.run_name, config.score
     previous = checkpoints.latest(run.storage_path, name, run.storage_options)
     if previous is not None:
         # Checked here, once, before any worker starts: a clear error instead of a failed run.
@@ -75,7 +64,8 @@ def run_stage(
     env = worker_env(run)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=config,
+        # Ray Train takes a dict here; it carries the one typed object.
+        train_loop_config={"stage": config},
         torch_config=TorchConfig(backend="nccl" if run.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=run.num_workers,

@@ -1,23 +1,33 @@
-"""The contract between a method's training stage and the generic Ray Train loop.
+"""The contract between a stage's task and the generic Ray Train loop.
 
-A method exposes ``stage_task(stage, config)`` returning a :class:`StageTask`; the loop in
-:mod:`components.training.loop` does everything else (devices, DDP, samplers, optimizer,
-checkpoints, resume, reporting), so every method trains the same way on CPU or GPU.
+A method names its stage's task by import string in :class:`components.training.spec.StageConfig`;
+each worker builds it with that config, and :mod:`components.training.loop` does everything else
+(devices, DDP, samplers, optimizer, precision, checkpoints, resume, reporting), so every stage of
+every method trains the same way on CPU or GPU.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 
+@runtime_checkable
 class StageTask(Protocol):
-    """One training stage of one method, built inside each Ray Train worker."""
+    """One training stage, built inside each Ray Train worker from its
+    :class:`components.training.spec.StageConfig` (``Task(config)``).
+
+    A task subclasses this protocol and implements the six steps; the two hooks have defaults
+    that do nothing special, so it overrides them only where it needs them. (A class that cannot
+    import this package, such as the shared contrastive task in ``components.encoders``, matches
+    the protocol by implementing all eight.)
+    """
 
     def build_model(self) -> nn.Module:
-        """The model at the start of the stage (fresh, or from the previous stage's checkpoint)."""
+        """The model at the start of the stage (fresh, or from the previous stage's output)."""
         ...
 
     def train_data(self) -> torch.utils.data.Dataset:
@@ -39,3 +49,12 @@ class StageTask(Protocol):
     def save_model(self, model: nn.Module, path: str) -> None:
         """Write the model to ``path`` as config JSON + safetensors (a reloadable stage output)."""
         ...
+
+    # Hooks with defaults.
+    def param_groups(self, model: nn.Module) -> Iterable[Any]:
+        """What the optimizer trains: every parameter, by default; a task may return groups, e.g.
+        a smaller learning rate for a pretrained encoder than for fresh heads."""
+        return model.parameters()
+
+    def start_epoch(self, model: nn.Module, epoch: int) -> None:
+        """Called before each epoch's batches (e.g. to refresh embeddings a task caches)."""

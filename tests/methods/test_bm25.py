@@ -11,8 +11,8 @@ from benchmarks.bm25_reproduction import PUBLISHED  # the published ToolLens BM2
 from components import methods
 from components.data.loader import load_dataset
 from components.data.tooltext import tool_document
-from components.methods.analyzers import PROFILES, Analyzer
-from components.methods.bm25 import BM25Method
+from components.methods.bm25.analyzers import PROFILES, Analyzer
+from components.methods.bm25.method import BM25Method
 from components.metrics import evaluate_retrieval
 
 CORPUS = {k: {"_id": k, "title": "", "text": v, "metadata": {}} for k, v in TOOLS.items()}
@@ -50,7 +50,7 @@ def test_save_load_round_trip_without_pickle(tmp_path):
 
 
 def test_load_uses_the_analyzer_the_index_was_built_with(tmp_path, monkeypatch):
-    from components.methods import analyzers
+    from components.methods.bm25 import analyzers
 
     m = BM25Method("lucene")
     m.index(CORPUS)

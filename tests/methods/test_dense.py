@@ -8,11 +8,12 @@ import pytest
 import torch
 from conftest import TINY_ENCODER
 
+from components.encoders.bi_encoder import BiEncoder, contrastive_loss
+from components.encoders.retriever import score_matrix
 from components.methods import load
-from components.methods.base import RunSpec
-from components.methods.dense import DenseMethod, score_matrix
-from components.methods.dense_model import BiEncoder, contrastive_loss
+from components.methods.dense.method import DenseMethod
 from components.metrics import evaluate_retrieval
+from components.training.spec import RunSpec
 
 
 def test_false_negatives_are_masked_out_of_the_loss():

@@ -12,13 +12,14 @@ from torch_geometric.utils import to_dense_adj
 
 from components.encoders import EncoderSpec, TextEncoder
 from components.methods import load
-from components.methods.base import RunSpec
-from components.methods.masstool import MassToolMethod, MassToolParams
-from components.methods.masstool_graph import build_graphs
-from components.methods.masstool_model import SUIM, AdaKT, ModelConfig
-from components.methods.masstool_net import MassToolModel
-from components.methods.masstool_task import MassToolTask, retrieval_loss
+from components.methods.masstool.graph import build_graphs
+from components.methods.masstool.layers import SUIM, AdaKT, ModelConfig
+from components.methods.masstool.method import MassToolMethod
+from components.methods.masstool.model import MassToolModel
+from components.methods.masstool.params import MassToolParams
+from components.methods.masstool.task import MassToolTask, retrieval_loss
 from components.metrics import auroc, evaluate_retrieval
+from components.training.spec import RunSpec
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +174,7 @@ def test_unseen_tool_is_embedded_from_its_text(small_quickstart, graphs):
 )
 def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):
     bi = tmp_path / "semantic"
-    from components.methods.dense_model import BiEncoder
+    from components.encoders.bi_encoder import BiEncoder
 
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(small_quickstart.queries.values()))
     BiEncoder(encoder).save(str(bi))
@@ -337,7 +338,7 @@ def test_retrieval_loss_ignores_masked_non_candidates():
 def test_frozen_encoder_uses_precomputed_embeddings(with_negatives, tmp_path):
     from dataclasses import asdict
 
-    from components.methods.dense_model import BiEncoder
+    from components.encoders.bi_encoder import BiEncoder
 
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(with_negatives.queries.values()))
     BiEncoder(encoder).save(str(tmp_path / "semantic"))
@@ -415,7 +416,7 @@ def test_small_pool_with_self_exclusion_gives_finite_gradients(small_quickstart,
 def test_detection_labels_come_from_where_the_example_came_from(with_negatives, tmp_path):
     from dataclasses import asdict
 
-    from components.methods.dense_model import BiEncoder
+    from components.encoders.bi_encoder import BiEncoder
 
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(with_negatives.queries.values()))
     BiEncoder(encoder).save(str(tmp_path / "semantic"))
@@ -434,7 +435,7 @@ def test_detection_labels_come_from_where_the_example_came_from(with_negatives, 
 def test_validation_re_embeds_the_pool_with_the_current_encoder(with_negatives, tmp_path):
     from dataclasses import asdict
 
-    from components.methods.dense_model import BiEncoder
+    from components.encoders.bi_encoder import BiEncoder
 
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(with_negatives.queries.values()))
     BiEncoder(encoder).save(str(tmp_path / "semantic"))

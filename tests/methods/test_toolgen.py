@@ -17,11 +17,11 @@ from components.generative.hallucination import hallucination_rate
 from components.generative.lm import LMSpec, build_causal_lm, save_causal_lm
 from components.generative.tool_tokens import ToolCodebook, name_embedding_rows
 from components.methods import load
-from components.methods import toolgen_data as td
-from components.methods.base import RunSpec
-from components.methods.toolgen import ToolGenMethod
-from components.methods.toolgen_task import STAGE_FILE, ToolGenTask
+from components.methods.toolgen import data as td
+from components.methods.toolgen.method import ToolGenMethod
+from components.methods.toolgen.task import STAGE_FILE, ToolGenTask
 from components.metrics import evaluate_retrieval
+from components.training.spec import RunSpec
 from workflows.train import fit_method
 
 TINY_LM = {
@@ -116,11 +116,7 @@ def test_a_pretrained_path_skips_building_and_stages_start_from_it(quickstart_12
     method = ToolGenMethod(lm={"name_or_path": str(tmp_path / "hub")})
     run = RunSpec(name="x", local_dir=str(tmp_path / "local"))
     assert method.initial_model(quickstart_1200, run) == str(tmp_path / "hub")  # loaded, not rebuilt
-    config = {
-        **method.loop_config("memorization", str(tmp_path / "hub"), quickstart_1200),
-        "stage": "memorization",
-    }
-    task = ToolGenTask(config)
+    task = ToolGenTask(method.stage_config("memorization", str(tmp_path / "hub"), quickstart_1200))
     model = task.build_model()
     assert len(task.codebook) == len(quickstart_1200.corpus)
     assert (

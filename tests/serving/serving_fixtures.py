@@ -22,9 +22,9 @@ import pytest
 from serving_helpers import SELECTOR_LM, free_port, torch_threads
 
 from components.data import open_dataset
+from components.data.registry import next_version, promote
 from components.data.types import Dataset
 from components.methods import build
-from components.registry import next_version, promote
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.models import calibrate_artifact
 
@@ -90,8 +90,8 @@ def _duplicated_dense() -> dict[str, str]:
     """
     from conftest import TINY_ENCODER, TOOLS, write_tiny_dataset
 
-    from components.methods.dense import DenseMethod
-    from components.methods.dense_model import BiEncoder
+    from components.encoders.bi_encoder import BiEncoder
+    from components.methods.dense.method import DenseMethod
 
     root = _root() / "duplicated"
     data_dir = write_tiny_dataset(root / "data")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from components.registry import promote
+from components.data.registry import promote
 
 SELECTOR_LM = {
     "vocab_size": 1000,

@@ -7,7 +7,7 @@ import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 
 from components.methods import REGISTRY
-from components.methods.bm25 import BM25Method
+from components.methods.bm25.method import BM25Method
 from components.serving.calibration import (
     artifact_key,
     best_threshold,
@@ -96,6 +96,8 @@ class _BM25WithDetect(BM25Method):
     """A method with its own detector (as MassTool has): detection by whether any term is known."""
 
     name = "bm25_detect"
+    capabilities = frozenset({"cold_start", "detect"})
+    detect_threshold = 0.5
 
     def detect(self, queries: dict[str, str]) -> dict[str, float]:
         top = {q: max(r.values(), default=0.0) for q, r in self.retrieve(queries, 1).items()}
@@ -103,7 +105,7 @@ class _BM25WithDetect(BM25Method):
 
 
 def test_method_detect_is_preferred_over_calibration(monkeypatch, dataset, tmp_path):
-    monkeypatch.setitem(REGISTRY, _BM25WithDetect.name, _BM25WithDetect)
+    monkeypatch.setitem(REGISTRY, _BM25WithDetect.name, f"{__name__}:_BM25WithDetect")
     method = _BM25WithDetect()
     method.index(dataset.corpus)
     method.save(str(tmp_path / "m" / "v0001"))  # config.json names "bm25_detect"

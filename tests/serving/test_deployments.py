@@ -19,7 +19,7 @@ from local_openai_server import LocalChatServer
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import copy_versions, deploy, half_written
 
-from components.registry import promote
+from components.data.registry import promote
 from components.serving.app import ServeArgs, user_configs
 from components.serving.deploy import deploy_config, serve_config, swap_artifact
 from components.serving.deployments import Detector, Retriever, Selector, call_each, rank_by_k, select_all

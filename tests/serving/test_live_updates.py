@@ -15,11 +15,11 @@ from conftest import TINY_ENCODER
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import Load, copy_versions, deploy, half_written
 
-from components.methods.base import RunSpec
-from components.methods.dense import DenseMethod
-from components.registry import promote
+from components.data.registry import promote
+from components.methods.dense.method import DenseMethod
 from components.serving.deploy import METRICS_COLLECTION, deploy_config, serve_config, swap_artifact
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
+from components.training.spec import RunSpec
 
 V1, V2 = "bm25/v0001", "bm25/v0002"
 

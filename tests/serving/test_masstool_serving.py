@@ -12,9 +12,9 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 from serving_helpers import deploy
 
 from components import methods
-from components.methods.base import RunSpec
-from components.methods.masstool import MassToolMethod
-from components.registry import promote
+from components.data.registry import promote
+from components.methods.masstool.method import MassToolMethod
+from components.training.spec import RunSpec
 from workflows.train import fit_method
 
 

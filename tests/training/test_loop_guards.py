@@ -4,35 +4,73 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 import torch
 
+from components.encoders.retriever import BiEncoderParams
 from components.training.checkpoints import persisted
-from components.training.loop import check_resumable, run_epoch, settings_fingerprint
+from components.training.loop import run_epoch
+from components.training.resume import check_resumable, settings_fingerprint
+from components.training.spec import StageConfig, StageInputs
+from components.training.task import StageTask
+
+
+class _NoOpTask(StageTask):
+    """A task whose validation is never reached (the epoch fails first)."""
+
+
+def stage(**changes) -> StageConfig:
+    base = StageConfig(
+        task="components.encoders.contrastive:ContrastiveTask",
+        stage="contrastive",
+        params=BiEncoderParams(encoder={"hidden_size": 64}, epochs=2),
+        inputs=StageInputs(dataset=object(), init_dir="/store/init"),
+        epochs=2,
+        lr=1e-3,
+        batch_size=32,
+    )
+    return replace(base, **changes)
 
 
 def test_fingerprint_ignores_resumable_and_non_json_settings():
-    params = {"encoder": {"hidden_size": 64}, "epochs": 2}
-    base = {"lr": 1e-3, "batch_size": 32, "params": params, "epochs": 2}
-    same = {**base, "epochs": 5, "progress": True, "dataset": object(), "report_log": "/tmp/x"}
-    same["params"] = {**base["params"], "epochs": 5}
+    base = stage()
+    # More epochs, a progress bar, a report log, another dataset object: the same run, resumable.
+    same = stage(
+        epochs=5,
+        progress=True,
+        report_log="/tmp/x",
+        params=BiEncoderParams(encoder={"hidden_size": 64}, epochs=5),
+        inputs=StageInputs(dataset=object(), init_dir="/store/init"),
+    )
     assert settings_fingerprint(base) == settings_fingerprint(same)
-    assert settings_fingerprint(base) != settings_fingerprint({**base, "lr": 2e-3})
-    nested = {**base, "params": {"encoder": {"hidden_size": 128}, "epochs": 2}}
+    assert settings_fingerprint(base) != settings_fingerprint(stage(lr=2e-3))
+    nested = stage(params=BiEncoderParams(encoder={"hidden_size": 128}, epochs=2))
     assert settings_fingerprint(base) != settings_fingerprint(nested)
+    assert settings_fingerprint(base) != settings_fingerprint(stage(precision="bf16"))
     check_resumable({"epoch": 0, "history": []}, base)  # checkpoints from before fingerprints: allowed
     check_resumable({"settings": settings_fingerprint(base)}, same)
     with pytest.raises(ValueError, match="other settings"):
-        check_resumable({"settings": settings_fingerprint(base)}, {**base, "lr": 2e-3})
+        check_resumable({"settings": settings_fingerprint(base)}, stage(lr=2e-3))
+
+
+def test_stage_config_rejects_bad_settings():
+    with pytest.raises(ValueError, match="import string"):
+        stage(task="components.encoders.contrastive.ContrastiveTask")
+    with pytest.raises(ValueError, match="precision"):
+        stage(precision="fp8")
+    with pytest.raises(ValueError, match="epochs and batch_size"):
+        stage(batch_size=0)
+    with pytest.raises(FrozenInstanceError):
+        stage().lr = 1.0  # what the driver built is what every worker trains
 
 
 def test_an_epoch_without_a_batch_is_an_error_not_loss_zero():
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.AdamW(model.parameters())
-    config = {"stage": "contrastive", "batch_size": 64}
     with pytest.raises(ValueError, match="no full training batch"):
-        run_epoch(object(), model, optimizer, [], config, 0, show_bar=False)
+        run_epoch(_NoOpTask(), model, optimizer, [], stage(batch_size=64), 0, show_bar=False)
 
 
 def write_checkpoint(root, name, epoch, state_text=None, model_files=("weights",)):

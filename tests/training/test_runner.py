@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import ray
 from conftest import TINY_ENCODER
 
-from components.methods.base import RunSpec
-from components.methods.dense import DenseMethod
+from components.methods.dense.method import DenseMethod
 from components.training.runner import run_stage
+from components.training.spec import Chaos, RunSpec
 
 
 def launch(data, tmp_path, name, epochs=3, workers=1, max_failures=0, chaos=None, batch_size=32, lr=2e-3):
@@ -27,8 +28,8 @@ def launch(data, tmp_path, name, epochs=3, workers=1, max_failures=0, chaos=None
     if not os.path.exists(init):
         method.initial_model(data, init, seed=0)
     log = str(tmp_path / f"{name}.jsonl")
-    loop = {**method.loop_config(init, ray.put(data)), "report_log": log, "chaos": chaos}
-    result = run_stage("dense", "contrastive", loop, run, score="valid_ndcg@3")
+    stage = replace(method.stage_config(init, ray.put(data)), report_log=log, chaos=chaos)
+    result = run_stage(stage, run)
     with open(log) as f:
         reports = [json.loads(line) for line in f]
     return result, reports
@@ -55,9 +56,9 @@ def test_every_epoch_checkpointed_and_best_selected(ray_session, small_quickstar
 def test_worker_killed_mid_run_resumes_without_losing_or_repeating_epochs(
     ray_session, small_quickstart, tmp_path
 ):
-    chaos = {"kill_at_epoch": 2, "marker": str(tmp_path / "killed")}
+    chaos = Chaos(kill_at_epoch=2, marker=str(tmp_path / "killed"))
     result, reports = launch(small_quickstart, tmp_path, "chaos", epochs=4, max_failures=1, chaos=chaos)
-    assert os.path.exists(chaos["marker"])  # the worker really died once
+    assert os.path.exists(chaos.marker)  # the worker really died once
     assert [r["epoch"] for r in reports] == [0, 1, 2, 3]
     assert len({r["pid"] for r in reports}) == 2  # epochs 0-1 and 2-3 ran in different worker processes
     assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]

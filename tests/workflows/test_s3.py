@@ -87,10 +87,10 @@ def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart,
     import ray
     from conftest import TINY_ENCODER
 
-    from components.methods.base import RunSpec
-    from components.methods.dense import DenseMethod
+    from components.methods.dense.method import DenseMethod
     from components.training import checkpoints
     from components.training.runner import run_stage
+    from components.training.spec import RunSpec
 
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="train")
     # The options travel with the filesystem object to Ray's controller and workers, whose
@@ -101,8 +101,7 @@ def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart,
     run = RunSpec(
         name="s3run", storage_path="s3://train/runs", local_dir=str(tmp_path / "local"), storage_options=opts
     )
-    loop = method.loop_config(str(tmp_path / "init"), ray.put(small_quickstart))
-    result = run_stage("dense", "contrastive", loop, run)
+    result = run_stage(method.stage_config(str(tmp_path / "init"), ray.put(small_quickstart)), run)
     stored = checkpoints.persisted("s3://train/runs", "s3run-contrastive", opts)
     assert [state["epoch"] for _, state in stored] == [0, 1]
     assert all(path.startswith("s3://train/runs/s3run-contrastive/checkpoint_") for path, _ in stored)
@@ -119,10 +118,10 @@ def test_stage_inputs_travel_through_storage_not_the_driver_disk(
     from conftest import TINY_ENCODER
 
     from components.data import io
-    from components.methods.base import RunSpec
-    from components.methods.dense import DenseMethod
+    from components.methods.dense.method import DenseMethod
     from components.training import inputs
     from components.training.runner import run_stage
+    from components.training.spec import RunSpec
 
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="shared")
     opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
@@ -139,10 +138,10 @@ def test_stage_inputs_travel_through_storage_not_the_driver_disk(
     # A GPU worker node cannot read the driver's disk: with the local copy gone, training still runs
     # (the worker downloads the input itself; nothing on the driver fetched it before).
     shutil.rmtree(init)
-    result = run_stage("dense", "contrastive", method.loop_config(source, ray.put(small_quickstart)), run)
+    result = run_stage(method.stage_config(source, ray.put(small_quickstart)), run)
     assert [h["epoch"] for h in result.history] == [0]
     assert result.model_uri.startswith("s3://shared/runs/inputs-contrastive/checkpoint_")
-    assert sorted(os.listdir(inputs.fetch(source, opts))) == files
+    assert sorted(os.listdir(io.fetch(source, opts))) == files
     # Hub names and URLs pass through; with local storage a directory outside it is copied in.
     assert inputs.share("meta-llama/Meta-Llama-3-8B", run, "n") == "meta-llama/Meta-Llama-3-8B"
     assert inputs.share(source, run, "n") == source

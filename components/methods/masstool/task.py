@@ -18,15 +18,18 @@ import ray
 import torch
 import torch.nn.functional as F
 
+from components.data import io
+from components.data.tooltext import tool_texts
 from components.data.types import Dataset
-from components.methods.dense import tool_texts
-from components.methods.dense_model import BiEncoder
-from components.methods.masstool import MassToolMethod, MassToolParams
-from components.methods.masstool_graph import build_graphs
-from components.methods.masstool_net import MassToolModel
+from components.encoders.bi_encoder import BiEncoder
+from components.methods.masstool.graph import build_graphs
+from components.methods.masstool.method import MassToolMethod
+from components.methods.masstool.model import MassToolModel
+from components.methods.masstool.params import MassToolParams
 from components.metrics import detection_metrics, evaluate_retrieval
-from components.training.inputs import fetch
 from components.training.loop import unwrap
+from components.training.spec import StageConfig
+from components.training.task import StageTask
 
 
 def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
@@ -47,15 +50,13 @@ def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor
     return per_pair.sum() / relevant.sum()
 
 
-class MassToolTask:
-    """The joint stage (see ``components.training.task.StageTask``)."""
+class MassToolTask(StageTask):
+    """The joint stage, starting from the semantic stage's bi-encoder (``config.inputs.init_dir``)."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: StageConfig) -> None:
         self.config = config
-        self.params = MassToolParams(
-            **{**config["params"], "tool_fields": tuple(config["params"]["tool_fields"])}
-        )
-        data = config["dataset"]
+        self.params: MassToolParams = config.params
+        data = config.inputs.dataset
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
         self.graphs = build_graphs(self.data)
         self.tool_index = {t: i for i, t in enumerate(self.graphs.tool_ids)}
@@ -63,7 +64,8 @@ class MassToolTask:
         self._semantic: torch.Tensor | None = None  # per-example embeddings when the encoder is frozen
 
     def build_model(self) -> MassToolModel:
-        semantic = fetch(self.config["semantic_dir"], self.config.get("storage_options"))
+        assert self.config.inputs.init_dir is not None, "the joint stage starts from the semantic stage"
+        semantic = io.fetch(self.config.inputs.init_dir, self.config.storage_options)
         encoder = BiEncoder.load(semantic).encoder
         model = MassToolModel(encoder, self.graphs, self.params.model_config())
         if not self.params.finetune_encoder:

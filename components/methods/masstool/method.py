@@ -3,9 +3,9 @@
 Two stages, each one Ray Train run through :func:`components.training.runner.run_stage`:
 
 1. ``semantic`` — the dense bi-encoder's contrastive stage (text tower only) learns the query and
-   tool encoder (:mod:`components.methods.dense_task`).
+   tool encoder (:mod:`components.encoders.contrastive`, shared with the dense method).
 2. ``joint`` — the detection tower, QC-GCN, SUIM and AdaKT train together on
-   ``L = L_retrieval + λ · L_detection + β · L_contrastive`` (:mod:`components.methods.masstool_task`),
+   ``L = L_retrieval + λ · L_detection + β · L_contrastive`` (:mod:`.task`),
    fine-tuning the encoder at a smaller learning rate.
 
 Every module is a config switch for ablations (``graph``, ``suim``, ``dynamic_filter``, ``adakt``,
@@ -18,95 +18,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import asdict
+from typing import Any, ClassVar
 
 import numpy as np
 import ray
 import torch
 
-from components.data.tooltext import TOOL_FIELDS
+from components.data.registry import publish_dir
+from components.data.tooltext import tool_texts
 from components.data.types import Corpus, Dataset, Queries, Results
-from components.methods.base import RunSpec, read_config, write_config
-from components.methods.dense import DenseMethod, DenseParams, tool_texts, top_k
-from components.methods.masstool_model import ModelConfig
-from components.methods.masstool_net import MassToolModel
-from components.metrics import EPOCH_METRICS, check_select_metric
-from components.registry import publish_dir
+from components.encoders import contrastive
+from components.encoders.retriever import initial_bi_encoder, top_k
+from components.methods.base import read_config, write_config
+from components.methods.masstool.model import MassToolModel
+from components.methods.masstool.params import MassToolParams
 from components.training.inputs import share
+from components.training.spec import RunSpec, StageConfig, StageInputs
 
-if TYPE_CHECKING:
-    from components.training.task import StageTask
-
-
-# What the joint stage computes on valid every epoch (detection ones need valid no-tool queries).
-# ``joint`` is the mean of ndcg@3 and detection accuracy: it selects the epoch that serves both
-# towers, where retrieval alone saturates early (quickstart) while the detector is still learning.
-JOINT_METRICS = (*EPOCH_METRICS, "ndcg@5", "detect_accuracy", "detect_f1", "detect_auroc", "joint")
-
-
-@dataclass
-class MassToolParams:
-    """Hyper-parameters (the ``method.params`` config section). Model switches mirror ModelConfig."""
-
-    # Semantic stage: the encoder spec and DenseParams overrides (epochs, lr, batch_size, ...).
-    encoder: dict[str, Any] = field(default_factory=dict)
-    semantic: dict[str, Any] = field(default_factory=dict)
-    semantic_init: str | None = None  # start from this trained semantic-stage model dir instead
-    semantic_cache: str | None = None  # reuse semantic stages with identical settings and data
-    # Joint stage.
-    epochs: int = 4
-    batch_size: int = 256
-    lr: float = 1e-3
-    encoder_lr: float = 1e-4
-    weight_decay: float = 0.0
-    finetune_encoder: bool = True
-    detection_weight: float = 0.5  # λ
-    contrastive_weight: float = 0.1  # β
-    detect_threshold: float = 0.5
-    # Model (see components.methods.masstool_model.ModelConfig).
-    dim: int = 128
-    detection_hidden: int = 128
-    layers: int = 2  # L
-    edge_dropout: float = 0.1
-    graph: bool = True
-    cl_temperature: float = 0.2
-    hide_batch_edges: bool = True  # leave a training query's own edges out of its step's graph
-    suim: bool = True
-    neighbours: int = 10  # K
-    epsilon: float = 0.5  # ε
-    dynamic_filter: bool = True
-    adakt: str = "gate"
-    temperature: float = 0.05
-    tool_fields: tuple[str, ...] = TOOL_FIELDS
-    tool_max_length: int = 96
-    select_metric: str = "ndcg@3"
-    progress: bool = False
-
-    def __post_init__(self) -> None:
-        check_select_metric("masstool", self.select_metric, JOINT_METRICS)
-
-    def model_config(self) -> ModelConfig:
-        """The architecture part of these parameters."""
-        names = {f.name for f in fields(ModelConfig)}
-        return ModelConfig(
-            **{k: v for k, v in asdict(self).items() if k in names},
-            contrastive=self.contrastive_weight > 0,
-        )
-
-    def dense_params(self) -> DenseParams:
-        """The semantic stage's settings: the dense text tower (no ID head: the graph learns ids)."""
-        base = {
-            "encoder": self.encoder,
-            "id_head": False,
-            "epochs": 3,
-            "tool_fields": self.tool_fields,
-            "tool_max_length": self.tool_max_length,
-            # No ``select_metric`` here: the stage selects on its own (``semantic.select_metric``,
-            # DenseParams' default), since the joint stage's metric, e.g. detection accuracy, is
-            # one a text-only stage does not report.
-        }
-        return DenseParams(**{**base, **self.semantic})
+JOINT_TASK = "components.methods.masstool.task:MassToolTask"
 
 
 # Bumped when the semantic stage's code changes what it produces for equal settings and data, so
@@ -122,6 +52,8 @@ class MassToolMethod:
 
     name: ClassVar[str] = "masstool"
     stages: ClassVar[tuple[str, ...]] = ("semantic", "joint")
+    # cold_start: a tool added after training gets its vector from its text (the frozen entry).
+    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "detect", "cold_start"})
 
     def __init__(self, **params: Any) -> None:
         params = {k: tuple(v) if k == "tool_fields" else v for k, v in params.items()}
@@ -139,21 +71,13 @@ class MassToolMethod:
         method.model = model
         return method
 
-    @classmethod
-    def stage_task(cls, stage: str, config: dict[str, Any]) -> StageTask:
-        """The worker-side task of ``stage``: the dense contrastive task, or the joint MassTool task."""
-        if stage == "semantic":
-            from components.methods.dense_task import DenseTask
-
-            return DenseTask(config)
-        if stage == "joint":
-            from components.methods.masstool_task import MassToolTask
-
-            return MassToolTask(config)
-        raise ValueError(f"masstool has stages {cls.stages}, not {stage!r}")
-
     def config(self) -> dict[str, Any]:
         return asdict(self.params)
+
+    @property
+    def detect_threshold(self) -> float:
+        """The probability from which :meth:`detect` says a query needs a tool."""
+        return self.params.detect_threshold
 
     # ----------------------------------------------------------------- training
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
@@ -172,10 +96,9 @@ class MassToolMethod:
                 f"masstool: select_metric {metric!r} needs no-tool queries in the "
                 "valid split, and this dataset has none"
             )
-        params = asdict(self.params)
-        semantic = share(self.semantic_dir, run, f"{run.name}-semantic")
-        loop = {**params, "params": params, "semantic_dir": semantic, "dataset": ray.put(data)}
-        result = run_stage(self.name, stage, loop, run, score=f"valid_{self.params.select_metric}")
+        inputs = StageInputs(ray.put(data), share(self.semantic_dir, run, f"{run.name}-semantic"))
+        config = StageConfig.from_params(JOINT_TASK, "joint", self.params, inputs)
+        result = run_stage(config, run)
         self.model = MassToolModel.load(result.model_dir)
         return {**result.metrics, "stage_seconds": result.seconds}
 
@@ -212,11 +135,12 @@ class MassToolMethod:
             if os.path.exists(os.path.join(cached, "bi_encoder.json")):
                 self.semantic_dir = cached
                 return {"reused": 1.0}
-        dense = DenseMethod(**asdict(self.params.dense_params()))
+        dense = self.params.dense_params()
         init_dir = os.path.join(run.local_dir, f"{run.name}-semantic-init")
-        dense.initial_model(data, init_dir, run.seed)
-        loop = dense.loop_config(share(init_dir, run, f"{run.name}-semantic-init"), ray.put(data))
-        result = run_stage(self.name, "semantic", loop, run, score=f"valid_{dense.params.select_metric}")
+        initial_bi_encoder(dense, data, init_dir, run.seed)
+        inputs = StageInputs(ray.put(data), share(init_dir, run, f"{run.name}-semantic-init"))
+        config = StageConfig.from_params(contrastive.TASK, "semantic", dense, inputs)
+        result = run_stage(config, run)
         self.semantic_dir = result.model_dir
         if cached:
             publish_dir(result.model_dir, cached)

@@ -7,8 +7,9 @@ Two views over the training split only (valid/test edges would leak labels into 
   kind of request needs), with the scene–tool map used to read tool embeddings off this view.
 
 Edges are stored as PyTorch Geometric ``edge_index`` tensors in both directions, so that
-``LGConv`` propagates queries → tools and tools → queries. The same builders preprocessing uses
-(:mod:`components.data.graphs`) give the pairs, so the graphs equal the saved npz artifacts.
+``LGConv`` propagates queries → tools and tools → queries. The edges are read off the graphs that
+``toolscout preprocess`` built with Ray Data (``graphs/*.npz`` of the prepared directory), or off
+the same build run in-process for a raw dataset.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from components.data.graphs import IdMap, incidence, qrels_pairs
+from components.data.graphs import GRAPH_SPLIT, SparseGraph, incidence, training_graphs
 from components.data.types import Dataset
 
 GRAPH_FILE = "graph.npz"
@@ -109,27 +110,51 @@ class QueryGraphs:
             )
 
 
-def build_graphs(data: Dataset, split: str = "train") -> QueryGraphs:
-    """The graphs of ``split``'s queries (training queries only; see the module docstring)."""
-    qrels = data.qrels[split]
-    query_ids = list(qrels)
+def _edges(graph: SparseGraph, rows: dict[str, int], cols: dict[str, int]) -> np.ndarray:
+    """``(2, E)`` (row index, column index) of ``graph``'s pairs in the given node orders, sorted
+    by row then column (the order the edges had when built from qrels), rows outside ``rows`` or
+    columns outside ``cols`` left out."""
+    pairs = [(rows[a], cols[b]) for a, b in graph.pairs() if a in rows and b in cols]
+    arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]
+    return arr.T.copy()
+
+
+def build_graphs(data: Dataset) -> QueryGraphs:
+    """The training queries' graphs, from what preprocessing built with Ray Data (or the same build
+    in-process for a raw dataset: :func:`components.data.graphs.training_graphs`).
+
+    Node orders are the training qrels' query order and the corpus's tool order, so the model's
+    rows line up with the dataset however the graphs were built.
+
+    Raises:
+        ValueError: the prepared graphs are not those of this dataset's training split (e.g. a
+            dataset whose qrels were changed after loading): re-run preprocessing, or clear
+            ``data.graphs`` to build them here.
+    """
+    graphs = training_graphs(data)
+    query_ids = list(data.qrels[GRAPH_SPLIT])
     tool_ids = list(data.corpus)
-    qmap, tmap = IdMap(tuple(query_ids)), IdMap(tuple(tool_ids))
-    qi, ti = qrels_pairs(qrels, qmap, tmap)
-    scenes = data.query_scene.get(split, {})
-    scene_ids = sorted({scenes[q] for q in query_ids if q in scenes})
-    sidx, qidx = {s: i for i, s in enumerate(scene_ids)}, qmap.index()
-    qs = np.asarray([(qidx[q], sidx[scenes[q]]) for q in query_ids if q in scenes], dtype=np.int64)
-    tidx = tmap.index()
-    st = np.asarray(
-        [(sidx[s], tidx[t]) for s in scene_ids for t in data.scene_tool.get(s, []) if t in tidx],
-        dtype=np.int64,
-    )
+    qt = graphs["query_tool"]
+    if set(qt.rows.ids) != set(query_ids) or set(qt.cols.ids) != set(tool_ids):
+        raise ValueError(
+            f"{data.name}: the prepared query_tool graph has {len(qt.rows)} queries x {len(qt.cols)} tools, "
+            f"the dataset {len(query_ids)} training queries x {len(tool_ids)} tools; re-run preprocessing"
+        )
+    qidx = {q: i for i, q in enumerate(query_ids)}
+    tidx = {t: i for i, t in enumerate(tool_ids)}
+    scene_ids: list[str] = []
+    query_scene = scene_tool = np.zeros((2, 0), dtype=np.int64)
+    if "query_scene" in graphs:
+        scene_ids = sorted(graphs["query_scene"].cols.ids)
+        sidx = {s: i for i, s in enumerate(scene_ids)}
+        query_scene = _edges(graphs["query_scene"], qidx, sidx)
+        scene_tool = _edges(graphs["scene_tool"], sidx, tidx)
     return QueryGraphs(
         query_ids=query_ids,
         tool_ids=tool_ids,
         scene_ids=scene_ids,
-        query_tool=np.stack([qi, ti]),
-        query_scene=qs.reshape(-1, 2).T.copy(),
-        scene_tool=st.reshape(-1, 2).T.copy(),
+        query_tool=_edges(qt, qidx, tidx),
+        query_scene=query_scene,
+        scene_tool=scene_tool,
     )

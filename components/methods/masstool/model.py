@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from components.encoders import TextEncoder
-from components.methods.masstool_graph import QueryGraphs
-from components.methods.masstool_model import QCGCN, SUIM, AdaKT, DetectionTower, ModelConfig
+from components.methods.masstool.graph import QueryGraphs
+from components.methods.masstool.layers import QCGCN, SUIM, AdaKT, DetectionTower, ModelConfig
 
 HEADS = "heads.safetensors"
 META = "masstool.json"

@@ -15,8 +15,9 @@ import numpy as np
 
 from components.data.tooltext import tool_document
 from components.data.types import Corpus, Dataset, Queries, Results
-from components.methods.analyzers import PROFILES, Analyzer
-from components.methods.base import RunSpec, read_config, write_config
+from components.methods.base import read_config, write_config
+from components.methods.bm25.analyzers import PROFILES, Analyzer
+from components.training.spec import RunSpec
 
 # bm25s's scoring variants (Kamphuis et al., "Which BM25 Do You Mean?", ECIR 2020).
 VARIANTS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -39,6 +40,8 @@ class BM25Method:
 
     name: ClassVar[str] = "bm25"
     stages: ClassVar[tuple[str, ...]] = ()
+    # cold_start: any tool with a text is indexed, whether or not training queries name it.
+    capabilities: ClassVar[frozenset[str]] = frozenset({"cold_start"})
 
     def __init__(
         self,

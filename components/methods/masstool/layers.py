@@ -27,7 +27,7 @@ from torch import nn
 from torch_geometric.nn import LGConv
 from torch_geometric.utils import dropout_edge
 
-from components.methods.masstool_graph import QueryGraphs
+from components.methods.masstool.graph import QueryGraphs
 
 ADAKT_MODES = ("gate", "attention", "concat", "add", "none")
 

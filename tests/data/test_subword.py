@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
+from components.data.subword import learn_bpe, merge_pair
 from components.encoders import train_wordpiece
-from components.encoders.subword import learn_bpe, merge_pair
 from components.generative.lm import train_bpe
 
 TEXTS = [

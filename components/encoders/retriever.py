@@ -1,43 +1,36 @@
-"""Dense retrieval: a bi-encoder trained with in-batch negatives, plus an optional tool-ID head.
+"""Bi-encoder retrieval over a tool catalogue: the scoring part of the dense method, shared by
+MassTool, whose semantic stage trains the same bi-encoder.
 
 The text tower follows the dense baselines of the tool-retrieval papers (COLT, CIKM 2024;
 MassTool, arXiv 2507.00487): queries and tool documents share an encoder, trained with the
-multiple-negatives ranking loss, with other relevant tools of a multi-tool query masked out of the
-negatives. The ID head (one learned vector per training tool) adds a classifier-style score;
-``mix`` weighs the two at retrieval time and is selected on valid. Unseen tools (cold start) have
-no ID vector and are scored by their text alone.
+multiple-negatives ranking loss (:mod:`components.encoders.contrastive`). The optional ID head
+(one learned vector per training tool) adds a classifier-style score; ``mix`` weighs the two at
+retrieval time and is selected on valid. Unseen tools (cold start) have no ID vector and are
+scored by their text alone.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-import ray
 import torch
 
-from components.data.tooltext import TOOL_FIELDS, tool_document
+from components.data.tooltext import TOOL_FIELDS, tool_texts
 from components.data.types import Corpus, Dataset, Queries, Results
-from components.encoders import TextEncoder
-from components.encoders.text_encoder import spec_from
-from components.methods.base import RunSpec, read_config, write_config
-from components.methods.dense_model import BiEncoder
+from components.encoders.bi_encoder import BiEncoder
+from components.encoders.text_encoder import TextEncoder, spec_from
 from components.metrics import check_select_metric, evaluate_retrieval
-from components.training.inputs import share
-
-if TYPE_CHECKING:
-    from components.methods.dense_task import DenseTask
 
 # (queries, k) -> (scores, indices), as faiss's Index.search returns them.
 Searcher = Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
-class DenseParams:
-    """Hyper-parameters of the dense method (the ``method.params`` config section)."""
+class BiEncoderParams:
+    """Hyper-parameters of a bi-encoder and its contrastive stage (dense's ``method.params``)."""
 
     encoder: dict[str, Any] | str = field(default_factory=dict)  # EncoderSpec fields, or a hub name/path
     id_head: bool = True
@@ -57,11 +50,6 @@ class DenseParams:
 
     def __post_init__(self) -> None:
         check_select_metric("dense", self.select_metric)
-
-
-def tool_texts(corpus: Corpus, ids: list[str], fields: tuple[str, ...]) -> list[str]:
-    """The text tower's input for each tool id."""
-    return [tool_document(corpus[t], list(fields)) for t in ids]
 
 
 def combined_tools(tools: torch.Tensor, ids: torch.Tensor | None, mix: float) -> torch.Tensor:
@@ -96,40 +84,30 @@ def top_k(scores: torch.Tensor, qids: list[str], tool_ids: list[str], k: int) ->
     }
 
 
-class DenseMethod:
-    """Bi-encoder dense retrieval with an optional tool-ID head (see module docstring)."""
+def initial_bi_encoder(params: BiEncoderParams, data: Dataset, path: str, seed: int) -> None:
+    """Train the tokenizer on tools + training queries, build the bi-encoder, save it to ``path``."""
+    texts = tool_texts(data.corpus, list(data.corpus), params.tool_fields)
+    texts += [data.queries[q] for q in data.qrels["train"]]
+    torch.manual_seed(seed)  # the ID head is initialised here, also on top of a hub backbone
+    encoder = TextEncoder.from_spec(spec_from(params.encoder), texts, seed=seed)
+    position = {t: i for i, t in enumerate(data.corpus)}
+    train_tools = sorted({t for rel in data.qrels["train"].values() for t in rel}, key=position.__getitem__)
+    BiEncoder(encoder, train_tools if params.id_head else None).save(path)
 
-    name: ClassVar[str] = "dense"
-    stages: ClassVar[tuple[str, ...]] = ("contrastive",)
 
-    def __init__(self, **params: Any) -> None:
-        self.params = DenseParams(**params)
-        self.mix = self.params.mix if self.params.id_head else 0.0
-        self.model: BiEncoder | None = None
+class BiEncoderRetriever:
+    """A bi-encoder indexed over a catalogue: text tower, optional ID head, and their mix."""
+
+    def __init__(self, params: BiEncoderParams, model: BiEncoder | None = None) -> None:
+        self.params = params
+        self.mix = params.mix if params.id_head else 0.0
+        self.model = model
         self.tool_ids: list[str] = []
         self._tools: torch.Tensor | None = None
         self._ids: torch.Tensor | None = None
 
-    @classmethod
-    def from_model(cls, model: BiEncoder, params: DenseParams) -> DenseMethod:
-        method = cls(**asdict(params))
-        method.model = model
-        return method
-
-    @classmethod
-    def stage_task(cls, stage: str, config: dict[str, Any]) -> DenseTask:
-        """The worker-side training task of ``stage`` (see :mod:`components.training.task`)."""
-        from components.methods.dense_task import DenseTask
-
-        if stage != "contrastive":
-            raise ValueError(f"dense has stages {cls.stages}, not {stage!r}")
-        return DenseTask(config)
-
-    def config(self) -> dict[str, Any]:
-        return {**asdict(self.params), "mix": self.mix}
-
     def variants(self) -> dict[str, float]:
-        """Scoring modes reported by ``bench``: text tower, ID head and their selected mix.
+        """Scoring modes: text tower, ID head and their selected mix.
 
         Tools the ID head has no vector for (added after training, ``test_unseen``) are scored by
         their text in every mode, so ``id`` rows on unseen tools are text scores for those tools.
@@ -137,35 +115,6 @@ class DenseMethod:
         if self.model is None or self.model.id_embeddings is None:
             return {"text": 0.0}
         return {"text": 0.0, "id": 1.0, "mixed": self.mix}
-
-    def initial_model(self, data: Dataset, path: str, seed: int) -> None:
-        """Train the tokenizer on tools + training queries, build the model, save it to ``path``."""
-        texts = tool_texts(data.corpus, list(data.corpus), self.params.tool_fields)
-        texts += [data.queries[q] for q in data.qrels["train"]]
-        torch.manual_seed(seed)  # the ID head is initialised here, also on top of a hub backbone
-        encoder = TextEncoder.from_spec(spec_from(self.params.encoder), texts, seed=seed)
-        position = {t: i for i, t in enumerate(data.corpus)}
-        train_tools = sorted(
-            {t for rel in data.qrels["train"].values() for t in rel}, key=position.__getitem__
-        )
-        BiEncoder(encoder, train_tools if self.params.id_head else None).save(path)
-
-    def loop_config(self, init_dir: str, dataset: Dataset | ray.ObjectRef) -> dict[str, Any]:
-        """What the generic training loop reads (lr, epochs, batch size at the top level) and the task."""
-        params = asdict(self.params)
-        return {**params, "params": params, "init_dir": init_dir, "dataset": dataset}
-
-    def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
-        """Run the contrastive stage on Ray Train, keep the best checkpoint, select ``mix`` on valid."""
-        from components.training.runner import run_stage
-
-        init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
-        self.initial_model(data, init_dir, run.seed)
-        loop = self.loop_config(share(init_dir, run, f"{run.name}-init"), ray.put(data))
-        result = run_stage(self.name, stage, loop, run, score=f"valid_{self.params.select_metric}")
-        self.model = BiEncoder.load(result.model_dir)
-        self.select_mix(data)
-        return {**result.metrics, "mix": self.mix, "stage_seconds": result.seconds}
 
     def select_mix(self, data: Dataset) -> None:
         """Pick the text/ID mixing weight on valid (never test)."""
@@ -214,9 +163,7 @@ class DenseMethod:
                 }
         return out
 
-    def _faiss_search(
-        self, matrix: torch.Tensor
-    ) -> Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]:
+    def _faiss_search(self, matrix: torch.Tensor) -> Searcher:
         """An exact inner-product FAISS index over ``matrix`` (install the ``faiss`` extra)."""
         try:
             import faiss
@@ -225,28 +172,6 @@ class DenseMethod:
         index = faiss.IndexFlatIP(matrix.shape[1])
         index.add(matrix.numpy().astype(np.float32))
         return lambda q, k: index.search(q.numpy().astype(np.float32), k)
-
-    def save(self, path: str) -> None:
-        """``config.json`` + the bi-encoder (HF encoder, safetensors heads) + the tool index (.npy)."""
-        if self.model is None or self._tools is None:
-            raise RuntimeError("dense: nothing to save; fit/load and index first")
-        write_config(path, {"method": self.name, **self.config(), "tool_ids": self.tool_ids})
-        self.model.save(os.path.join(path, "model"))
-        np.save(os.path.join(path, "tool_embeddings.npy"), self._tools.numpy())
-
-    @classmethod
-    def load(cls, path: str) -> DenseMethod:
-        config = read_config(path)
-        tool_ids, mix = config.pop("tool_ids"), config.pop("mix")
-        config.pop("method")
-        config = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
-        method = cls(**config)
-        method.model = BiEncoder.load(os.path.join(path, "model"))
-        method.mix = mix
-        method.tool_ids = tool_ids
-        method._tools = torch.from_numpy(np.load(os.path.join(path, "tool_embeddings.npy")))
-        method.index_ids()
-        return method
 
     def index_ids(self) -> None:
         """Re-align the ID table to ``tool_ids`` (after load, without re-embedding tool texts)."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any
 
 import ray
 import torch
 
+from components.data import io
 from components.data.types import Dataset
 from components.generative.bundle import load_bundle, save_bundle
 from components.generative.constrained import constrained_top_k
@@ -23,31 +23,33 @@ from components.generative.lm import lm_spec_from
 from components.generative.perplexity import perplexity
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
 from components.generative.tool_tokens import add_tool_tokens
-from components.methods import toolgen_data as td
-from components.methods.toolgen_params import ToolGenParams
+from components.methods.toolgen import data as td
+from components.methods.toolgen.params import ToolGenParams
 from components.metrics import EPOCH_METRICS, evaluate_retrieval
-from components.training.inputs import fetch
+from components.training.spec import StageConfig
+from components.training.task import StageTask
 
 STAGE_FILE = "toolgen_stage.json"
 
 
-class ToolGenTask:
-    """One ToolGen stage (``config["stage"]``): data, loss, validation and the saved output."""
+class ToolGenTask(StageTask):
+    """One ToolGen stage (``config.stage``): data, loss, validation and the saved output."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: StageConfig) -> None:
         self.config = config
-        self.stage: str = config["stage"]
-        self.params = ToolGenParams(**config["params"])
+        self.stage: str = config.stage
+        self.params: ToolGenParams = config.params
         self.settings = self.params.stages[self.stage]
-        data = config["dataset"]
+        data = config.inputs.dataset
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
-        self.seed = int(config.get("seed", 0))
+        self.seed = int(config.seed)
         self.tools = td.known_tools(self.data)
         self.examples: list[LMExample] = []
 
     def build_model(self) -> TargetedLM:
         dtype = lm_spec_from(self.params.lm).dtype
-        source = fetch(self.config["init_dir"], self.config.get("storage_options"))
+        assert self.config.inputs.init_dir is not None, "every ToolGen stage starts from a saved LM"
+        source = io.fetch(self.config.inputs.init_dir, self.config.storage_options)
         lm, self.tokenizer, self.codebook = load_bundle(source, dtype)
         if self.stage != "warmup":
             add_tool_tokens(lm, self.tokenizer, td.tool_names(self.data.corpus, self.tools), self.codebook)
@@ -161,4 +163,4 @@ class ToolGenTask:
         save_bundle(model.lm, self.tokenizer, self.codebook, path)
         # Provenance: which stage wrote this and what it started from (the previous stage's output).
         with open(os.path.join(path, STAGE_FILE), "w") as f:
-            json.dump({"stage": self.stage, "init_dir": self.config["init_dir"]}, f)
+            json.dump({"stage": self.stage, "init_dir": self.config.inputs.init_dir}, f)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import ray
 
@@ -27,13 +27,13 @@ from components.generative.perplexity import perplexity
 from components.generative.targeted import TargetedLM
 from components.generative.tool_tokens import ToolCodebook, add_tool_tokens
 from components.generative.trie import TokenTrie
-from components.methods import toolgen_data as td
-from components.methods.base import RunSpec, read_config, write_config
-from components.methods.toolgen_params import STAGES, ToolGenParams
+from components.methods.base import read_config, write_config
+from components.methods.toolgen import data as td
+from components.methods.toolgen.params import STAGES, ToolGenParams
 from components.training.inputs import share
+from components.training.spec import RunSpec, StageConfig, StageInputs
 
-if TYPE_CHECKING:
-    from components.methods.toolgen_task import ToolGenTask
+TASK = "components.methods.toolgen.task:ToolGenTask"
 
 
 class ToolGenMethod:
@@ -41,6 +41,8 @@ class ToolGenMethod:
 
     name: ClassVar[str] = "toolgen"
     stages: ClassVar[tuple[str, ...]] = STAGES
+    # No cold_start: a tool needs its own token, learned in training, before it can be generated.
+    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "generate", "candidates"})
 
     def __init__(self, **params: Any) -> None:
         self.params = ToolGenParams(**params)
@@ -54,15 +56,6 @@ class ToolGenMethod:
         self.codebook = ToolCodebook()
         self._trie: TokenTrie | None = None
         self._names: dict[str, str] = {}
-
-    @classmethod
-    def stage_task(cls, stage: str, config: dict[str, Any]) -> ToolGenTask:
-        """The worker-side training task of ``stage`` (see :mod:`components.training.task`)."""
-        from components.methods.toolgen_task import ToolGenTask
-
-        if stage not in cls.stages:
-            raise ValueError(f"toolgen has stages {cls.stages}, not {stage!r}")
-        return ToolGenTask(config)
 
     @classmethod
     def from_dir(cls, model_dir: str, params: dict[str, Any] | None = None) -> ToolGenMethod:
@@ -91,17 +84,22 @@ class ToolGenMethod:
         save_causal_lm(lm, tokenizer, path)
         return path
 
-    def loop_config(self, stage: str, init_dir: str, dataset: Dataset | ray.ObjectRef) -> dict[str, Any]:
-        """What the generic loop reads (lr, epochs, batch size at the top level) and the task."""
+    def stage_config(self, stage: str, init_dir: str, dataset: Dataset | ray.ObjectRef) -> StageConfig:
+        """One stage for the runner: its own epochs, lr and batch size (``params.stages[stage]``),
+        checkpoints ranked by the task's ``score`` (the stage's own validation measure)."""
         settings = self.params.stages[stage]
-        return {
-            **settings,
-            "weight_decay": settings.get("weight_decay", 0.0),
-            "progress": self.params.progress,
-            "params": asdict(self.params),
-            "init_dir": init_dir,
-            "dataset": dataset,
-        }
+        return StageConfig(
+            task=TASK,
+            stage=stage,
+            params=self.params,
+            inputs=StageInputs(dataset=dataset, init_dir=init_dir),
+            epochs=int(settings["epochs"]),
+            lr=float(settings["lr"]),
+            batch_size=int(settings["batch_size"]),
+            weight_decay=float(settings.get("weight_decay", 0.0)),
+            score="valid_score",
+            progress=self.params.progress,
+        )
 
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
         """Run one stage on Ray Train from the previous stage's best checkpoint (``epochs: 0`` skips)."""
@@ -121,8 +119,7 @@ class ToolGenMethod:
         if stage == "warmup" and lm_spec_from(self.params.lm).name_or_path:
             epochs = 0  # a pretrained LM already knows the language; the warm-up is for scratch LMs
         if epochs > 0:
-            loop = self.loop_config(stage, source, ray.put(data))
-            result = run_stage(self.name, stage, loop, run, score="valid_score")
+            result = run_stage(self.stage_config(stage, source, ray.put(data)), run)
             self.stage_dirs[stage] = result.model_dir
             self._stage_sources[stage] = result.model_uri
             out = {**result.metrics, "stage_seconds": result.seconds}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from components.registry import LATEST, promote, reserve_version, resolve, versions
+from components.data.registry import LATEST, promote, reserve_version, resolve, versions
 from workflows.train import run_spec
 
 

@@ -1,38 +1,52 @@
-"""The contrastive training stage of the dense method, built inside each Ray Train worker.
+"""The bi-encoder's contrastive training stage (dense's only stage, MassTool's semantic stage),
+built inside each Ray Train worker.
 
 It turns the training qrels into (query, positive tool, all relevant tools) examples, batches
 them with pre-tokenized tool documents, and computes the in-batch text loss plus the ID-head loss
-(see :func:`components.methods.dense_model.contrastive_loss`).
+(see :func:`components.encoders.bi_encoder.contrastive_loss`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
 
+from components.data import io
+from components.data.tooltext import tool_texts
 from components.data.types import Dataset
-from components.methods.dense import DenseMethod, DenseParams, tool_texts
-from components.methods.dense_model import BiEncoder, contrastive_loss
+from components.encoders.bi_encoder import BiEncoder, contrastive_loss
+from components.encoders.retriever import BiEncoderParams, BiEncoderRetriever
 from components.metrics import EPOCH_METRICS, evaluate_retrieval
-from components.training.inputs import fetch
+
+if TYPE_CHECKING:  # a type only: encoders sit beside training, not above it (see pyproject's contracts)
+    from components.training.spec import StageConfig
+
+TASK = "components.encoders.contrastive:ContrastiveTask"  # the import string a StageConfig names
 
 
-class DenseTask:
-    """The contrastive training stage, built in each Ray Train worker (see ``StageTask``)."""
+class ContrastiveTask:
+    """The contrastive training stage, built in each Ray Train worker (``config.params`` is a
+    :class:`BiEncoderParams`; ``config.inputs.init_dir`` the bi-encoder to start from).
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    It implements every member of :class:`components.training.task.StageTask`, the two hooks
+    included, since it does not inherit the protocol's defaults.
+    """
+
+    def __init__(self, config: StageConfig) -> None:
         self.config = config
-        self.params = DenseParams(**config["params"])
-        data = config["dataset"]
+        self.params: BiEncoderParams = config.params
+        data = config.inputs.dataset
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
         self.tool_ids: list[str] = list(self.data.corpus)
         self.tool_index = {t: i for i, t in enumerate(self.tool_ids)}
         self._tokens: dict[str, torch.Tensor] | None = None
 
     def build_model(self) -> BiEncoder:
-        model = BiEncoder.load(fetch(self.config["init_dir"], self.config.get("storage_options")))
+        assert self.config.inputs.init_dir is not None, "the contrastive stage starts from a saved bi-encoder"
+        model = BiEncoder.load(io.fetch(self.config.inputs.init_dir, self.config.storage_options))
         texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
         # Tool documents are tokenized once; batches gather rows instead of re-tokenizing.
         self._tokens = model.encoder.tokenize(texts, self.params.tool_max_length)
@@ -93,7 +107,7 @@ class DenseTask:
         return loss
 
     def validate(self, model: torch.nn.Module) -> dict[str, float]:
-        method = DenseMethod.from_model(model, self.params)
+        method = BiEncoderRetriever(self.params, model)
         method.index(self.data.corpus)
         out: dict[str, float] = {}
         for mode, mix in method.variants().items():
@@ -110,3 +124,9 @@ class DenseTask:
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:
         model.save(path)
+
+    def param_groups(self, model: torch.nn.Module) -> Iterable[Any]:
+        return model.parameters()
+
+    def start_epoch(self, model: torch.nn.Module, epoch: int) -> None:
+        """Nothing to refresh: tool tokens are fixed and embeddings are computed per batch."""

@@ -1,0 +1,1 @@
+"""The bm25 method package (see method.py)."""

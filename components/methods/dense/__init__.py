@@ -1,0 +1,1 @@
+"""The dense method package (see method.py)."""

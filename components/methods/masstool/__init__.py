@@ -1,0 +1,1 @@
+"""The masstool method package (see method.py)."""

@@ -1,0 +1,1 @@
+"""The toolgen method package (see method.py)."""
