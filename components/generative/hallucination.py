@@ -1,10 +1,11 @@
-"""Free (unconstrained) or trie-constrained decoding with ``generate``, and the hallucination rate.
+"""Free (unconstrained) decoding with ``generate``, constrained outputs, and the hallucination rate.
 
 ToolGen (arXiv 2410.03439, Sec. 5) measures how often a generative retriever names a tool that
-does not exist, with and without constrained decoding. Here both go through the same Hugging Face
-beam search; the only difference is the ``prefix_allowed_tokens_fn`` built from the tool trie
-(:func:`components.generative.trie.prefix_allowed_fn`). Each returned sequence is parsed: it is a
-real tool if its tokens are exactly a tool's code, or if its text is a tool's token string or name.
+does not exist, with and without constrained decoding. Free decoding is Hugging Face's beam search
+with nothing in its way; constrained decoding is the project's one trie decoder
+(:func:`components.generative.constrained.constrained_top_k`), whose hits become the same
+:class:`Output` records (:func:`hits_to_outputs`). Each free sequence is parsed: it is a real tool
+if its tokens are exactly a tool's code, or if its text is a tool's token string or name.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from components.generative.constrained import Hits
 from components.generative.tool_tokens import ToolCodebook
-from components.generative.trie import TokenTrie, prefix_allowed_fn
 
 
 @dataclass
@@ -73,14 +74,10 @@ def generate_outputs(
     parser: OutputParser,
     num_beams: int,
     max_new_tokens: int,
-    trie: TokenTrie | None = None,
     batch_size: int = 32,
 ) -> list[list[Output]]:
-    """``num_beams`` beams per prompt from ``lm.generate``, free or (with ``trie``) constrained.
-
-    Prompts are left-padded per batch (``generate`` continues every row from the same column), so
-    the constraint sees the generated part as everything after the padded prompt width.
-    """
+    """``num_beams`` free beams per prompt from ``lm.generate`` (prompts left-padded per batch:
+    ``generate`` continues every row from the same column)."""
     lm.eval()
     device = next(lm.parameters()).device
     pad = tokenizer.pad_token_id
@@ -100,7 +97,6 @@ def generate_outputs(
             do_sample=False,
             pad_token_id=pad,
             eos_token_id=eos,
-            prefix_allowed_tokens_fn=prefix_allowed_fn(trie, width, eos) if trie is not None else None,
             output_scores=True,
             output_logits=True,
             return_dict_in_generate=True,
@@ -122,6 +118,11 @@ def generate_outputs(
                 [Output(parser.strip(sequences[b]), scores[b], parser.tool(sequences[b])) for b in beams]
             )
     return out
+
+
+def hits_to_outputs(hits: list[Hits], codebook: ToolCodebook) -> list[list[Output]]:
+    """The constrained decoder's hits as outputs: each names the tool whose code it spelled."""
+    return [[Output(list(codebook.codes[tool]), score, tool) for tool, score in row] for row in hits]
 
 
 def hallucination_rate(outputs: Sequence[Sequence[Output]]) -> float:

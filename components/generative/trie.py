@@ -7,9 +7,7 @@ are the children of the trie node the generated prefix reaches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-
-import torch
+from collections.abc import Iterable, Sequence
 
 
 class TokenTrie:
@@ -68,22 +66,3 @@ class TokenTrie:
     def has_children(self, prefix: Sequence[int]) -> bool:
         """Whether some longer sequence continues ``prefix``."""
         return bool(self._node(prefix))
-
-
-def prefix_allowed_fn(
-    trie: TokenTrie, prompt_length: int, end_token: int
-) -> Callable[[int, torch.Tensor], list[int]]:
-    """A ``prefix_allowed_tokens_fn`` for ``model.generate`` that only spells sequences in ``trie``.
-
-    Generated tokens after ``prompt_length`` must follow the trie; once a complete sequence is
-    spelled (and nothing longer is possible) only ``end_token`` is allowed, so beams end there.
-    """
-
-    def allowed(_batch: int, ids: torch.Tensor) -> list[int]:
-        generated = ids[prompt_length:].tolist()
-        nxt = trie.allowed(generated)
-        if trie.value(generated) is not None:
-            nxt = [*nxt, end_token]
-        return nxt or [end_token]
-
-    return allowed

@@ -23,7 +23,9 @@ from typing import Any
 
 import torch
 
+from components.generative.constrained import constrained_top_k
 from components.generative.lm import load_causal_lm
+from components.generative.targeted import TargetedLM
 from components.generative.trie import TokenTrie
 from components.serving.callformat import CallFormat
 from components.serving.catalog import Tool, ToolCatalog
@@ -101,6 +103,11 @@ class TypeMasks:
         }
 
 
+def trie_path(trie: TokenTrie, value: str) -> list[int]:
+    """The token ids that spell ``value`` in ``trie``."""
+    return next(list(ids) for ids, v in trie.items() if v == value)
+
+
 class _Decoder:
     """Greedy decoding over one sequence with a KV cache; forced tokens wait until a decision."""
 
@@ -133,7 +140,7 @@ class _Decoder:
         return int(torch.argmax(logits.masked_fill(~allowed[: logits.shape[0]], float("-inf"))))
 
     def walk(self, trie: TokenTrie) -> str | None:
-        """Spell one sequence of ``trie`` greedily; returns its value."""
+        """Spell one short sequence of ``trie`` greedily (a value such as true/false); returns it."""
         spelled: list[int] = []
         while allowed := trie.allowed(spelled):
             token = self.pick(allowed)
@@ -158,6 +165,7 @@ class LMSelector:
     def __init__(self, model: str, catalog: ToolCatalog, max_value_tokens: int = 12) -> None:
         self.model, self.tokenizer = load_causal_lm(model)
         self.model.eval()
+        self._scorer = TargetedLM(self.model)  # logits at chosen positions, for the trie decoder
         self.catalog = catalog
         self.fmt = CallFormat(self.tokenizer)
         self.max_value_tokens = max_value_tokens
@@ -243,9 +251,14 @@ class LMSelector:
         trie = self.candidate_trie(candidates)
         if not len(trie):
             return None
-        decoder = _Decoder(self.model, self.fmt.prompt(query))
-        tool_id = decoder.walk(trie)
-        assert tool_id is not None  # walk ends on a complete candidate name
+        prompt = self.fmt.prompt(query)
+        # The tool: the project's one constrained decoder over the candidates' names (each ends in
+        # </s>, so none is a prefix of another), greedy with one beam: an unknown name is impossible.
+        (tool_id, _), *_ = constrained_top_k(
+            self._scorer, [prompt], trie, 1, self.tokenizer.pad_token_id, num_beams=1
+        )[0]
+        decoder = _Decoder(self.model, prompt)
+        decoder.push(trie_path(trie, tool_id))  # the chosen name, forced, then its arguments
         arguments: dict[str, Any] = {}
         for param in self.catalog.tools[tool_id].required:
             decoder.push(self.fmt.key(param))

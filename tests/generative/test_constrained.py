@@ -9,7 +9,7 @@ import torch
 from tiny_lm import NAMES, tiny_lm
 
 from components.generative.constrained import constrained_top_k, single_step_top_k, trie_beam_search
-from components.generative.hallucination import OutputParser, generate_outputs
+from components.generative.hallucination import OutputParser, generate_outputs, hits_to_outputs
 from components.generative.targeted import TargetedLM
 from components.generative.tool_tokens import ToolCodebook
 from components.generative.trie import TokenTrie
@@ -88,17 +88,18 @@ def test_candidate_sets_narrow_the_constraint_per_prompt(lm):
         assert score == pytest.approx(full[tool], abs=1e-5)  # narrowing keeps each tool's own score
 
 
-def test_hf_generate_with_the_trie_agrees_and_only_names_real_tools(lm):
+def test_constrained_outputs_only_name_real_tools_each_once(lm):
     model, tokenizer, codebook = lm
     prompts = prompts_of(tokenizer)
-    parser = OutputParser(codebook, tokenizer, NAMES)
-    ours = single_step_top_k(TargetedLM(model), prompts, codebook.trie(), 1, tokenizer.pad_token_id)
-    greedy = generate_outputs(model, tokenizer, prompts, parser, 1, 3, trie=codebook.trie())
-    assert [o[0].tool for o in greedy] == [h[0][0] for h in ours]
-    beams = generate_outputs(model, tokenizer, prompts, parser, len(NAMES), 3, trie=codebook.trie())
-    for outputs in beams:
-        assert all(o.tool is not None for o in outputs)
+    hits = constrained_top_k(TargetedLM(model), prompts, codebook.trie(), len(NAMES), tokenizer.pad_token_id)
+    for outputs in hits_to_outputs(hits, codebook):
+        assert all(o.tool is not None and o.tokens == list(codebook.codes[o.tool]) for o in outputs)
         assert {o.tool for o in outputs} == set(NAMES)  # 4 beams over 4 tools: each exactly once
+    # Free decoding's best beam is the constrained best whenever it names a real tool.
+    parser = OutputParser(codebook, tokenizer, NAMES)
+    for free, best in zip(generate_outputs(model, tokenizer, prompts, parser, 1, 3), hits, strict=True):
+        if free[0].tool is not None and len(free[0].tokens) == 1:
+            assert free[0].tool == best[0][0]
 
 
 def test_trie_depth_and_children():

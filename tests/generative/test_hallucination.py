@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from tiny_lm import NAMES, tiny_lm
 
+from components.generative.constrained import constrained_top_k
 from components.generative.hallucination import (
     Output,
     OutputParser,
     generate_outputs,
     hallucination_rate,
+    hits_to_outputs,
     outputs_to_results,
 )
+from components.generative.targeted import TargetedLM
 
 
 def test_outputs_are_parsed_by_code_token_string_or_name():
@@ -39,6 +42,7 @@ def test_an_untrained_model_hallucinates_unless_constrained():
     parser = OutputParser(codebook, tokenizer, NAMES)
     prompts = [tokenizer(t)["input_ids"] for t in ("weather in paris", "flights to rome", "a hotel")]
     free = generate_outputs(model, tokenizer, prompts, parser, 4, 3)
-    constrained = generate_outputs(model, tokenizer, prompts, parser, 4, 3, trie=codebook.trie())
+    hits = constrained_top_k(TargetedLM(model), prompts, codebook.trie(), 4, tokenizer.pad_token_id)
+    constrained = hits_to_outputs(hits, codebook)
     assert hallucination_rate(free) > 0.5
     assert hallucination_rate(constrained) == 0.0

@@ -20,8 +20,14 @@ import ray
 
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.generative.bundle import load_bundle, save_bundle
-from components.generative.constrained import constrained_top_k
-from components.generative.hallucination import Output, OutputParser, generate_outputs, outputs_to_results
+from components.generative.constrained import Hits, constrained_top_k
+from components.generative.hallucination import (
+    Output,
+    OutputParser,
+    generate_outputs,
+    hits_to_outputs,
+    outputs_to_results,
+)
 from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
 from components.generative.perplexity import perplexity
 from components.generative.targeted import TargetedLM
@@ -189,7 +195,12 @@ class ToolGenMethod:
         tries = (
             self._trie if candidates is None else [self.codebook.trie(candidates.get(q, [])) for q in qids]
         )
-        hits = constrained_top_k(
+        hits = self._constrained(queries, tries, k)
+        return {q: dict(h) for q, h in zip(qids, hits, strict=True)}
+
+    def _constrained(self, queries: Queries, tries: TokenTrie | list[TokenTrie], k: int) -> list[Hits]:
+        """The one constrained decoder over ``tries`` (beams that can only spell a catalog code)."""
+        return constrained_top_k(
             self._model,
             self._prompts(queries),
             tries,
@@ -199,16 +210,18 @@ class ToolGenMethod:
             end_token=self._tokenizer.eos_token_id,
             batch_size=self.params.eval_batch_size,
         )
-        return {q: dict(h) for q, h in zip(qids, hits, strict=True)}
 
     def generate(self, queries: Queries, k: int, constrained: bool) -> list[list[Output]]:
-        """``max(num_beams, k)`` beams per query through ``generate``, free or trie-constrained.
+        """``max(num_beams, k)`` beams per query: free (``lm.generate``) or trie-constrained.
 
         Outputs name a real tool (``Output.tool``) or nothing; unconstrained decoding shows how often
         the model invents tools (ToolGen's hallucination rate), constrained decoding that it cannot.
         """
         if self._trie is None:
             raise RuntimeError("toolgen: call index() before generate()")
+        if constrained:
+            beams = max(self.params.num_beams, k)
+            return hits_to_outputs(self._constrained(queries, self._trie, beams), self.codebook)
         parser = OutputParser(self.codebook, self._tokenizer, {t: self._names[t] for t in self.tool_ids})
         return generate_outputs(
             self._lm,
@@ -217,7 +230,6 @@ class ToolGenMethod:
             parser,
             num_beams=max(self.params.num_beams, k),
             max_new_tokens=self.params.free_max_new_tokens,
-            trie=self._trie if constrained else None,
             batch_size=max(1, self.params.eval_batch_size // 2),
         )
 
