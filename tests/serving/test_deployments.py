@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import threading
-import time
 from functools import partial
 from pathlib import Path
 
@@ -157,12 +156,11 @@ def test_http_selector_calls_of_a_batch_run_concurrently(selector_lm, catalog, d
     asks = [{"query": query, "history": [], "candidates": list(catalog.tools)[i : i + 3]} for i in range(4)]
     with LocalChatServer(LMSelector(selector_lm[0], catalog), delay_s=delay) as server:
         backend = OpenAISelector(server.url, "m", catalog)
-        start = time.perf_counter()
         calls = asyncio.run(select_all(backend, asks))
-        elapsed = time.perf_counter() - start
     assert all(c is not None and c["tool"] in a["candidates"] for c, a in zip(calls, asks, strict=True))
-    assert server.max_in_flight == len(asks)  # all four waited on the endpoint at once
-    assert elapsed < delay * (len(asks) - 1), elapsed  # one after the other would take >= 4 s
+    # The concurrency itself, counted by the server: all four were in flight at once (one after
+    # the other would never have more than one). The delay only keeps each call open long enough.
+    assert server.max_in_flight == len(asks)
 
 
 def guarded_app() -> FastAPI:

@@ -68,8 +68,11 @@ def test_masstool_artifact_serves_its_own_detector(masstool_version, serve_insta
             assert [t["score"] for t in body["tools"]] == pytest.approx(list(want.values()), abs=1e-3)
         else:
             assert body["tools"] == []
-    # Both paths ran (retrieval, and chit-chat stopped before it), and tool queries score higher.
-    assert True in decisions and False in decisions, decisions
+    # The served decisions are right for most of the 8 tool and 8 chit-chat queries (both paths
+    # ran: retrieval, and chit-chat stopped before it), and tool queries score higher.
+    labels = [True] * n + [False] * n
+    correct = sum(d == y for d, y in zip(decisions, labels, strict=True))
+    assert correct >= 12 and any(decisions[:n]) and not all(decisions[n:]), decisions
     assert sum(probabilities[:n]) > sum(probabilities[n:]), probabilities
 
 
