@@ -239,12 +239,13 @@ def serve(
         return
     if train_selector:
         require(cfg, "data.path", "--data")
-        args = fit_selector(args, data_path, train_selector, cfg.get("splits"))
     http = file.get("http_options") or {}
     from components.serving.deploy import apply_serve_env
 
     apply_serve_env()  # before Ray starts: a local Ray's Serve processes inherit it
     start_ray(cfg)
+    if train_selector:  # a Ray Train stage, like every training
+        args = fit_selector(args, data_path, train_selector, cfg.get("splits"))
     run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)), file)
 
 

@@ -129,7 +129,8 @@ def run_epoch(
     task.start_epoch(unwrap(model), epoch)  # e.g. refresh embeddings the task caches (MassTool's pool)
     model.train()
     losses = []
-    for batch in tqdm(loader, desc=f"{config.stage} epoch {epoch}", disable=not show_bar):
+    for step, batch in enumerate(tqdm(loader, desc=f"{config.stage} epoch {epoch}", disable=not show_bar)):
+        warm_up(optimizer, epoch * len(loader) + step, config)
         with autocast(config):
             loss = task.loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
@@ -150,6 +151,17 @@ def run_epoch(
         "train_loss": sum(losses) / len(losses),
         "epoch_seconds": time.perf_counter() - started,
     }
+
+
+def warm_up(optimizer: torch.optim.Optimizer, step: int, config: StageConfig) -> None:
+    """Linear warm-up: each group's learning rate is its configured one times ``(step + 1) / warmup``
+    until ``warmup_steps``; computed from the step, so a resumed run continues the same schedule."""
+    if config.warmup_steps <= 0:
+        return
+    factor = min(1.0, (step + 1) / config.warmup_steps)
+    for group in optimizer.param_groups:
+        group.setdefault("base_lr", group["lr"])
+        group["lr"] = group["base_lr"] * factor
 
 
 def autocast(config: StageConfig) -> contextlib.AbstractContextManager:

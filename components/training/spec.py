@@ -88,6 +88,7 @@ class StageConfig:
         inputs: The dataset and the starting model.
         epochs / lr / batch_size / weight_decay / max_grad_norm: The optimisation (AdamW; the
             global batch is ``batch_size`` split over the workers).
+        warmup_steps: Linear learning-rate warm-up over the first optimizer steps (0: none).
         score: Reported metric that ranks checkpoints (higher is better).
         precision: ``fp32``, or ``bf16`` autocast.
         device: ``cpu`` or ``cuda``; filled from the run by :meth:`for_run`.
@@ -107,6 +108,7 @@ class StageConfig:
     batch_size: int
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    warmup_steps: int = 0
     score: str = "valid_ndcg@3"
     precision: str = "fp32"
     device: str = "cpu"

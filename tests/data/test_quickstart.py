@@ -139,7 +139,7 @@ def test_queries_are_not_one_string_per_tool(loaded: tuple[Dataset, RejectLog]) 
 
 
 def test_bm25_recall_is_in_a_useful_range(loaded: tuple[Dataset, RejectLog]) -> None:
-    from components.methods.bm25 import BM25Method
+    from components.methods.bm25.method import BM25Method
     from components.metrics import evaluate_retrieval
 
     ds, _ = loaded

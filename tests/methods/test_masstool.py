@@ -14,12 +14,12 @@ from components.encoders import EncoderSpec, TextEncoder
 from components.methods import load
 from components.methods.masstool.graph import build_graphs
 from components.methods.masstool.layers import SUIM, AdaKT, ModelConfig
-from components.methods.masstool.method import MassToolMethod
+from components.methods.masstool.method import JOINT_TASK, MassToolMethod
 from components.methods.masstool.model import MassToolModel
 from components.methods.masstool.params import MassToolParams
 from components.methods.masstool.task import MassToolTask, retrieval_loss
 from components.metrics import auroc, evaluate_retrieval
-from components.training.spec import RunSpec
+from components.training.spec import RunSpec, StageConfig, StageInputs
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +159,11 @@ def test_unseen_tool_is_embedded_from_its_text(small_quickstart, graphs):
     torch.testing.assert_close(vectors[1], model.gcn.tool_text(text[1]) / 3)
 
 
+def joint_stage(params: MassToolParams, data, semantic_dir: str) -> StageConfig:
+    """The joint stage as the runner hands it to a worker, for driving the task by hand."""
+    return StageConfig.from_params(JOINT_TASK, "joint", params, StageInputs(data, semantic_dir))
+
+
 @pytest.mark.parametrize(
     "switches",
     [
@@ -179,10 +184,8 @@ def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(small_quickstart.queries.values()))
     BiEncoder(encoder).save(str(bi))
     params = MassToolParams(dim=16, detection_hidden=8, **switches)
-    from dataclasses import asdict
 
-    config = {"params": asdict(params), "semantic_dir": str(bi), "dataset": small_quickstart}
-    task = MassToolTask(config)
+    task = MassToolTask(joint_stage(params, small_quickstart, str(bi)))
     model = task.build_model()
     task.start_epoch(model, 0)
     batch = task.collate(task.train_data()[:16] + task.train_data()[-4:])
@@ -336,16 +339,13 @@ def test_retrieval_loss_ignores_masked_non_candidates():
 
 
 def test_frozen_encoder_uses_precomputed_embeddings(with_negatives, tmp_path):
-    from dataclasses import asdict
 
     from components.encoders.bi_encoder import BiEncoder
 
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(with_negatives.queries.values()))
     BiEncoder(encoder).save(str(tmp_path / "semantic"))
     params = MassToolParams(dim=16, detection_hidden=8, finetune_encoder=False, edge_dropout=0.0)
-    task = MassToolTask(
-        {"params": asdict(params), "semantic_dir": str(tmp_path / "semantic"), "dataset": with_negatives}
-    )
+    task = MassToolTask(joint_stage(params, with_negatives, str(tmp_path / "semantic")))
     model = task.build_model()
     task.start_epoch(model, 0)
     assert not any(p.requires_grad for p in model.encoder.parameters())
@@ -414,16 +414,13 @@ def test_small_pool_with_self_exclusion_gives_finite_gradients(small_quickstart,
 
 
 def test_detection_labels_come_from_where_the_example_came_from(with_negatives, tmp_path):
-    from dataclasses import asdict
 
     from components.encoders.bi_encoder import BiEncoder
 
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(with_negatives.queries.values()))
     BiEncoder(encoder).save(str(tmp_path / "semantic"))
     params = MassToolParams(dim=16, detection_hidden=8)
-    task = MassToolTask(
-        {"params": asdict(params), "semantic_dir": str(tmp_path / "semantic"), "dataset": with_negatives}
-    )
+    task = MassToolTask(joint_stage(params, with_negatives, str(tmp_path / "semantic")))
     task.build_model()
     items = task.train_data()
     # A pool query whose judgements were all zero still needs a tool; a no-tool query does not.
@@ -433,16 +430,13 @@ def test_detection_labels_come_from_where_the_example_came_from(with_negatives, 
 
 
 def test_validation_re_embeds_the_pool_with_the_current_encoder(with_negatives, tmp_path):
-    from dataclasses import asdict
 
     from components.encoders.bi_encoder import BiEncoder
 
     encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(with_negatives.queries.values()))
     BiEncoder(encoder).save(str(tmp_path / "semantic"))
     params = MassToolParams(dim=16, detection_hidden=8, neighbours=3)
-    task = MassToolTask(
-        {"params": asdict(params), "semantic_dir": str(tmp_path / "semantic"), "dataset": with_negatives}
-    )
+    task = MassToolTask(joint_stage(params, with_negatives, str(tmp_path / "semantic")))
     model = task.build_model()
     task.start_epoch(model, 0)
     with torch.no_grad():  # the encoder moves, as in a fine-tuning epoch

@@ -136,8 +136,9 @@ def bm25_versions() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def selector_lm() -> tuple[str, dict[str, Any]]:
-    """A small Llama trained here for 400 steps on train queries → tool name + weak arguments."""
+def selector_lm(ray_session) -> tuple[str, dict[str, Any]]:
+    """A small Llama trained for 400 steps (one Ray Train stage) on train queries → tool name + weak
+    arguments."""
     return _selector_lm()
 
 

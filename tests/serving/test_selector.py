@@ -23,7 +23,7 @@ def trained(selector_lm, catalog) -> LMSelector:
 
 
 @pytest.fixture(scope="module")
-def untrained(dataset, catalog, tmp_path_factory) -> LMSelector:
+def untrained(ray_session, dataset, catalog, tmp_path_factory) -> LMSelector:
     out = str(tmp_path_factory.mktemp("untrained"))
     with torch_threads(1):
         train_selector_lm(dataset, catalog, out, lm=SELECTOR_LM, steps=1, lr=1e-9)
@@ -122,7 +122,7 @@ def test_number_grammar_allows_one_point_after_a_digit_for_numbers_only(number_t
 
 
 @pytest.fixture(scope="module")
-def decimal_selector(tmp_path_factory) -> tuple[LMSelector, dict[str, str]]:
+def decimal_selector(ray_session, tmp_path_factory) -> tuple[LMSelector, dict[str, str]]:
     """A selector LM trained here on a catalog whose ``number`` arguments are all fractions."""
     root = tmp_path_factory.mktemp("decimal")
     text = (
