@@ -140,3 +140,33 @@ def test_ray_cooccurrence_exact_for_any_blocking(ray_session, blocks, shuffled):
     order = rng.permutation(len(basket)) if shuffled else np.arange(len(basket))
     built = ray_cooccurrence(pairs_dataset(basket[order], tool[order], blocks), 30, num_partitions=3)
     np.testing.assert_array_equal(built.toarray(), cooccurrence(basket, tool, 30).toarray())
+
+
+def test_masstool_trains_on_the_graphs_preprocess_built(ray_session, tmp_path):
+    from dataclasses import replace
+
+    from components.data.graphs import training_graphs
+    from components.methods.masstool.graph import build_graphs
+
+    data = write_tiny_dataset(tmp_path / "d")
+    run_job(data, tmp_path / "out")
+    prepared = load_prepared(str(tmp_path / "out"))
+    raw = prepare_splits(load_dataset(str(data)))
+    # A prepared dataset carries Ray Data's graphs; a raw one has none and builds them in-process
+    # from the same inputs with the same kernels: equal matrices.
+    assert set(prepared.graphs) == {"cooccurrence", "query_tool", "scene_tool", "query_scene"}
+    assert raw.graphs == {}
+    built = training_graphs(raw)
+    for name, graph in prepared.graphs.items():
+        assert graph.rows == built[name].rows and graph.cols == built[name].cols, name
+        np.testing.assert_array_equal(graph.matrix.toarray(), built[name].matrix.toarray())
+    a, b = build_graphs(prepared), build_graphs(raw)
+    assert (a.query_ids, a.tool_ids, a.scene_ids) == (b.query_ids, b.tool_ids, b.scene_ids)
+    for field in ("query_tool", "query_scene", "scene_tool"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    # What MassTool reads is the prepared artifact: a graph that disagrees with the dataset's
+    # training split (e.g. qrels edited after loading) is an error, not a silent rebuild.
+    fewer = dict(prepared.qrels["train"])
+    fewer.pop(next(iter(fewer)))
+    with pytest.raises(ValueError, match="re-run preprocessing"):
+        build_graphs(replace(prepared, qrels={**prepared.qrels, "train": fewer}))

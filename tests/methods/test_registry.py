@@ -1,0 +1,55 @@
+"""The method registry: lazy import strings, declared capabilities, clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from components import methods
+from components.methods.base import CAPABILITIES
+
+
+def test_importing_the_registry_imports_no_method():
+    code = (
+        "import sys, components.methods as m; "
+        "print(sorted(k for k in sys.modules if k.startswith('components.methods.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['components.methods.base']"
+
+
+@pytest.mark.parametrize("name", sorted(methods.REGISTRY))
+def test_every_method_declares_known_capabilities(name):
+    cls = methods.method_class(name)
+    assert cls.name == name
+    assert cls.capabilities <= set(CAPABILITIES)
+    # A method with stages trains; one without (BM25) only indexes.
+    assert ("train" in cls.capabilities) == bool(cls.stages)
+
+
+def test_capabilities_are_what_serving_and_bench_read():
+    assert "detect" in methods.method_class("masstool").capabilities
+    assert "detect" not in methods.method_class("dense").capabilities
+    assert "variants" in methods.method_class("dense").capabilities
+    assert "cold_start" not in methods.method_class("toolgen").capabilities
+
+
+class Odd:
+    """A method class that declares a capability nothing knows."""
+
+    name = "odd"
+    stages = ()
+    capabilities = frozenset({"telepathy"})
+
+
+def test_unknown_names_and_capabilities_are_refused(monkeypatch):
+    with pytest.raises(KeyError, match="unknown method 'nope'"):
+        methods.build("nope")
+    monkeypatch.setitem(methods.REGISTRY, "odd", f"{__name__}:Odd")
+    with pytest.raises(ValueError, match="unknown capabilities"):
+        methods.method_class("odd")
+    with pytest.raises(ImportError, match="cannot import"):
+        monkeypatch.setitem(methods.REGISTRY, "gone", "components.methods.gone.method:Gone")
+        methods.method_class("gone")
