@@ -183,17 +183,14 @@ def bench(
 @app.command()
 @guarded
 def run(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """Quickstart: generate data, preprocess, train and evaluate on a local Ray."""
-    cfg = build_config(config, overrides, base="quickstart")
-    from workflows.report import markdown_table
-    from workflows.run import quickstart_data
-    from workflows.run import run as run_quickstart
+    """Quickstart: generate data, preprocess, train and evaluate on a local Ray.
 
-    data_dir = quickstart_data(cfg)  # before Ray starts: a mistyped data.path fails at once
-    start_ray(cfg)
-    report = run_quickstart(cfg, data_dir)
-    print(markdown_table(report))
-    console.print(f"results: {Path(cfg['run']['workdir']).resolve() / 'results.json'}")
+    Shows one progress bar per stage, then a results table; the full log goes to run.log in run.workdir.
+    """
+    cfg = build_config(config, overrides, base="quickstart")
+    from workflows.run import quickstart
+
+    quickstart(cfg)  # resolves data.path first: a mistyped one fails before Ray starts
 
 
 @app.command()

@@ -38,3 +38,15 @@ def quiet_data_progress(show_bars: bool) -> None:
     ctx.enable_progress_bars = show_bars
     ctx.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+def logs_dir() -> str | None:
+    """Where this Ray session's own logs are (workers, Ray Train and Ray Data); None if unknown.
+
+    Only a Ray started by this process knows it (``ray._private``: there is no public accessor).
+    """
+    node = getattr(ray._private.worker, "_global_node", None)
+    try:
+        return node.get_logs_dir_path() if node is not None else None
+    except Exception:  # private API: a missing method must not fail a run
+        return None

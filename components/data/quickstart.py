@@ -2,10 +2,14 @@
 
 The dataset exists so that the whole pipeline (load, split, train, evaluate, serve) can be tried in
 seconds on a laptop. It is built from the hand-written catalogue in
-:mod:`components.data.quickstart_catalog`: about a hundred APIs in ten categories, each with a few
-query templates. Queries are templates with their slots filled; about 40% combine the requests of
-a *scene* (two or three tools that plausibly go together, such as a weather forecast, a flight
-search and a hotel search), which is what the scene files of the layout describe. No-tool queries
+:mod:`components.data.quickstart_catalog`: about a hundred APIs in ten categories, each with six
+query templates, mostly worded unlike its description. Queries are templates with their slots
+filled; 40% combine the requests of a *scene* (two or three tools that plausibly go together, such
+as a weather forecast, a flight search and a hotel search), which is what the scene files of the
+layout describe. With ``wording="held_out"`` (as ``toolscout run`` generates it), train, valid and
+test queries are worded with disjoint sets of templates, and test queries with openers and joins
+of their own too (:mod:`components.data.quickstart_phrasing`), so a model must generalise to new
+phrasings rather than recall the ones it saw; ``"shared"`` words every split alike. No-tool queries
 (chit-chat, general knowledge, writing, translation, arithmetic) feed tool-usage detection.
 
 Everything is drawn from one ``random.Random(seed)``, so a seed fixes every byte written.
@@ -24,60 +28,23 @@ import random
 import re
 from dataclasses import dataclass
 
-from components.data.quickstart_catalog import CATALOG, PARAMS, SCENES, SLOT_ALIASES, SLOTS
-
-MULTI_FRACTION = 0.4
-TEST_FRACTION = 0.1
-_SLOT_RE = re.compile(r"\{(\w+)\}")
-
-# Wrappers that change the surface of a request without changing what it asks for, so that the
-# same template does not always produce the same string.
-PREFIXES = ("", "", "", "", "hey, ", "quick question: ", "can you help? ", "hi! ", "I need this: ", "ok so ")
-SUFFIXES = ("", "", "", "", "?", " please", ", thanks", " asap", " for me", " if you can")
-# Joins between the sub-requests of a multi-tool query; those ending in ". " start a new sentence.
-CONNECTORS = (" and then ", ", also ", ". After that, ", " and ", "; then ", ". Also, ", ", plus ")
-
-# No-tool queries. Some deliberately touch tool topics (a poem about rain, what a stock is) so that
-# tool-usage detection cannot key on topic words alone.
-# fmt: off
-NEG_TEMPLATES = (
-    "how are you doing today", "tell me a joke about {animal}", "what's your favourite {thing}",
-    "good morning! how's it going", "I'm bored, talk to me about {theme}", "do you like {thing}",
-    "thanks, that was helpful", "what do you think about {theme}", "can you keep me company for a bit",
-    "who wrote {book}", "what is the capital of {country}", "explain how {concept} works",
-    "why is the sky blue", "when did {history} happen", "give me a fun fact about {animal}",
-    "what's the difference between {concept} and {concept2}", "explain what a stock market is to a child",
-    "write a haiku about {theme}", "draft a cover letter for a {job} position",
-    "give me a catchy title for a blog post about {theme}", "write a short poem about the rain",
-    "rewrite this sentence to sound more formal: {sentence}", "write a birthday message for my {relative}",
-    "write a short story about {animal} who learn to {skill}", "proofread this: {sentence}",
-    "translate '{phrase}' into {language}", "how do you say '{phrase}' in {language}",
-    "what does '{foreign}' mean in English", "what is {a} times {b}", "solve {a}x + {b} = {c} for x",
-    "what's {pct}% of {c}", "is {c} a prime number", "simplify the fraction {a}/{b}",
-    "what is the derivative of x^{e}", "roughly how many miles is {a} kilometres",
+from components.data.quickstart_catalog import CATALOG, PARAMS, PARAPHRASES, SCENES, SLOT_ALIASES, SLOTS
+from components.data.quickstart_phrasing import (
+    HELD_OUT_TEMPLATES,
+    NEG_SLOTS,
+    NEG_TEMPLATES,
+    NUMBER_SLOTS,
+    Phrasing,
+    nested_templates,
+    shared_phrasing,
+    split_phrasing,
 )
-NEG_SLOTS: dict[str, tuple[str, ...]] = {
-    "animal": ("penguins", "cats", "octopuses", "giraffes", "dolphins", "dragons"),
-    "thing": ("movie", "book", "colour", "season", "board game", "dessert"),
-    "theme": ("autumn", "friendship", "the ocean", "time travel", "the moon", "coffee", "city life"),
-    "book": ("Pride and Prejudice", "1984", "Don Quixote", "The Hobbit", "Beloved", "Dune"),
-    "country": ("France", "Australia", "Argentina", "Thailand", "Ghana", "Finland"),
-    "concept": ("photosynthesis", "inflation", "a neural network", "gravity", "vaccination", "democracy",
-                "encryption", "evolution"),
-    "history": ("the French Revolution", "the moon landing", "the fall of Rome", "World War I",
-                "the invention of the printing press"),
-    "job": ("data analyst", "nurse", "software engineer", "teacher", "marketing manager"),
-    "relative": ("sister", "grandpa", "best friend", "mom", "uncle"),
-    "sentence": ("gonna be late cuz traffic", "we needs more time for the project", "pls send the doc asap",
-                 "i think ur idea is kinda good"),
-    "phrase": ("good morning", "where is the library", "thank you very much", "I love you", "see you soon"),
-    "language": ("Spanish", "French", "Japanese", "German", "Italian", "Korean"),
-    "foreign": ("carpe diem", "joie de vivre", "schadenfreude", "wabi-sabi", "hygge"),
-    "skill": ("fly", "cook", "swim", "read", "dance"),
-}
-# fmt: on
-# Numeric slots of the arithmetic templates, drawn fresh rather than from a pool.
-NUMBER_SLOTS = ("a", "b", "c", "e", "pct")
+
+QUICKSTART_VERSION = 2  # bump when equal settings give different data (2: held-out wording)
+MULTI_FRACTION = 0.4
+WORDINGS = ("held_out", "shared")
+SPLIT_FRACTIONS = {"valid": 0.1, "test": 0.1}  # of the tool queries; the rest are train
+_SLOT_RE = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(frozen=True)
@@ -88,7 +55,13 @@ class Tool:
     api: str
     category: str
     text: str
-    templates: tuple[str, ...]
+    templates: tuple[str, ...]  # the catalogue's three
+    paraphrases: tuple[str, ...] = ()  # PARAPHRASES[api]
+
+    @property
+    def wordings(self) -> tuple[str, ...]:
+        """Every template: what held-out wording spreads over the splits."""
+        return self.templates + self.paraphrases
 
 
 def _params(names: str) -> list[dict[str, str]]:
@@ -108,26 +81,39 @@ def tool_text(
     )
 
 
+def _check_templates(api: str, wordings: tuple[str, ...]) -> None:
+    """Distinct templates, and enough of them inside no other and containing none to hold out."""
+    held_out = sum(HELD_OUT_TEMPLATES.values())
+    free = len(wordings) - len(nested_templates(wordings))
+    if len(set(wordings)) != len(wordings) or free < held_out or len(wordings) <= held_out:
+        raise ValueError(f"API {api!r}: needs distinct templates, {held_out} of them nesting with none")
+
+
 def build_tools() -> list[Tool]:
     """Every catalogue API in catalogue order; the position is the corpus id.
 
     Raises:
-        ValueError: the catalogue repeats an API name, names an unknown parameter or slot, or a
-            scene names an unknown API or repeats one (each would make a broken or ambiguous dataset).
+        ValueError: the catalogue repeats an API name, names an unknown parameter or slot, gives an
+            API no paraphrases or too few templates to hold some out, or a scene names an unknown
+            API or repeats one (each would make a broken or ambiguous dataset).
     """
     tools: list[Tool] = []
     for category, families in CATALOG.items():
         for tool, apis in families.items():
             for api, description, required, optional, returns, templates in apis:
+                wordings = templates + PARAPHRASES.get(api, ())
                 unknown = [p for p in f"{required} {optional}".split() if p not in PARAMS]
-                slots = [s for t in templates for s in _SLOT_RE.findall(t) if not _pool_name(s, SLOTS)]
-                if unknown or slots:
-                    raise ValueError(f"catalogue API {api!r}: unknown params {unknown} / slots {slots}")
+                slots = [s for t in wordings for s in _SLOT_RE.findall(t) if not _pool_name(s, SLOTS)]
+                if unknown or slots or api not in PARAPHRASES:
+                    raise ValueError(
+                        f"API {api!r}: unknown params {unknown} / slots {slots}, or no paraphrases"
+                    )
+                _check_templates(api, wordings)
                 text = tool_text(category, tool, api, description, required, optional, returns)
-                tools.append(Tool(str(len(tools)), api, category, text, templates))
+                tools.append(Tool(str(len(tools)), api, category, text, templates, PARAPHRASES[api]))
     names = [t.api for t in tools]
-    if len(set(names)) != len(names):
-        raise ValueError("catalogue API names must be unique (scenes refer to tools by API name)")
+    if len(set(names)) != len(names) or set(PARAPHRASES) - set(names):
+        raise ValueError("catalogue API names must be unique, and paraphrases must name catalogue APIs")
     for scene in SCENES:
         apis = scene.split()
         if len(set(apis)) != len(apis) or not set(apis) <= set(names):
@@ -177,41 +163,45 @@ def _sentence_start(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _wrap(text: str, rng: random.Random) -> str:
+def _wrap(text: str, rng: random.Random, phrasing: Phrasing) -> str:
     """Add an optional opener and closer, and sometimes capitalise, to vary surface form."""
-    prefix, suffix = rng.choice(PREFIXES), rng.choice(SUFFIXES)
-    if suffix == "?" and text.endswith("?"):
+    prefix, suffix = rng.choice(phrasing.prefixes), rng.choice(phrasing.suffixes)
+    if suffix in ("?", "!") and text.endswith("?"):
         suffix = ""
     text = prefix + text + suffix
     return _sentence_start(text) if rng.random() < 0.5 else text
 
 
-def make_query(scene: tuple[Tool, ...], rng: random.Random) -> str:
-    """One query asking for every tool of ``scene``, sub-requests joined by connectors."""
+def make_query(scene: tuple[Tool, ...], rng: random.Random, phrasing: Phrasing) -> str:
+    """One query asking for every tool of ``scene`` in ``phrasing``'s words, sub-requests joined."""
     values: dict[str, str] = {}
-    parts = [_fill(rng.choice(t.templates), rng, values, SLOTS).rstrip("?") for t in scene]
+    parts = [_fill(rng.choice(phrasing.templates[t.tid]), rng, values, SLOTS).rstrip("?") for t in scene]
     if len(parts) > 2 and rng.random() < 0.3:
         # Scenes list tools in a natural order; shuffling sometimes keeps order from being a cue.
         rng.shuffle(parts)
     text = parts[0]
     for part in parts[1:]:
-        connector = rng.choice(CONNECTORS)
+        connector = rng.choice(phrasing.connectors)
         text += connector + (_sentence_start(part) if connector.endswith(". ") else part)
-    return _wrap(text, rng)
+    return _wrap(text, rng, phrasing)
 
 
-def make_neg_query(rng: random.Random) -> str:
+def make_neg_query(rng: random.Random, phrasing: Phrasing) -> str:
     """One query that no tool answers."""
-    return _wrap(_fill(rng.choice(NEG_TEMPLATES), rng, {}, NEG_SLOTS), rng)
+    return _wrap(_fill(rng.choice(NEG_TEMPLATES), rng, {}, NEG_SLOTS), rng, phrasing)
 
 
-def unique_neg_queries(rng: random.Random, n: int) -> list[str]:
-    """``n`` distinct no-tool queries (the loader keeps one copy of a repeated text)."""
+def unique_neg_queries(rng: random.Random, n: int, phrasing: Phrasing) -> list[str]:
+    """``n`` distinct no-tool queries (the loader keeps one copy of a repeated text).
+
+    They take the seen wrappers only, which tool queries of every split also use, so that a
+    held-out opener never marks a query as no-tool (nor as a tool query) for the detector.
+    """
     out: dict[str, None] = {}
     for _ in range(50 * n):
         if len(out) == n:
             break
-        out.setdefault(make_neg_query(rng), None)
+        out.setdefault(make_neg_query(rng, phrasing), None)
     if len(out) < n:
         raise ValueError(f"the no-tool templates give only {len(out)} distinct queries; asked for {n}")
     return list(out)
@@ -231,25 +221,36 @@ def _record(rid: str, text: str, title: str | None = None) -> str:
 
 
 def generate_quickstart(
-    out_dir: str, *, seed: int = 0, n_queries: int = 3000, n_neg: int = 600
+    out_dir: str, *, seed: int = 0, n_queries: int = 3000, n_neg: int = 600, wording: str = "shared"
 ) -> dict[str, int]:
     """Write the quickstart dataset to ``out_dir`` and return its counts.
 
     Args:
         out_dir: Local directory to write; created if missing, existing files overwritten.
         seed: Seed of the single random generator; equal seeds give byte-identical files.
-        n_queries: Number of tool queries (about 60% single-tool, 40% multi-tool).
+        n_queries: Number of tool queries (60% single-tool, 40% multi-tool), 10% of them in
+            ``qrels/test.tsv`` and, with held-out wording, 10% in ``qrels/valid.tsv``.
         n_neg: Number of no-tool queries in ``tooldet/neg_queries.jsonl``.
+        wording: ``"held_out"`` (what ``toolscout run`` generates): each split worded its own way,
+            from all six templates of each API
+            (:func:`~components.data.quickstart_phrasing.split_phrasing`), so that scores measure
+            generalisation to new phrasings. ``"shared"``: train and test drawn alike from each
+            API's three catalogue templates, valid left to the loader to carve; byte for byte the
+            data of the generator before held-out wording, which the tests of training mechanics
+            with tiny models are tuned on.
 
     Returns:
         ``tools``, ``categories``, ``scenes``, ``queries``, ``multi_tool_queries``,
-        ``train_queries``, ``test_queries``, ``train_pairs``, ``test_pairs`` and ``neg_queries``.
+        ``<split>_queries`` and ``<split>_pairs`` per split written, and ``neg_queries``.
 
     Raises:
-        ValueError: ``n_queries`` < 10 (too few for both splits) or ``n_neg`` < 0.
+        ValueError: ``n_queries`` < 10 (too few for three splits), ``n_neg`` < 0 or an unknown
+            ``wording``.
     """
-    if n_queries < 10 or n_neg < 0:
-        raise ValueError(f"need n_queries >= 10 and n_neg >= 0, got {n_queries} and {n_neg}")
+    if n_queries < 10 or n_neg < 0 or wording not in WORDINGS:
+        raise ValueError(
+            f"need n_queries >= 10, n_neg >= 0, wording in {WORDINGS}; got {n_queries}, {n_neg}, {wording!r}"
+        )
     rng = random.Random(seed)
     tools = build_tools()
     scenes = build_scenes(tools)
@@ -261,16 +262,28 @@ def generate_quickstart(
     kinds = [True] * n_multi + [False] * (n_queries - n_multi)
     rng.shuffle(kinds)
     query_scene = [rng.choice(multis if multi else singles) for multi in kinds]
-    texts = [make_query(scenes[sid], rng) for sid in query_scene]
-    test = set(rng.sample(range(n_queries), max(1, round(n_queries * TEST_FRACTION))))
-    neg = unique_neg_queries(rng, n_neg)
+    split_of = ["train"] * n_queries
+    if wording == "shared":
+        phrasing = shared_phrasing({t.tid: t.templates for t in tools})
+        texts = [make_query(scenes[s], rng, phrasing["train"]) for s in query_scene]
+        for q in rng.sample(range(n_queries), max(1, round(n_queries * SPLIT_FRACTIONS["test"]))):
+            split_of[q] = "test"
+    else:
+        phrasing = split_phrasing({t.tid: t.wordings for t in tools}, rng)
+        # Split membership first: it decides the wording a query is drawn in.
+        for split, fraction in SPLIT_FRACTIONS.items():
+            free = [q for q in range(n_queries) if split_of[q] == "train"]
+            for q in rng.sample(free, max(1, round(n_queries * fraction))):
+                split_of[q] = split
+        texts = [make_query(scenes[s], rng, phrasing[split_of[q]]) for q, s in enumerate(query_scene)]
+    neg = unique_neg_queries(rng, n_neg, phrasing["train"])
 
     _write_lines(os.path.join(out_dir, "corpus.jsonl"), [_record(t.tid, t.text, "") for t in tools])
     _write_lines(os.path.join(out_dir, "queries.jsonl"), [_record(str(q), t) for q, t in enumerate(texts)])
     counts = {"tools": len(tools), "categories": len(CATALOG), "scenes": len(scenes), "queries": n_queries}
     counts["multi_tool_queries"] = n_multi
-    for split in ("train", "test"):
-        qids = [q for q in range(n_queries) if (q in test) == (split == "test")]
+    for split in [s for s in ("train", "valid", "test") if s in split_of]:
+        qids = [q for q in range(n_queries) if split_of[q] == split]
         qrels = [f"{q}\t{t.tid}\t1" for q in qids for t in scenes[query_scene[q]]]
         _write_lines(os.path.join(out_dir, "qrels", f"{split}.tsv"), ["query-id\tcorpus-id\tscore", *qrels])
         _write_lines(

@@ -3,7 +3,9 @@
 Ten categories, three tool families each, about a hundred APIs. Tools in one category share
 vocabulary on purpose (three weather forecasts, three ways to get somewhere) so that retrieval has
 near misses to separate; every API carries three query templates, at least one of which avoids the
-words of its own description, so that a lexical match alone does not solve the set.
+words of its own description, so that a lexical match alone does not solve the set, and three
+more in :data:`PARAPHRASES`, worded unlike the description. The generator's held-out wording
+spreads all six over train, valid and test so that no two splits share one.
 
 Templates use ``{slot}`` placeholders filled from :data:`SLOTS`. A slot named after a pool with a
 trailing ``2`` (``city2``, ``team2``) or listed in :data:`SLOT_ALIASES` draws from that pool but
@@ -604,6 +606,481 @@ SLOTS: dict[str, tuple[str, ...]] = {
               "book club"),
     "task": ("call mom", "take my pills", "pay rent", "water the plants", "submit the report",
              "pick up the kids"),
+}
+# API name -> three more ways to ask for it, mostly in words its description does not use.
+PARAPHRASES: dict[str, tuple[str, ...]] = {
+    "current_weather": (
+        "do I need a jacket if I step out in {city} now",
+        "what's it like outside in {city} at the moment",
+        "is it freezing out in {city} this minute",
+    ),
+    "weather_forecast": (
+        "is {day} going to be sunny in {city}",
+        "what should I expect from the skies over {city} {day}",
+        "do I need a raincoat in {city} {day}",
+    ),
+    "hourly_forecast": (
+        "will it be dry in {city} around {time}",
+        "how chilly will {city} be by {time}",
+        "any showers expected in {city} around {time}",
+    ),
+    "marine_forecast": (
+        "is the ocean calm enough for sailing near {city} {day}",
+        "good day to go surfing in {city}?",
+        "can I swim in the sea at {city} {day}",
+    ),
+    "air_quality": (
+        "is the smog bad in {city} {day}",
+        "can I breathe easy outdoors in {city} or is the air dirty",
+        "should I wear a mask outside in {city} because of the haze",
+    ),
+    "pollen_count": (
+        "should I take my allergy pills before going out in {city}",
+        "is hay fever season hitting {city} hard",
+        "are my allergies going to act up in {city} {day}",
+    ),
+    "uv_index": (
+        "will I get sunburned at the beach in {city} {day}",
+        "what SPF should I wear in {city}",
+        "how long can I stay in the sun in {city} {day} without burning",
+    ),
+    "weather_alerts": (
+        "is there a hurricane or storm headed for {city}",
+        "should I be worried about dangerous weather in {city} {day}",
+        "any tornado or flooding danger around {city}",
+    ),
+    "historical_weather": (
+        "how hot did it get in {city} on {date}",
+        "was it sunny in {city} on {date}",
+        "what were the temperatures in {city} on {date}",
+    ),
+    "sunrise_sunset": (
+        "when does the sun come up in {city} {day}",
+        "how early does it get light in {city}",
+        "what time is dusk in {city} {day}",
+    ),
+    "stock_quote": (
+        "what is {symbol} trading at",
+        "how much does one share of {company} cost now",
+        "where is {symbol} at right now",
+    ),
+    "stock_history": (
+        "show me how {company} shares moved over the last five years",
+        "what was {symbol} worth back on {date}",
+        "how did {company} stock do between {date} and now",
+    ),
+    "company_financials": (
+        "how much money does {company} make",
+        "does {company} carry a lot of debt",
+        "how big were {company}'s profits last quarter",
+    ),
+    "stock_news": (
+        "what are people saying about {company} shares this week",
+        "any announcements from {company} lately",
+        "what's the buzz around {company} shares today",
+    ),
+    "convert_currency": (
+        "change {amount} {cur} into {cur2}",
+        "I have {amount} {cur}, how many {cur2} is that",
+        "swap {amount} {cur} for {cur2}, how much do I get",
+    ),
+    "exchange_rate_history": (
+        "how did the {cur} do against the {cur2} over the last year",
+        "{cur}/{cur2} trend since {date}",
+        "was the {cur} worth more against the {cur2} back in {date}",
+    ),
+    "crypto_price": (
+        "is {coin} up or down today",
+        "what's {coin} going for",
+        "how much would I pay for one {coin} today",
+    ),
+    "loan_calculator": (
+        "if I borrow {amount} at {rate}% for {years} years what do I pay per month",
+        "can I afford a {amount} mortgage over {years} years",
+        "repayments on borrowing {amount} over {years} years at {rate}%",
+    ),
+    "budget_summary": (
+        "how much have I spent on eating out since {date}",
+        "where did all my money go last month",
+        "how much went on takeaways and shopping since {date}",
+    ),
+    "tax_estimate": (
+        "how much will the government take from a {amount} salary in {country}",
+        "what do I owe in taxes if I make {amount} a year",
+        "how big a chunk of my {amount} pay goes to the taxman in {country}",
+    ),
+    "search_recipes": (
+        "how do you make {dish} at home",
+        "step by step instructions to cook {dish}",
+        "teach me to make {dish}",
+    ),
+    "recipe_by_ingredients": (
+        "what can I cook tonight using {ingredient}, {ingredient2} and whatever's in the fridge",
+        "dinner ideas with only {ingredient}",
+        "got {ingredient} and {ingredient2}, what's for dinner",
+    ),
+    "nutrition_facts": (
+        "how many carbs are in {dish}",
+        "is {ingredient} high in protein",
+        "how much fat does {dish} have",
+    ),
+    "meal_plan": (
+        "I'm going {diet}, what should I eat this week",
+        "plan a week of {diet} meals for me",
+        "give me seven days of {diet} breakfasts, lunches and dinners",
+    ),
+    "search_restaurants": (
+        "good spots to eat {cuisine} in {city}",
+        "where should we go for dinner in {city}",
+        "somewhere nice to eat {cuisine} around {city}",
+    ),
+    "book_table": (
+        "can you get {n} of us into {restaurant} {day}",
+        "save us a table at {restaurant} at {time}",
+        "hold a table for {n} at {restaurant} {day}",
+    ),
+    "restaurant_reviews": (
+        "is {restaurant} worth going to",
+        "what do people think of {restaurant}",
+        "has anyone eaten at {restaurant}, is the food good",
+    ),
+    "order_delivery": (
+        "have {dish} brought to {address}",
+        "I want {dish} from {restaurant} at my door",
+        "send {dish} over to {address}",
+    ),
+    "track_order": ("when will my {dish} get here", "how far away is my food", "is my {dish} on its way yet"),
+    "wine_pairing": (
+        "which bottle should I open with {dish}",
+        "what should I drink with {dish} tonight",
+        "which grape goes best alongside {dish}",
+    ),
+    "search_flights": (
+        "fly me from {origin} to {city} {day}",
+        "cheap tickets to fly {origin} to {city}",
+        "any planes from {origin} to {city} {day}",
+    ),
+    "flight_status": ("is {flight} delayed", "when does {flight} land", "is {flight} running late"),
+    "baggage_policy": (
+        "can I bring two suitcases on {airline}",
+        "how heavy can my bag be on {airline}",
+        "what's the luggage limit with {airline}",
+    ),
+    "search_hotels": (
+        "where can I stay in {city} {day}",
+        "a place to sleep in {city} for {n} nights",
+        "a bed for the night in {city} {day}",
+    ),
+    "book_hotel": (
+        "reserve me a room at the {hotel} {day}",
+        "lock in {n} nights at the {hotel}",
+        "secure {n} nights for me at the {hotel}",
+    ),
+    "vacation_rentals": (
+        "a whole flat for {n} people in {city}",
+        "a cottage or apartment to rent in {city} {day}",
+        "a house with a kitchen to rent in {city} for {n} people",
+    ),
+    "car_rental": (
+        "hire a car in {city} for {n} days",
+        "I need a car to drive around {city} {day}",
+        "get me a vehicle to drive in {city} {day}",
+    ),
+    "visa_requirements": (
+        "what documents do I need to enter {country}",
+        "can I get into {country} without a visa",
+        "will {country} border officials want any papers from me",
+    ),
+    "travel_advisory": (
+        "is {country} dangerous for tourists right now",
+        "is it a good idea to go to {country} at the moment",
+        "how risky is a holiday in {country} at the moment",
+    ),
+    "attractions": (
+        "what's worth seeing in {city}",
+        "how should I spend a day in {city}",
+        "what are the must-sees in {city}",
+    ),
+    "search_tracks": ("which song is called {song}", "look up songs by {artist}", "find me the track {song}"),
+    "play_track": ("I want to hear {song} now", "put some {genre} on", "blast {song} on the speaker"),
+    "create_playlist": (
+        "make me a {genre} mix for running",
+        "start a {mood} playlist and add {song}",
+        "put together a {mood} mix with {song}",
+    ),
+    "recommend_songs": (
+        "what should I listen to if I like {artist}",
+        "more music like {song} please",
+        "suggest some tunes in the style of {artist}",
+    ),
+    "get_lyrics": (
+        "how does {song} go, word for word",
+        "I need the lyrics to {song} by {artist}",
+        "print the words of {song}",
+    ),
+    "identify_song": (
+        "what's this song called, I'm recording it",
+        "name the tune that's playing",
+        "which song is this that's playing in the cafe",
+    ),
+    "artist_info": (
+        "what is {artist} famous for",
+        "who is {artist} and what albums did they make",
+        "give me the backstory of {artist}",
+    ),
+    "concert_search": (
+        "is {artist} playing in {city} soon",
+        "gigs in {city} {day}",
+        "when is {artist} on tour in {city}",
+    ),
+    "buy_tickets": (
+        "get {n} seats to the {artist} gig",
+        "I want to go see {artist} live, get me tickets",
+        "I'd like {n} passes for {artist}'s concert",
+    ),
+    "new_releases": (
+        "any new {genre} music this week",
+        "what just came out in {genre}",
+        "latest {genre} records out this week",
+    ),
+    "live_scores": (
+        "how is the {team} game going",
+        "who's ahead in the {team} match right now",
+        "what's the current score in the {league}",
+    ),
+    "match_results": (
+        "how did {team} do against {team2}",
+        "final score of the {team} game on {date}",
+        "who came out on top, {team} or {team2}",
+    ),
+    "fixtures": (
+        "when is {team}'s next game",
+        "who does {team} play {day}",
+        "what's the date of {team}'s next match",
+    ),
+    "league_standings": (
+        "who's leading the {league}",
+        "how many points is {team} on in the table",
+        "show me the {league} table",
+    ),
+    "player_stats": (
+        "how many assists does {player} have",
+        "is {player} having a good season",
+        "what are {player}'s numbers this year",
+    ),
+    "injury_report": (
+        "is {player} fit to play {day}",
+        "who is hurt on {team}",
+        "which {team} players are sidelined",
+    ),
+    "transfer_news": (
+        "is {team} buying anyone",
+        "where is {player} going to play next season",
+        "which clubs want {player}",
+    ),
+    "sports_odds": (
+        "what are the odds on {team} beating {team2}",
+        "who should I bet on, {team} or {team2}",
+        "what price is {team} to win {day}",
+    ),
+    "watch_game": (
+        "is the {team} game on TV",
+        "how can I watch {team} vs {team2} online",
+        "which app is showing {team} vs {team2}",
+    ),
+    "game_tickets": (
+        "get me {n} seats to watch {team} at the stadium",
+        "I want to see {team} play live {day}",
+        "get me into the stadium for {team} vs {team2}",
+    ),
+    "top_headlines": (
+        "what's the big news in {country} today",
+        "give me the main stories right now",
+        "what are today's biggest stories in {country}",
+    ),
+    "search_news": (
+        "any recent stories on {topic}",
+        "find coverage of {topic} since {date}",
+        "pull up reporting about {topic}",
+    ),
+    "summarize_article": (
+        "give me a short version of {url}",
+        "what does the piece at {url} say",
+        "boil down {url} into a few lines",
+    ),
+    "business_news": (
+        "how are the markets doing today",
+        "any big company deals this week",
+        "what's happening on Wall Street today",
+    ),
+    "science_news": (
+        "what have scientists discovered lately",
+        "any new studies about {topic}",
+        "anything new from researchers on {topic}",
+    ),
+    "local_news": (
+        "what's going on around {city}",
+        "news from my town {city}",
+        "what happened in {city} this week",
+    ),
+    "fact_check": (
+        "is it a myth that {claim}",
+        "can you verify that {claim}",
+        "is there any truth to the idea that {claim}",
+    ),
+    "trending_topics": (
+        "what's going viral right now",
+        "what are people talking about in {country} today",
+        "what's blowing up online right now",
+    ),
+    "podcast_search": (
+        "an episode I can listen to about {topic}",
+        "any good shows to listen to on {topic}",
+        "recommend an audio show about {topic}",
+    ),
+    "newsletter_subscribe": (
+        "email me every morning about {topic}",
+        "add {email} to a daily roundup on {topic}",
+        "sign {email} up for morning updates on {topic}",
+    ),
+    "driving_directions": (
+        "what's the best way to drive from {address} to {place}",
+        "route me by car to {place}",
+        "how do I get to {place} by car from {address}",
+    ),
+    "transit_directions": (
+        "which bus goes to {place}",
+        "get me to {place} on the metro",
+        "which train goes from {address} to {place}",
+    ),
+    "traffic_conditions": (
+        "are the roads busy in {city} right now",
+        "any accidents on the way to {place}",
+        "is it gridlocked near {place}",
+    ),
+    "distance_matrix": (
+        "how many miles from {city} to {city2}",
+        "is {city} far from {city2}",
+        "how long is the drive between {city} and {city2}",
+    ),
+    "nearby_places": (
+        "I need a {poi} close by",
+        "where's the nearest {poi}",
+        "find a {poi} within walking distance",
+    ),
+    "place_details": ("is {place} open now", "when does {place} open {day}", "what are {place}'s hours"),
+    "geocode": (
+        "give me the GPS position of {address}",
+        "what are the map coordinates for {address}",
+        "where is {address} on a map, lat and long please",
+    ),
+    "reverse_geocode": (
+        "which street is at {lat}, {lng}",
+        "what's the address for the GPS point {lat} {lng}",
+        "what place is at {lat}, {lng}",
+    ),
+    "find_parking": (
+        "somewhere to leave my car near {place}",
+        "is there a car park by {place}",
+        "where do I leave the car when visiting {place}",
+    ),
+    "ev_charging": (
+        "where can I plug in my car near {place}",
+        "charging points for my EV in {city}",
+        "is there a charger for my electric car near {place}",
+    ),
+    "send_email": (
+        "drop {person} a note about {subject}",
+        "mail {email} that the meeting moved",
+        "shoot {person} an email about {subject}",
+    ),
+    "search_email": (
+        "look for that message from {person} about {subject}",
+        "dig up old emails about {subject}",
+        "find the thread about {subject} in my mail",
+    ),
+    "read_unread": (
+        "what's new in my inbox",
+        "any mail I haven't read yet",
+        "did I get any messages I haven't opened",
+    ),
+    "reply_email": (
+        "write back to {person} about {subject}",
+        "answer {person}'s message and say yes",
+        "get back to {person} on their email about {subject}",
+    ),
+    "forward_email": (
+        "share {person}'s email with {person2}",
+        "pass the {subject} message along to {email}",
+        "send {person}'s note about {subject} on to {person2}",
+    ),
+    "schedule_email": (
+        "send {person} a note {day} at {time}, not now",
+        "have an email go out to {email} at {time}",
+        "write {person} an email but deliver it {day} at {time}",
+    ),
+    "download_attachments": (
+        "save the PDF {person} emailed me",
+        "grab the files from the {subject} message",
+        "open the document {person} attached",
+    ),
+    "find_contact": (
+        "what's {person}'s number",
+        "where does {person} live",
+        "give me {person}'s contact details",
+    ),
+    "add_contact": (
+        "store {person}'s details in my address book",
+        "add {email} to my contacts",
+        "put {person} in my phone",
+    ),
+    "email_unsubscribe": (
+        "take me off the {sender} mailing list",
+        "no more mail from {sender} please",
+        "opt me out of {sender} emails",
+    ),
+    "create_event": (
+        "put {event} in my diary for {day}",
+        "schedule my {event} at {time} {day}",
+        "block out {day} at {time} for {event}",
+    ),
+    "list_events": (
+        "what do I have going on {day}",
+        "do I have anything planned {day}",
+        "what meetings do I have {day}",
+    ),
+    "update_event": (
+        "change my {event} to {day}",
+        "shift the {event} to {time}",
+        "bump my {event} to {day} at {time}",
+    ),
+    "delete_event": ("get rid of {event} from my schedule", "call off my {event} {day}", "scrap my {event}"),
+    "find_free_slot": (
+        "when can {person} and I meet {day}",
+        "find an open hour for me and {person}",
+        "when do {person} and {person2} have a gap {day}",
+    ),
+    "schedule_meeting": (
+        "arrange a call with {person} and {person2} {day}",
+        "send {person} an invite for {time} {day}",
+        "get {person} and me together {day} at {time}",
+    ),
+    "video_call_link": (
+        "I need a zoom for my chat with {person}",
+        "make a link so {person} can join by video",
+        "set up a video chat link for {event}",
+    ),
+    "set_reminder": (
+        "nudge me to {task} at {time}",
+        "make sure I remember to {task} {day}",
+        "remind me about {task} {day}",
+    ),
+    "set_alarm": ("get me up at {time} {day}", "I need to wake at {time}", "buzz me awake at {time}"),
+    "world_clock": (
+        "what's the local time in {city} now",
+        "if I call {city} at {time} my time, what time is it there",
+        "how many hours ahead is {city}",
+    ),
 }
 # fmt: on
 

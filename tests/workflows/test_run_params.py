@@ -1,0 +1,23 @@
+"""``run.params`` may name the artifact of a method trained earlier in the same ``toolscout run``."""
+
+from __future__ import annotations
+
+import pytest
+
+from workflows.run import resolve_artifacts
+
+
+def test_artifact_references_resolve_anywhere_in_the_params() -> None:
+    params = {"semantic_init": "{artifact:dense}/model", "nested": [{"x": "{artifact:bm25}"}], "lr": 0.1}
+    got = resolve_artifacts(params, {"dense": "/w/models/dense/v0003", "bm25": "/w/models/bm25/v0001"})
+    assert got == {
+        "semantic_init": "/w/models/dense/v0003/model",
+        "nested": [{"x": "/w/models/bm25/v0001"}],
+        "lr": 0.1,
+    }
+    assert params["semantic_init"] == "{artifact:dense}/model"  # the config is left as it was
+
+
+def test_a_method_not_trained_before_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="'dense'"):
+        resolve_artifacts({"semantic_init": "{artifact:dense}/model"}, {"bm25": "/w/models/bm25/v0001"})
