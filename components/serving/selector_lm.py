@@ -103,11 +103,6 @@ class TypeMasks:
         }
 
 
-def trie_path(trie: TokenTrie, value: str) -> list[int]:
-    """The token ids that spell ``value`` in ``trie``."""
-    return next(list(ids) for ids, v in trie.items() if v == value)
-
-
 class _Decoder:
     """Greedy decoding over one sequence with a KV cache; forced tokens wait until a decision."""
 
@@ -258,7 +253,8 @@ class LMSelector:
             self._scorer, [prompt], trie, 1, self.tokenizer.pad_token_id, num_beams=1
         )[0]
         decoder = _Decoder(self.model, prompt)
-        decoder.push(trie_path(trie, tool_id))  # the chosen name, forced, then its arguments
+        # The chosen name (as the candidate trie spelled it), forced, then its arguments.
+        decoder.push(self._name_ids(self.catalog.tools[tool_id]))
         arguments: dict[str, Any] = {}
         for param in self.catalog.tools[tool_id].required:
             decoder.push(self.fmt.key(param))

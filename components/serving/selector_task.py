@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 import torch
 from torch import nn
 
@@ -79,8 +80,6 @@ class SelectorTask(StageTask):
     """Fine-tune the selector LM in ``config.inputs.init_dir`` on calls of the train split."""
 
     def __init__(self, config: StageConfig) -> None:
-        import ray
-
         self.config = config
         self.params: SelectorParams = config.params
         data = config.inputs.dataset

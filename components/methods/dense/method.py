@@ -33,13 +33,6 @@ from components.training.spec import RunSpec, StageConfig, StageInputs
 DenseParams = BiEncoderParams  # the ``method.params`` section of ``method.name: dense``
 
 
-def contrastive_stage(
-    params: BiEncoderParams, init_dir: str, dataset: Dataset | ray.ObjectRef, stage: str = "contrastive"
-) -> StageConfig:
-    """The bi-encoder's contrastive stage, as the one runner takes it."""
-    return StageConfig.from_params(contrastive.TASK, stage, params, StageInputs(dataset, init_dir))
-
-
 class DenseMethod(BiEncoderRetriever):
     """Bi-encoder dense retrieval with an optional tool-ID head (see module docstring)."""
 
@@ -67,7 +60,9 @@ class DenseMethod(BiEncoderRetriever):
 
     def stage_config(self, init_dir: str, dataset: Dataset | ray.ObjectRef) -> StageConfig:
         """The contrastive stage starting from the bi-encoder in ``init_dir``."""
-        return contrastive_stage(self.params, init_dir, dataset)
+        return StageConfig.from_params(
+            contrastive.TASK, "contrastive", self.params, StageInputs(dataset, init_dir)
+        )
 
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
         """Run the contrastive stage on Ray Train, keep the best checkpoint, select ``mix`` on valid."""
