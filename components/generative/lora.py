@@ -1,0 +1,72 @@
+"""LoRA adapters on a causal LM, with the tool-token rows trainable, saved and loaded as adapters.
+
+ToolGen (arXiv 2410.03439) fine-tunes the whole LM; on a 135M-8B backbone a low-rank adapter
+(Hu et al., arXiv 2106.09685) on the attention and MLP projections gets most of that at a small
+fraction of the trainable weights and of the checkpoint size. The new tool-token rows of the
+embedding (and of the tied output layer) must still learn freely, since they start as mere means
+of subword rows: peft's ``trainable_token_indices`` trains exactly those rows and stores them in
+the adapter, so an adapter directory plus the base model (resized to the same vocabulary) is the
+whole fine-tuned model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedModel
+
+# Llama-family projection names (SmolLM2, Llama 3, Qwen2.5 all use them).
+LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Adapter size and placement; ``r = 0`` means full fine-tuning (no adapter)."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    targets: tuple[str, ...] = field(default=LLAMA_TARGETS)
+
+    def __post_init__(self) -> None:
+        if self.r < 0 or self.alpha <= 0 or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA needs r >= 0, alpha > 0 and 0 <= dropout < 1, got {self}")
+
+
+def add_lora(model: PreTrainedModel, spec: LoraSpec, trainable_tokens: Sequence[int] = ()) -> PreTrainedModel:
+    """Wrap ``model`` in a LoRA adapter; only the adapter and the ``trainable_tokens`` rows train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=spec.r,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=list(spec.targets),
+        trainable_token_indices=sorted(int(i) for i in trainable_tokens) or None,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def save_adapter(model: PreTrainedModel, path: str) -> None:
+    """Write only the adapter (LoRA matrices and the trained token rows) and its config.
+
+    peft would save the whole resized embedding table (49k x 576 floats for SmolLM2) because the
+    vocabulary grew; the trained tool rows are already in the adapter, so the table is left out.
+    """
+    model.save_pretrained(path, save_embedding_layers=False)
+
+
+def load_adapter(base: PreTrainedModel, path: str, trainable: bool = False) -> PreTrainedModel:
+    """``base`` (already resized to the adapter's vocabulary) with the adapter at ``path`` applied."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base, path, is_trainable=trainable)
+
+
+def is_adapter_dir(path: str) -> bool:
+    """Whether ``path`` holds a peft adapter rather than a whole model."""
+    import os
+
+    return os.path.exists(os.path.join(path, "adapter_config.json"))

