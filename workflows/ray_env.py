@@ -8,6 +8,13 @@ from typing import Any
 
 import ray
 
+# Ray Train's controller checks its workers every 2 s by default, so a finished stage is noticed up
+# to 2 s late and every run pays that again at start-up; measured on 2 cores, a 1-epoch tiny stage
+# took 15.5 s at the default and 11.4 s at 0.1 s. For the Ray this program starts itself, poll at
+# 0.2 s (one cheap actor call per poll). A cluster keeps its own setting; the environment wins.
+TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+LOCAL_TRAIN_POLL_S = "0.2"
+
 
 def init_ray(cfg: dict[str, Any] | None = None) -> None:
     """Join the cluster named by ``ray.address`` / ``RAY_ADDRESS``, or start a local Ray.
@@ -22,6 +29,8 @@ def init_ray(cfg: dict[str, Any] | None = None) -> None:
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
         return
+    # Set before ray.init: the local raylet, and with it every worker, inherits this environment.
+    os.environ.setdefault(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)
     ray.init(
         num_cpus=cfg.get("num_cpus"),
         include_dashboard=False,
