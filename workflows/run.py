@@ -147,8 +147,8 @@ def results_table(report: dict[str, Any], columns: tuple[str, ...] = TABLE_COLUM
     rows = report["results"]
     present = [c for c in columns if any(c in r["metrics"] for r in rows)]
     best = {
-        (r["split"], c): max(x["metrics"].get(c, float("-inf")) for x in rows if x["split"] == r["split"])
-        for r in rows
+        (split, c): max(r["metrics"].get(c, float("-inf")) for r in rows if r["split"] == split)
+        for split in {r["split"] for r in rows}
         for c in present
     }
     table = Table(title="toolscout quickstart", title_style="bold", box=box.SIMPLE_HEAD)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from components.packages import require_distribution
+
 
 @dataclass(frozen=True)
 class PackagedEncoder:
@@ -32,11 +34,5 @@ def resolve_encoder(name_or_path: str) -> str:
     packaged = PACKAGED_ENCODERS.get(name_or_path)
     if packaged is None:
         return name_or_path
-    try:
-        module = importlib.import_module(packaged.module)
-    except ImportError as e:
-        raise ModuleNotFoundError(
-            f"encoder backbone {name_or_path!r} needs the package {packaged.distribution}: "
-            "pip install 'toolscout[pretrained]'"
-        ) from e
-    return str(module.get_model_path())
+    require_distribution(packaged.distribution, f"encoder backbone {name_or_path!r}")
+    return str(importlib.import_module(packaged.module).get_model_path())

@@ -88,14 +88,20 @@ def top_k(scores: torch.Tensor, qids: list[str], tool_ids: list[str], k: int) ->
 
 
 def initial_bi_encoder(params: BiEncoderParams, data: Dataset, path: str, seed: int) -> None:
-    """Train the tokenizer on tools + training queries, build the bi-encoder, save it to ``path``."""
+    """:func:`build_bi_encoder`, saved to ``path`` for a training stage to start from."""
+    build_bi_encoder(params, data, seed).save(path)
+
+
+def build_bi_encoder(params: BiEncoderParams, data: Dataset, seed: int) -> BiEncoder:
+    """Train the tokenizer on tools + training queries (or load the pretrained one) and build the
+    bi-encoder, with an ID row per training tool when ``params.id_head``."""
     texts = tool_texts(data.corpus, list(data.corpus), params.tool_fields)
     texts += [data.queries[q] for q in data.qrels["train"]]
     torch.manual_seed(seed)  # the ID head is initialised here, also on top of a hub backbone
     encoder = TextEncoder.from_spec(spec_from(params.encoder), texts, seed=seed)
     position = {t: i for i, t in enumerate(data.corpus)}
     train_tools = sorted({t for rel in data.qrels["train"].values() for t in rel}, key=position.__getitem__)
-    BiEncoder(encoder, train_tools if params.id_head else None).save(path)
+    return BiEncoder(encoder, train_tools if params.id_head else None)
 
 
 class BiEncoderRetriever:

@@ -22,7 +22,7 @@ LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """Adapter size and placement; ``r = 0`` means full fine-tuning (no adapter)."""
+    """Adapter rank, scale, dropout and the projections it wraps."""
 
     r: int = 16
     alpha: int = 32
@@ -30,8 +30,8 @@ class LoraSpec:
     targets: tuple[str, ...] = field(default=LLAMA_TARGETS)
 
     def __post_init__(self) -> None:
-        if self.r < 0 or self.alpha <= 0 or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA needs r >= 0, alpha > 0 and 0 <= dropout < 1, got {self}")
+        if self.r < 1 or self.alpha <= 0 or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA needs r >= 1, alpha > 0 and 0 <= dropout < 1, got {self}")
 
 
 def add_lora(model: PreTrainedModel, spec: LoraSpec, trainable_tokens: Sequence[int] = ()) -> PreTrainedModel:
@@ -63,10 +63,3 @@ def load_adapter(base: PreTrainedModel, path: str, trainable: bool = False) -> P
     from peft import PeftModel
 
     return PeftModel.from_pretrained(base, path, is_trainable=trainable)
-
-
-def is_adapter_dir(path: str) -> bool:
-    """Whether ``path`` holds a peft adapter rather than a whole model."""
-    import os
-
-    return os.path.exists(os.path.join(path, "adapter_config.json"))

