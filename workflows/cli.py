@@ -1,4 +1,4 @@
-"""The ``toolscout`` command line: preprocess | train | evaluate | bench | run | serve.
+"""The ``toolscout`` command line: preprocess | train | evaluate | bench | tune | run | serve.
 
 Every command reads ``configs/default.yaml``, then ``--config FILE``, then ``key=value``
 overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
@@ -178,6 +178,31 @@ def bench(
     from workflows.report import markdown_table
 
     print(markdown_table(run_bench(cfg)))
+
+
+@app.command()
+@guarded
+def tune(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    data: Annotated[str | None, typer.Option(help="Prepared or raw dataset dir.")] = None,
+    out: Annotated[str | None, typer.Option(help="Results JSON (table, plots, best YAML beside).")] = None,
+) -> None:
+    """Sweep the `tune.space` keys with Ray Tune (Optuna + ASHA), select on valid, test the best once."""
+    cfg = build_config(config, overrides, data__path=data, tune__out=out)
+    require(cfg, "data.path", "--data")
+    require(cfg, "tune.space", "tune.space=... (in the config)")
+    start_ray(cfg)
+    from workflows.report import markdown_table
+    from workflows.tune.sweep import SweepInterrupted, tune_sweep
+
+    try:
+        report = tune_sweep(cfg)
+    except SweepInterrupted as e:
+        console.print(f"[yellow]{e}[/yellow]")
+        raise typer.Exit(130) from e
+    print(markdown_table(report))
+    console.print(f"best config: {report['best_config']}")
 
 
 @app.command()

@@ -46,6 +46,15 @@ def worker_env(run: RunSpec) -> dict[str, str]:
     return env
 
 
+def tune_callbacks(run: RunSpec) -> list:
+    """Ray Train callbacks that forward each epoch's report to the Ray Tune trial running this stage."""
+    if not run.report_to_tune:
+        return []
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    return [TuneReportCallback()]
+
+
 def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
     """Train one stage with ``TorchTrainer``; the best checkpoint is chosen by ``stage.score`` (max).
 
@@ -80,6 +89,7 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
             else run.storage_path,
             storage_filesystem=io.arrow_filesystem(run.storage_path, run.storage_options),
             failure_config=FailureConfig(max_failures=run.max_failures),
+            callbacks=tune_callbacks(run),
             worker_runtime_env={"env_vars": env} if env else None,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=run.keep_checkpoints,

@@ -35,6 +35,9 @@ class RunSpec:
     # one config differed in the 6th digit of every weight.
     deterministic: bool = True
     precision: str = "fp32"  # "fp32" | "bf16" (autocast in the forward and loss)
+    # Inside a Ray Tune trial: every epoch's report also goes to Tune (its scheduler stops a trial
+    # on them), through Ray Train's TuneReportCallback.
+    report_to_tune: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,196 @@
+"""``toolscout tune``: search spaces, a real sweep on Ray Tune + Ray Train, ASHA, restore, best YAML."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import TINY_ENCODER
+from ray import tune
+
+from components.config import ConfigError, load_yaml, merge
+from workflows.cli import packaged_config
+from workflows.tune.settings import tune_settings
+from workflows.tune.space import parse_space
+from workflows.tune.sweep import SweepInterrupted, base_config, check_space, tune_sweep
+
+
+def config(data: str, root: Path, method: dict, **tune_section) -> dict:
+    return merge(
+        packaged_config("default"),
+        {
+            "data": {"path": data},
+            "method": method,
+            "train": {
+                "storage_path": str(root / "train"),
+                "local_dir": str(root / "ckpt"),
+                "output": str(root / "models"),
+            },
+            "tune": {
+                "storage_path": str(root / "tune"),
+                "max_concurrent": 1,
+                "search": "random",
+                **tune_section,
+            },
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        ({"method.params.lr": {"uniformly": [0.1, 1]}}, "unknown distribution 'uniformly'"),
+        ({"method.params.lr": {"uniform": [0.1]}}, "uniform takes 2 numbers"),
+        ({"method.params.lr": {"uniform": [1.0, 0.1]}}, "lower < upper"),
+        ({"method.params.lr": {"loguniform": [0.0, 0.1]}}, "positive lower bound"),
+        ({"method.params.lr": {"choice": []}}, "non-empty list"),
+        ({"method.params.lr": {"uniform": ["a", "b"]}}, "takes numbers"),
+        ({"method.params.lr": 0.1}, "expected one distribution"),
+    ],
+)
+def test_a_bad_distribution_is_refused_naming_its_key(entry, says):
+    with pytest.raises(ConfigError, match=r"tune\.space\.method\.params\.lr") as e:
+        parse_space(entry)
+    assert says in str(e.value)
+
+
+def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
+    cfg = config(
+        "unused",
+        tmp_path,
+        {"name": "dense", "params": {"encoder": TINY_ENCODER}},
+        space={"method.params.learning_rate": {"uniform": [0.1, 0.2]}},
+    )
+    settings = tune_settings(cfg, "x")
+    with pytest.raises(ConfigError, match="learning_rate"):
+        check_space(base_config(cfg, settings), parse_space(settings.space), settings)
+    cfg["tune"]["space"] = {"model.lr": {"uniform": [0.1, 0.2]}}
+    with pytest.raises(ConfigError, match=r"tune.space.model.lr: sweep keys start with method\."):
+        check_space(base_config(cfg, settings), parse_space(cfg["tune"]["space"]), settings)
+    for bad, says in [
+        ({"metric": "test/ndcg@3"}, "never test"),
+        ({"search": "bayes"}, "tune.search"),
+        ({"spaces": {}}, "unknown keys"),
+        ({"space": None}, "tune.space is not set"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            tune_settings(merge(cfg, {"tune": bad}), "x")
+
+
+@pytest.fixture(scope="module")
+def dense_sweep(ray_session, tmp_path_factory):
+    """Three dense trials on Ray Train: two alike, one planted to learn nothing (lr 1e-9)."""
+    from components.data.quickstart import generate_quickstart
+
+    root = tmp_path_factory.mktemp("tune")
+    generate_quickstart(str(root / "data"), seed=3, n_queries=300, n_neg=20)
+    method = {"name": "dense", "params": {"encoder": TINY_ENCODER, "epochs": 3, "batch_size": 32, "lr": 2e-3}}
+    cfg = config(
+        str(root / "data"),
+        root,
+        method,
+        name="planted",
+        num_samples=1,
+        out=str(root / "out" / "planted.json"),
+        space={"method.params.lr": {"grid_search": [3e-3, 3e-3, 1e-9]}},
+    )
+    return cfg, tune_sweep(cfg), root
+
+
+def test_asha_stops_the_planted_bad_trial_and_the_good_ones_finish(dense_sweep):
+    _, report, _ = dense_sweep
+    by_lr = {}
+    for t in report["trials"]:
+        by_lr.setdefault(t["params"]["method.params.lr"], []).append(t)
+    assert [t["status"] for t in by_lr[3e-3]] == ["completed", "completed"]
+    assert [t["epochs_reported"] for t in by_lr[3e-3]] == [3, 3]
+    (bad,) = by_lr[1e-9]
+    assert bad["status"] == "stopped" and bad["epochs_reported"] < 3
+    assert bad["valid"] < by_lr[3e-3][0]["valid"]
+    assert report["best"]["params"] == {"method.params.lr": 3e-3}
+
+
+def test_sweep_writes_every_trial_a_table_plots_and_one_test_reading(dense_sweep):
+    _, _, root = dense_sweep
+    out = root / "out"
+    assert sorted(os.listdir(out)) == [
+        "planted.json",
+        "planted.md",
+        "planted.png",
+        "planted_best.yaml",
+        "planted_trials.png",
+    ]
+    saved = json.loads((out / "planted.json").read_text())
+    assert len(saved["trials"]) == 3 and all(
+        {"params", "valid", "status", "seconds"} <= set(t) for t in saved["trials"]
+    )
+    assert [(r["method"], r["split"]) for r in saved["results"]] == [
+        ("dense_tuned", "valid"),
+        ("dense_tuned", "test"),
+    ]
+    # The best trial's whole-method valid score is what it was selected on.
+    assert saved["results"][0]["metrics"]["ndcg@3"] == pytest.approx(saved["best"]["valid"])
+    assert (
+        "| planted" not in (out / "planted.md").read_text() and "stopped" in (out / "planted.md").read_text()
+    )
+
+
+def test_the_best_yaml_trains_unchanged_with_the_selected_setting(dense_sweep):
+    from workflows.train import train
+
+    _, _, root = dense_sweep
+    best = load_yaml(root / "out" / "planted_best.yaml")
+    assert best["method"]["params"]["lr"] == 3e-3 and best["bench"]["run"] == ["dense_tuned"]
+    assert best["bench"]["methods"]["dense_tuned"]["params"] == best["method"]["params"]
+    cfg = merge(packaged_config("default"), best)
+    out = train(merge(cfg, {"train": {"output": str(root / "from_best")}}))
+    saved = json.loads((Path(out["artifact"]) / "config.json").read_text())
+    assert saved["lr"] == 3e-3
+    assert "&id" not in (root / "out" / "planted_best.yaml").read_text()  # plain YAML, no anchors
+
+
+class InterruptOnce(tune.Callback):
+    """Ctrl+C after the first trial finishes (once: Tune restores its callbacks with the sweep)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if not os.path.exists(self.marker):
+            Path(self.marker).write_text(json.dumps(trial.trial_id))
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_session, tmp_path):
+    from components.data.quickstart import generate_quickstart
+
+    data = tmp_path / "data"
+    generate_quickstart(str(data), seed=3, n_queries=300, n_neg=20)
+    cfg = config(
+        str(data),
+        tmp_path,
+        {"name": "bm25", "params": {"profile": "default"}},
+        name="bm",
+        num_samples=1,
+        out=str(tmp_path / "out" / "bm.json"),
+        space={"method.params.k1": {"grid_search": [0.9, 1.2, 1.5]}},
+    )
+    marker = str(tmp_path / "interrupted")
+    with pytest.raises(SweepInterrupted, match="stopped after 1 of 3"):
+        tune_sweep(cfg, callbacks=[InterruptOnce(marker)])
+    first = json.loads(Path(marker).read_text())
+    assert not (tmp_path / "out").exists()  # nothing selected from a partial sweep
+    report = tune_sweep(cfg)
+    assert [t["status"] for t in report["trials"]] == ["completed"] * 3
+    assert sorted(t["params"]["method.params.k1"] for t in report["trials"]) == [0.9, 1.2, 1.5]
+    (kept,) = [t for t in report["trials"] if t["trial_id"] == first]
+    trial_dir = next((tmp_path / "tune" / "bm").glob(f"*{first}*"))
+    assert len((trial_dir / "result.json").read_text().splitlines()) == 1  # it reported once: not re-run
+    assert kept["finished_at"] <= min(t["finished_at"] for t in report["trials"])
+    with pytest.raises(ConfigError, match=r"tune\.resume=true"):
+        tune_sweep(merge(cfg, {"tune": {"resume": False}}))
+    assert yaml.safe_load((tmp_path / "out" / "bm_best.yaml").read_text())["method"]["name"] == "bm25"

@@ -1,0 +1,103 @@
+"""The ``tune`` section of a config, checked once and typed (:class:`TuneSettings`)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.config import ConfigError
+from components.data import io
+
+SEARCHERS = ("optuna", "random")
+SCHEDULERS = ("asha", "fifo")
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """What to sweep, how to search and stop, and where trials and results go.
+
+    Attributes:
+        name: The sweep's name; its trials and checkpoints live under ``storage_path/name``.
+        entry: A ``bench.methods`` entry the sweep starts from (its method and params), or None
+            for the config's ``method`` section.
+        space: ``{dotted config key: {distribution: args}}`` (:mod:`workflows.tune.space`).
+        metric: ``valid/<metric>`` the scheduler and the selection use; ``mode`` is max or min.
+        num_samples: Trials to run (each value of a ``grid_search`` this many times).
+        search: ``optuna`` (TPE through ``OptunaSearch``) or ``random``.
+        scheduler: ``asha`` (stop a trial whose epoch reports trail the others) or ``fifo``.
+        grace_period, reduction_factor, max_t: ASHA's settings, in epochs (``max_t`` defaults to
+            the method's epochs + 1: the last report is the whole method scored on valid).
+        trial_resources: The trial actor's own resources; the training workers' come from
+            ``train.num_workers`` and ``train.resources_per_worker``.
+        max_concurrent: Trials at once; None derives it from the cluster's CPUs (or GPUs).
+        shared_stages: Stages trained once before the sweep and reused by every trial (the
+            method must cache them by their settings, as MassTool's ``semantic_cache`` does).
+        storage_path: Local directory or ``s3://`` prefix of the sweep.
+        resume: Restore an interrupted sweep of the same name instead of refusing to start.
+        baseline: A ``bench.methods`` entry (the hand-picked config) trained and scored in the
+            same run, for the comparison in the report; None for none.
+        out: The results JSON; the table (.md), plots (.png) and best config (_best.yaml) go
+            beside it.
+    """
+
+    name: str
+    space: dict[str, Any]
+    entry: str | None = None
+    metric: str = "valid/ndcg@3"
+    mode: str = "max"
+    num_samples: int = 16
+    search: str = "optuna"
+    scheduler: str = "asha"
+    grace_period: int = 1
+    reduction_factor: int = 2
+    max_t: int | None = None
+    trial_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 0})
+    max_concurrent: int | None = None
+    shared_stages: tuple[str, ...] = ()
+    storage_path: str = "runs/tune"
+    resume: bool = True
+    baseline: str | None = None
+    seed: int = 0
+    out: str | None = None
+    title: str = ""
+
+    @property
+    def experiment_path(self) -> str:
+        return io.join(self.storage_path, self.name)
+
+
+def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
+    """Read and check ``cfg["tune"]``; every error names the key."""
+    raw = copy.deepcopy(cfg.get("tune") or {})
+    if not raw.get("space"):
+        raise ConfigError("tune.space is not set: name at least one dotted config key to sweep")
+    known = set(TuneSettings.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"tune: unknown keys {unknown}; known: {sorted(known)}")
+    sched = raw.pop("scheduler", None) or {}
+    if isinstance(sched, str):
+        sched = {"name": sched}
+    raw["scheduler"] = sched.get("name", "asha")
+    for key in ("grace_period", "reduction_factor", "max_t"):
+        if key in sched:
+            raw[key] = sched[key]
+    raw["name"] = raw.get("name") or default_name
+    raw["shared_stages"] = tuple(raw.get("shared_stages") or ())
+    storage = raw.get("storage_path") or "runs/tune"
+    raw["storage_path"] = storage if io.is_remote(storage) else os.path.abspath(storage)
+    settings = TuneSettings(**raw)
+    if settings.search not in SEARCHERS:
+        raise ConfigError(f"tune.search: {settings.search!r} is not one of {SEARCHERS}")
+    if settings.scheduler not in SCHEDULERS:
+        raise ConfigError(f"tune.scheduler: {settings.scheduler!r} is not one of {SCHEDULERS}")
+    if settings.mode not in ("max", "min"):
+        raise ConfigError(f"tune.mode: expected max or min, got {settings.mode!r}")
+    if int(settings.num_samples) < 1:
+        raise ConfigError(f"tune.num_samples: expected at least 1, got {settings.num_samples}")
+    split, _, name = settings.metric.partition("/")
+    if split != "valid" or not name:
+        raise ConfigError(f"tune.metric: expected valid/<metric> (never test), got {settings.metric!r}")
+    return settings

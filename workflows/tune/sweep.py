@@ -1,0 +1,216 @@
+"""``toolscout tune``: a Ray Tune sweep over any method's config keys (arXiv 2507.00487's λ and ε,
+ToolWeaver's λ / ε / K / L, learning rates ...), selected on valid, the best read once on test.
+
+The driver checks the space against the method, trains the stages every trial shares once,
+then runs the trials (:func:`workflows.tune.trainable.run_trial`) with Optuna's TPE search and the
+ASHA scheduler by default. A sweep of the same name that was interrupted is restored
+(``Tuner.restore``): finished trials are kept, unfinished ones start again and their Ray Train runs
+resume from their last epoch. The outputs (:mod:`workflows.tune.outputs`) are every trial's
+parameters and metric, plots, the best config as a YAML that ``toolscout train`` and
+``toolscout bench`` take unchanged, and one test evaluation of that config.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+from components.config import ConfigError, merge
+from components.data import Dataset, dataset_from_config, io
+from workflows.train import run_spec
+from workflows.tune.outputs import best_trial, trial_rows, write_outputs
+from workflows.tune.progress import TrialProgress
+from workflows.tune.settings import TuneSettings, tune_settings
+from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
+from workflows.tune.trainable import metric_key, run_trial, trial_method
+
+
+class SweepInterrupted(RuntimeError):
+    """The sweep was stopped (Ctrl+C, a lost driver) before every trial finished."""
+
+
+def base_config(cfg: dict[str, Any], settings: TuneSettings) -> dict[str, Any]:
+    """The config every trial starts from: the ``method`` section (or the named bench entry's
+    method and params), with the trials' Ray Train runs stored under the sweep."""
+    base = merge(cfg, {})
+    if settings.entry:
+        entries = (cfg.get("bench") or {}).get("methods") or {}
+        if settings.entry not in entries:
+            raise ConfigError(f"tune.entry: {settings.entry!r} is not in bench.methods ({sorted(entries)})")
+        entry = entries[settings.entry]
+        base["method"] = {"name": entry.get("method", settings.entry), "params": entry.get("params") or {}}
+    base.setdefault("train", {})["storage_path"] = io.join(settings.experiment_path, "train")
+    base["train"]["run_name"] = None  # trials name their runs after the sweep and trial id
+    return base
+
+
+def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSettings) -> Any:
+    """Build the method with one sample of every key, so that a key the method does not take fails
+    here, naming it, and not in every trial. Returns the built method."""
+    for key in space:
+        if not key.startswith(("method.", "train.", "splits.")):
+            raise ConfigError(f"tune.space.{key}: sweep keys start with method., train. or splits.")
+    try:
+        _, method = trial_method(base, sample_once(space))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"tune.space: {sorted(space)} do not build a {base['method']['name']}: {e}") from e
+    missing = [s for s in settings.shared_stages if s not in method.stages]
+    if missing:
+        raise ConfigError(f"tune.shared_stages: {missing} are not stages of {method.name} {method.stages}")
+    if settings.search == "optuna" and has_grid(space):
+        raise ConfigError(
+            "tune.space: grid_search needs tune.search=random (Optuna samples, it does not enumerate)"
+        )
+    return method
+
+
+def train_resources(cfg: dict[str, Any], trains: bool, settings: TuneSettings) -> dict[str, float]:
+    """What one trial holds while it trains: its own actor plus its Ray Train workers."""
+    t = cfg.get("train") or {}
+    per_worker = {"CPU": 1.0, **{k: float(v) for k, v in (t.get("resources_per_worker") or {}).items()}}
+    if t.get("use_gpu"):
+        per_worker.setdefault("GPU", 1.0)
+    held = trial_actor_resources(settings, trains)
+    if trains:
+        for k, v in per_worker.items():
+            held[k] = held.get(k, 0.0) + v * int(t.get("num_workers", 1))
+    return held
+
+
+def trial_actor_resources(settings: TuneSettings, trains: bool) -> dict[str, float]:
+    """The trial actor's request. A method without a training stage (BM25) works in the trial
+    itself: one CPU. One that trains does so in Ray Train's own workers; but Tune cannot place a
+    trial that asks for nothing, and any CPU share, however small, would leave a 2-CPU node one
+    trial short of two 1-CPU Train runs: so such a trial asks for 1 MiB of memory instead."""
+    wanted = {k: float(v) for k, v in settings.trial_resources.items() if float(v) > 0}
+    return wanted or ({"memory": float(1 << 20)} if trains else {"CPU": 1.0})
+
+
+def max_concurrent(held: dict[str, float], settings: TuneSettings) -> int:
+    """Trials at once: the configured number, else as many as the cluster's resources hold."""
+    if settings.max_concurrent:
+        return int(settings.max_concurrent)
+    total = ray.cluster_resources()
+    fits = [math.floor(total.get(k, 0.0) / v + 1e-9) for k, v in held.items() if v > 0]
+    return max(1, min(fits) if fits else 1)
+
+
+def scheduler(settings: TuneSettings, base: dict[str, Any]) -> Any:
+    if settings.scheduler == "fifo":
+        return FIFOScheduler()
+    epochs = int(((base.get("method") or {}).get("params") or {}).get("epochs", 1))
+    # +1: after the last epoch the trial reports the whole method scored on valid.
+    max_t = settings.max_t or epochs + 1
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        max_t=max_t,
+        grace_period=settings.grace_period,
+        reduction_factor=settings.reduction_factor,
+    )
+
+
+def searcher(settings: TuneSettings) -> Any:
+    if settings.search == "random":
+        return None  # Tune's BasicVariantGenerator (random sampling, grids enumerated)
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch(seed=settings.seed)
+
+
+def warm_shared_stages(method: Any, base: dict[str, Any], dataset: Dataset, settings: TuneSettings) -> None:
+    """Train the stages every trial shares once, here, so that trials find them in the method's cache."""
+    if not settings.shared_stages:
+        return
+    run = run_spec(base, f"{settings.name}-shared")
+    for stage in method.stages:
+        if stage not in settings.shared_stages:
+            break
+        method.fit(stage, dataset, run)
+
+
+def make_tuner(
+    trainable: Any,
+    space: dict[str, Any],
+    settings: TuneSettings,
+    base: dict[str, Any],
+    concurrent: int,
+    callbacks: list[Any],
+) -> tune.Tuner:
+    """A new Tuner, or the interrupted sweep of the same name restored."""
+    fs = io.arrow_filesystem(settings.experiment_path, base["train"].get("storage_options") or {})
+    # With an explicit filesystem Ray wants paths inside it: "bucket/prefix", no scheme.
+    inside = (lambda p: p.split("://", 1)[1]) if fs else (lambda p: p)
+    path = inside(settings.experiment_path)
+    if tune.Tuner.can_restore(path, storage_filesystem=fs):
+        if not settings.resume:
+            raise ConfigError(
+                f"tune: a sweep named {settings.name!r} exists at {path}; pass tune.resume=true to "
+                "finish it, or tune.name=<new name> for a new sweep"
+            )
+        # The run config (callbacks included) comes back from the sweep's saved state.
+        return tune.Tuner.restore(
+            path, trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs
+        )
+    metric = metric_key(settings.metric)
+    progress = TrialProgress(int(settings.num_samples) * grid_size(space), metric, settings.mode)
+    return tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric=metric,
+            mode=settings.mode,
+            num_samples=int(settings.num_samples),
+            search_alg=searcher(settings),
+            scheduler=scheduler(settings, base),
+            max_concurrent_trials=concurrent,
+        ),
+        run_config=tune.RunConfig(
+            name=settings.name,
+            storage_path=inside(settings.storage_path),
+            storage_filesystem=fs,
+            verbose=0,  # Tune's per-result tables; TrialProgress draws one bar instead
+            callbacks=[progress, *callbacks],
+        ),
+    )
+
+
+def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[str, Any]:
+    """Run the sweep described by ``cfg["tune"]``; returns the report written to ``tune.out``.
+
+    ``callbacks`` are extra Ray Tune callbacks (loggers such as MLflow's, or a test's hook).
+    """
+    started = time.perf_counter()
+    dataset = dataset_from_config(cfg)
+    method_name = (cfg.get("tune") or {}).get("entry") or cfg["method"]["name"]
+    settings = tune_settings(cfg, f"{dataset.name}-{method_name}-tune")
+    space = parse_space(settings.space)
+    base = base_config(cfg, settings)
+    method = check_space(base, space, settings)
+    warm_shared_stages(method, base, dataset, settings)
+    trains = "train" in method.capabilities
+    held = train_resources(base, trains, settings)
+    concurrent = max_concurrent(held, settings)
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            run_trial, base=base, dataset=dataset, metric=settings.metric, experiment=settings.name
+        ),
+        trial_actor_resources(settings, trains),
+    )
+    results = make_tuner(trainable, space, settings, base, concurrent, list(callbacks or [])).fit()
+    expected = int(settings.num_samples) * grid_size(space)
+    if results.num_terminated + results.num_errors < expected:
+        # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
+        raise SweepInterrupted(
+            f"tune: sweep {settings.name!r} stopped after {results.num_terminated} of {expected} trials; "
+            "run the same command again to finish it (finished trials are kept)"
+        )
+    trials = trial_rows(results, list(space), metric_key(settings.metric), settings.mode)
+    best = best_trial(results, trials, settings.mode)
+    return write_outputs(
+        cfg, settings, base, dataset, trials, best, sweep_seconds=time.perf_counter() - started
+    )

@@ -1,0 +1,81 @@
+"""The one Ray Tune trainable: a trial trains a method's stages through the Ray Train runner.
+
+Each trial is a Tune function trainable that calls the method's ``fit`` stage by stage, exactly as
+``toolscout train`` does, so every stage is a ``TorchTrainer`` run (:mod:`components.training.runner`)
+with its per-epoch checkpoints, resume and scaling settings. The alternative, calling the stage
+functions in the trial's own process, would skip about 10 s of Ray Train start-up per trial, but it
+would be a second training path with its own device, checkpoint and resume behaviour; a trial of
+the profiles swept here trains for minutes, so the one runner is kept.
+
+The last stage forwards each epoch's validation report to Tune (``RunSpec.report_to_tune``), which
+is what the ASHA scheduler stops a trial on. Earlier stages do not report: a stage every trial
+shares (MassTool's semantic stage) is trained once before the sweep and found in its cache here.
+When the last stage is done the trial indexes the catalogue, scores the whole method on ``valid``
+as ``toolscout bench`` does, and reports that with the saved artifact as the trial's checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any
+
+from ray import tune
+
+from components import methods
+from components.data import Dataset
+from workflows.evaluate import score
+from workflows.train import run_spec
+from workflows.tune.space import apply_params
+
+FINAL = "final"  # 1.0 in the report of a trial that trained to the end and was scored as a whole
+
+
+def metric_key(metric: str) -> str:
+    """``valid/ndcg@3`` → ``valid_ndcg@3``, the key Ray Train workers report per epoch."""
+    split, sep, name = metric.partition("/")
+    if not sep or split != "valid" or not name:
+        raise ValueError(f"tune.metric {metric!r}: expected valid/<metric>, e.g. valid/ndcg@3")
+    return f"valid_{name}"
+
+
+def trial_method(base: dict[str, Any], params: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The trial's full config (``base`` with the sampled ``params``) and its method, built."""
+    cfg = apply_params(base, params)
+    mcfg = cfg["method"]
+    return cfg, methods.build(mcfg["name"], mcfg.get("params"))
+
+
+def run_trial(
+    params: dict[str, Any], *, base: dict[str, Any], dataset: Dataset, metric: str, experiment: str
+) -> None:
+    """Train, score on valid and report one trial (called by Ray Tune with the sampled ``params``).
+
+    Args:
+        params: The sampled ``{dotted config key: value}``.
+        base: The sweep's base config (``method``, ``train``, ...); ``train.storage_path`` is the
+            sweep's own, so every trial's Ray Train checkpoints live under the sweep.
+        dataset: The dataset, loaded once by the driver and shared through the object store.
+        metric: ``valid/<metric>``: reported per epoch by the last stage and for the whole method.
+        experiment: The sweep's name: trial runs are named ``<experiment>-<trial id>``, so a trial
+            that is restarted (``Tuner.restore``) resumes its Ray Train run from its last epoch.
+    """
+    cfg, method = trial_method(base, params)
+    trial_id = tune.get_context().get_trial_id()
+    run = run_spec(cfg, f"{experiment}-{trial_id}")
+    started = time.perf_counter()
+    stages: dict[str, Any] = {}
+    for stage in method.stages:
+        stages[stage] = method.fit(stage, dataset, replace(run, report_to_tune=stage == method.stages[-1]))
+    method.index(dataset.corpus)
+    train_seconds = time.perf_counter() - started
+    valid = score(method, dataset, "valid")
+    report = {f"valid_{k}": float(v) for k, v in valid.items()}
+    report |= {metric_key(metric): float(valid[metric.partition("/")[2]]), FINAL: 1.0}
+    report["train_seconds"] = train_seconds
+    with tempfile.TemporaryDirectory() as tmp:
+        artifact = os.path.join(tmp, "artifact")
+        method.save(artifact)
+        tune.report(report, checkpoint=tune.Checkpoint.from_directory(artifact))
