@@ -77,11 +77,27 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
     return out
 
 
+def load_file(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file with what it ``extends``: a top-level ``extends: other.yaml`` (relative to the
+    file) is loaded first and this file merged over it, so a sweep config can build on a bench one."""
+    path = Path(path)
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
+        raise ConfigError(f"{path}: extends itself ({chain})")
+    data = load_yaml(path)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: extends: expected a file name, got {parent!r}")
+    return merge(load_file(path.parent / parent, (*seen, path.resolve())), data)
+
+
 def load_config(
     path: str | Path | None, overrides: list[str] | None = None, defaults: dict | None = None
 ) -> dict:
-    """Defaults, then the YAML file (if any), then overrides."""
+    """Defaults, then the YAML file (if any, with what it ``extends``), then overrides."""
     config = copy.deepcopy(defaults or {})
     if path is not None:
-        config = merge(config, load_yaml(path))
+        config = merge(config, load_file(path))
     return apply_overrides(config, overrides or [])

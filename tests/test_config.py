@@ -77,3 +77,18 @@ def test_every_shipped_config_loads_over_defaults(name):
     for name, entry in cfg["bench"]["methods"].items():
         assert entry.get("method", name) in REGISTRY, name
     assert cfg["method"]["name"] in REGISTRY
+
+
+def test_a_config_extends_another_and_a_cycle_is_an_error(tmp_path):
+    (tmp_path / "base.yaml").write_text("train: {epochs: 3, lr: 0.1}\nbench: {out: a.json}\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "sweep.yaml").write_text("extends: ../base.yaml\ntrain: {lr: 0.5}\n")
+    cfg = load_config(tmp_path / "sub" / "sweep.yaml", ["train.epochs=4"], {"train": {"seed": 0}})
+    assert cfg == {"train": {"seed": 0, "epochs": 4, "lr": 0.5}, "bench": {"out": "a.json"}}
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="extends itself"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"missing\.yaml: config file not found"):
+        load_config(tmp_path / "c.yaml")

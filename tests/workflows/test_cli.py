@@ -133,3 +133,32 @@ def test_every_method_builds_from_the_default_config():
     cfg = build_config(None, ["method.params.profile=default"], method__name="dense")
     with pytest.raises(ValueError, match=r"method 'dense': bad method\.params"):
         methods.build(cfg["method"]["name"], cfg["method"]["params"])
+
+
+@pytest.mark.parametrize("manifest", ["rayjob_bench.yaml", "rayjob_tune.yaml"])
+def test_every_rayjob_entrypoint_builds_its_config(manifest):
+    """The KubeRay manifests' commands name configs that exist and overrides that parse; a tune
+    job's space builds its method (what the job would check first on the cluster)."""
+    import shlex
+    from pathlib import Path
+
+    import yaml
+
+    from components.methods import build
+    from workflows.cli import build_config
+
+    root = Path(__file__).resolve().parents[2]
+    spec = yaml.safe_load((root / "deploy" / manifest).read_text())["spec"]
+    argv = shlex.split(spec["entrypoint"])
+    assert argv[0] == "toolscout" and argv[2] == "-c", argv
+    cfg = build_config(root / argv[3], argv[4:])
+    assert str(cfg["data"]["path"]).startswith("s3://")
+    if argv[1] == "tune":
+        from workflows.tune.settings import tune_settings
+        from workflows.tune.space import parse_space
+
+        settings = tune_settings(cfg, "x")
+        assert settings.storage_path.startswith("s3://") and str(settings.out).startswith("s3://")
+        assert parse_space(settings.space)
+        entry = cfg["bench"]["methods"][settings.entry]
+        build(entry.get("method", settings.entry), entry["params"])

@@ -13,11 +13,13 @@ parameters and metric, plots, the best config as a YAML that ``toolscout train``
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
 import ray
 from ray import tune
+from ray.train.constants import RAY_CHDIR_TO_TRIAL_DIR
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from components.config import ConfigError, merge
@@ -185,6 +187,11 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     ``callbacks`` are extra Ray Tune callbacks (loggers such as MLflow's, or a test's hook).
     """
     started = time.perf_counter()
+    # Tune runs each trial in its own directory by default; then a relative path of the config
+    # (runs/semantic-cache, runs/checkpoints) would point inside every trial's directory, and a
+    # cached stage would be trained again in each. Trials keep the job's working directory, as
+    # Ray Train workers do; Tune passes this setting on to its trial processes.
+    os.environ.setdefault(RAY_CHDIR_TO_TRIAL_DIR, "0")
     dataset = dataset_from_config(cfg)
     method_name = (cfg.get("tune") or {}).get("entry") or cfg["method"]["name"]
     settings = tune_settings(cfg, f"{dataset.name}-{method_name}-tune")
@@ -197,7 +204,12 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     concurrent = max_concurrent(held, settings)
     trainable = tune.with_resources(
         tune.with_parameters(
-            run_trial, base=base, dataset=dataset, metric=settings.metric, experiment=settings.name
+            run_trial,
+            base=base,
+            dataset=dataset,
+            metric=settings.metric,
+            experiment=settings.name,
+            shared_stages=settings.shared_stages,
         ),
         trial_actor_resources(settings, trains),
     )

@@ -49,7 +49,13 @@ def trial_method(base: dict[str, Any], params: dict[str, Any]) -> tuple[dict[str
 
 
 def run_trial(
-    params: dict[str, Any], *, base: dict[str, Any], dataset: Dataset, metric: str, experiment: str
+    params: dict[str, Any],
+    *,
+    base: dict[str, Any],
+    dataset: Dataset,
+    metric: str,
+    experiment: str,
+    shared_stages: tuple[str, ...] = (),
 ) -> None:
     """Train, score on valid and report one trial (called by Ray Tune with the sampled ``params``).
 
@@ -61,6 +67,8 @@ def run_trial(
         metric: ``valid/<metric>``: reported per epoch by the last stage and for the whole method.
         experiment: The sweep's name: trial runs are named ``<experiment>-<trial id>``, so a trial
             that is restarted (``Tuner.restore``) resumes its Ray Train run from its last epoch.
+        shared_stages: Stages the driver trained before the sweep; a trial that does not find one
+            in the method's cache (``{"reused": 1.0}``) fails instead of training it again.
     """
     cfg, method = trial_method(base, params)
     trial_id = tune.get_context().get_trial_id()
@@ -69,6 +77,11 @@ def run_trial(
     stages: dict[str, Any] = {}
     for stage in method.stages:
         stages[stage] = method.fit(stage, dataset, replace(run, report_to_tune=stage == method.stages[-1]))
+        if stage in shared_stages and not stages[stage].get("reused"):
+            raise RuntimeError(
+                f"tune: shared stage {stage!r} was trained again in trial {trial_id}: the swept keys "
+                f"{sorted(params)} change it; drop it from tune.shared_stages"
+            )
     method.index(dataset.corpus)
     train_seconds = time.perf_counter() - started
     valid = score(method, dataset, "valid")
