@@ -15,7 +15,7 @@ TOOLLENS = Path(
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray (2 CPUs, 127.0.0.1, no dashboard) shared by every test that needs it, with
+    """One local Ray (2 CPUs, 127.0.0.1, dashboard on loopback) shared by every test that needs it, with
     Serve's settings as ``toolscout serve`` sets them (direct ingress included)."""
     import ray
 

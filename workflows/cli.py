@@ -1,4 +1,4 @@
-"""The ``toolscout`` command line: preprocess | train | evaluate | bench | tune | run | serve.
+"""The ``toolscout`` command line: preprocess | train | evaluate | bench | tune | run | serve | ingest.
 
 Every command reads ``configs/default.yaml``, then ``--config FILE``, then ``key=value``
 overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
@@ -6,21 +6,18 @@ overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from components.config import ConfigError, load_config, load_yaml, merge
-from components.data.rejects import DatasetError
+from components.data.rejects import DatasetError  # noqa: F401 (re-exported for callers)
+from workflows.cli_guard import console, guarded
 
 app = typer.Typer(help="toolscout: learned tool retrieval for LLM agents, on Ray.", no_args_is_help=True)
-console = Console(stderr=True)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.num_workers=2")]
@@ -60,29 +57,6 @@ def require(cfg: dict, dotted: str, flag: str) -> None:
         node = node.get(part) if isinstance(node, dict) else None
     if node in (None, ""):
         raise ConfigError(f"{dotted} is not set: pass {flag} or set it in the config")
-
-
-def guarded(fn):
-    """Turn the expected failures into one red line and exit code 1, not a traceback.
-
-    ``TOOLSCOUT_DEBUG=1`` lets the exception through with its traceback, since a ``KeyError`` or
-    ``ValueError`` from a bug looks the same here as one from bad input.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (ConfigError, DatasetError, OSError, KeyError, ValueError) as e:
-            if os.environ.get("TOOLSCOUT_DEBUG"):
-                raise
-            # A bare KeyError prints as "'train'": name the type for the reader.
-            what = f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e)
-            console.print(f"[bold red]error:[/] {what}")
-            console.print("[dim](set TOOLSCOUT_DEBUG=1 for the traceback)[/]")
-            raise typer.Exit(1) from e
-
-    return wrapper
 
 
 def start_ray(cfg: dict) -> None:
@@ -269,6 +243,15 @@ def serve(
     if train_selector:  # a Ray Train stage, like every training
         args = fit_selector(args, data_path, train_selector, cfg.get("splits"))
     run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)), file)
+
+
+def _register_subcommands() -> None:
+    from workflows.cli_ingest import ingest_app
+
+    app.add_typer(ingest_app, name="ingest")
+
+
+_register_subcommands()
 
 
 def main() -> None:

@@ -19,8 +19,12 @@ LOCAL_TRAIN_POLL_S = "0.2"
 def init_ray(cfg: dict[str, Any] | None = None) -> None:
     """Join the cluster named by ``ray.address`` / ``RAY_ADDRESS``, or start a local Ray.
 
-    A local Ray binds to 127.0.0.1 and starts no dashboard, so the quickstart and the tests open
-    no port beyond loopback. Under ``ray job submit`` the job's driver joins its cluster.
+    A local Ray binds to 127.0.0.1, its dashboard included, so the quickstart and the tests open no
+    port beyond loopback. The dashboard is not there to be looked at: it serves the State API,
+    which Ray Train's PlacementGroupCleaner polls to release a run's placement group when the run's
+    controller dies without finishing (a Tune trial stopped by ASHA); without it that group's CPUs
+    stay reserved and the next trial waits for them forever. Under ``ray job submit`` the job's
+    driver joins its cluster.
     """
     if ray.is_initialized():
         return
@@ -33,7 +37,9 @@ def init_ray(cfg: dict[str, Any] | None = None) -> None:
     os.environ.setdefault(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)
     ray.init(
         num_cpus=cfg.get("num_cpus"),
-        include_dashboard=False,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=int(cfg.get("dashboard_port") or 0) or None,  # None: 8265, or the next free port
         logging_level=logging.WARNING,
         log_to_driver=bool(cfg.get("log_to_driver", False)),
         _node_ip_address="127.0.0.1",

@@ -49,9 +49,13 @@ class Tool:
     description: str = ""
     required: tuple[Param, ...] = ()
     optional: tuple[Param, ...] = ()
+    # An MCP tool's own inputSchema (``metadata.input_schema`` of its corpus record), served as is.
+    input_schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def json_schema(self) -> dict[str, Any]:
         """The arguments as a JSON Schema object (``title`` carries the human-readable name)."""
+        if self.input_schema is not None:
+            return self.input_schema
         props = {
             p.name: {"type": p.type, "description": p.description} for p in self.required + self.optional
         }
@@ -78,7 +82,17 @@ def _params(items: list[dict]) -> tuple[Param, ...]:
 
 
 def tool_from_record(record: dict) -> Tool:
-    """A catalog entry from a BEIR corpus record."""
+    """A catalog entry from a BEIR corpus record: an MCP tool (``metadata.input_schema``, written by
+    :mod:`components.data.mcp_catalog`) keeps its own name, description and schema; a ToolBench
+    record's are parsed from its text."""
+    meta = record.get("metadata") or {}
+    if isinstance(meta.get("input_schema"), dict):
+        return Tool(
+            id=str(record["_id"]),
+            name=str(meta.get("name") or record.get("title") or record["_id"]),
+            description=str(meta.get("description") or ""),
+            input_schema=meta["input_schema"],
+        )
     parsed = parse_tool_text(str(record["_id"]), record.get("text", ""))
     name = parsed.name if (parsed.tool or parsed.api) else (record.get("title") or parsed.id)
     return Tool(
@@ -107,6 +121,27 @@ class ToolCatalog:
         tool = self.tools.get(tool_id)
         return tool.name if tool else tool_id
 
+    def describe(self, tool_id: str) -> dict[str, Any] | None:
+        """``{id, name, description, input_schema}`` of a tool, or None when the catalog lacks it."""
+        tool = self.tools.get(tool_id)
+        if tool is None:
+            return None
+        return {
+            "id": tool.id,
+            "name": tool.name,
+            "description": tool.description,
+            "input_schema": tool.json_schema(),
+        }
+
+    def lookup(self, key: str) -> dict[str, Any] | None:
+        """A tool by id, else by display name (the first in catalog order with that name)."""
+        if key in self.tools:
+            return self.describe(key)
+        for tool_id in self._order:
+            if self.tools[tool_id].name == key:
+                return self.describe(tool_id)
+        return None
+
     @classmethod
     def from_records(cls, records: list[dict], source: str = "") -> ToolCatalog:
         digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
@@ -122,7 +157,15 @@ def read_corpus_records(path: str, storage_options: dict[str, Any] | None = None
     """
     if is_prepared(path, storage_options):
         rows = sorted(read_table(path, "corpus", storage_options), key=lambda r: r["order"])
-        return [{"_id": r["id"], "title": r["title"], "text": r["raw"], "metadata": {}} for r in rows]
+        return [
+            {
+                "_id": r["id"],
+                "title": r["title"],
+                "text": r["raw"],
+                "metadata": json.loads(r.get("metadata") or "{}"),
+            }
+            for r in rows
+        ]
     records = []
     for line in io.read_bytes(io.join(path, "corpus.jsonl"), storage_options).decode().splitlines():
         try:

@@ -201,6 +201,14 @@ class Retriever:
         assert model is not None
         return {"size": model.size(), "model_version": model.version, "catalog_version": self.catalog.version}
 
+    async def describe(self, tool_ids: list[str]) -> list[dict[str, Any] | None]:
+        """Name, description and input schema of each tool id (None for an id not in the catalog)."""
+        return [self.catalog.describe(t) for t in tool_ids]
+
+    async def lookup(self, key: str) -> dict[str, Any] | None:
+        """One tool by id or display name, or None."""
+        return self.catalog.lookup(key)
+
 
 async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     """The call for each ``{"query", "history", "candidates"}``; ``None`` where the backend failed.

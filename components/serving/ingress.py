@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI
+from mcp import types
+from mcp.shared.exceptions import MCPError
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
@@ -29,6 +31,7 @@ from components.serving.errors import (
     install_error_handlers,
     require_json,
 )
+from components.serving.mcp_endpoint import ToolSearchEndpoint
 from components.serving.schemas import ErrorResponse, Health, SelectRequest, SelectResponse, ToolsInfo
 
 logger = logging.getLogger("ray.serve")
@@ -36,11 +39,16 @@ logger = logging.getLogger("ray.serve")
 # Failures of the replica rather than of the request: worth one more try on another replica.
 RETRYABLE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
 
+# The MCP door (``find_tools`` / ``get_tool`` at ``/mcp/``): one per replica, bound to this replica's
+# Ingress when Serve constructs it; its session manager runs for the life of the app.
+mcp = ToolSearchEndpoint()
 api = FastAPI(
     title="toolscout",
     summary="Online tool selection: detection → retrieval → LLM selection, on Ray Serve.",
     version="1",
+    lifespan=lambda app: mcp.lifespan(),
 )
+api.mount("/mcp", mcp.app)
 # Everything but liveness and the API docs needs the key (when one is set), whatever the prefix.
 DOCS_PATHS = (api.docs_url, api.swagger_ui_oauth2_redirect_url, api.redoc_url, api.openapi_url)
 PUBLIC_PATHS = frozenset(p for p in ("/healthz", *DOCS_PATHS) if p)
@@ -95,6 +103,7 @@ class Ingress:
         self.rewriter, self.selector = rewriter, selector
         self.threshold = needs_tool_threshold
         self.retries = retries
+        mcp.bind(self._mcp_select, self._describe, self._lookup)
 
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         for attempt in range(self.retries + 1):
@@ -149,21 +158,37 @@ class Ingress:
                 logger.warning("selector failed, answering with the ranking only: %s", e)
         return out
 
+    async def answer(self, body: SelectRequest) -> dict[str, Any]:
+        """The answer to one request, for both doors (HTTP ``/v1/select`` and MCP ``find_tools``)."""
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        out = await self._select(body, timings)
+        timings["total"] = round((time.perf_counter() - start) * 1000, 3)
+        # The retriever's version, or the detector's when no tool was needed.
+        model_version = out["versions"]["retriever"] or out["versions"]["detector"]
+        return {**out, "model_version": model_version, "timings_ms": timings}
+
+    async def _mcp_select(self, body: SelectRequest) -> dict[str, Any]:
+        try:
+            return await self.answer(body)
+        except BackendUnavailable as e:
+            raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
+
+    async def _describe(self, tool_ids: list[str]) -> list[dict[str, Any] | None]:
+        return await self._call(self.retriever.describe, tool_ids)
+
+    async def _lookup(self, key: str) -> dict[str, Any] | None:
+        return await self._call(self.retriever.lookup, key)
+
     @api.post(
         "/v1/select", response_model=SelectResponse, responses=ERRORS, dependencies=[Depends(require_json)]
     )
     async def select(self, body: SelectRequest) -> Any:
         """Does the request need a tool; if so, the top-k tools and the selected call."""
-        timings: dict[str, float] = {}
-        start = time.perf_counter()
         try:
-            out = await self._select(body, timings)
+            return await self.answer(body)
         except BackendUnavailable as e:
             return error(503, "backend_unavailable", str(e))
-        timings["total"] = round((time.perf_counter() - start) * 1000, 3)
-        # The retriever's version, or the detector's when no tool was needed.
-        model_version = out["versions"]["retriever"] or out["versions"]["detector"]
-        return {**out, "model_version": model_version, "timings_ms": timings}
 
     @api.get("/v1/tools", response_model=ToolsInfo, responses={c: ERRORS[c] for c in (401, 500, 503)})
     async def tools(self) -> Any:

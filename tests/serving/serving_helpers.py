@@ -134,3 +134,23 @@ class Load:
                     f"condition not met in {timeout_s}s (ok={self.ok}, failures={self.failures[:3]})"
                 )
             time.sleep(0.1)
+
+
+def mcp_session(url: str, work: Any, key: str | None = None) -> Any:
+    """Run ``await work(client)`` with the MCP SDK's ``Client`` connected over streamable HTTP to
+    ``url`` (the app's ``/mcp/``), with ``Authorization: Bearer key`` when given."""
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def main() -> Any:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            return await work(client)
+
+    return asyncio.run(main())

@@ -1,4 +1,4 @@
-"""The real Serve app on 127.0.0.1 over HTTP: answers, versions, OpenAPI, every bad input, the API key."""
+"""The real Serve app on 127.0.0.1, over HTTP and MCP: answers, versions, OpenAPI, bad inputs, the API key."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import requests
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
-from serving_helpers import deploy
+from serving_helpers import deploy, mcp_session
 
 from components.serving.models import DetectorModel
 from components.serving.schemas import MAX_QUERY_CHARS, MAX_TOP_K
@@ -173,6 +173,81 @@ def test_api_key(url, app_args):
         assert post(api, {"query": "weather in Paris"}, headers=good).status_code == 200
         for path in ("/healthz", "/docs", "/openapi.json"):
             assert requests.get(f"{api}{path}", timeout=10).status_code == 200, path
+        mcp_refusal_and_access(f"{api}/mcp/")
     finally:
         deploy(app_args)
     assert post(url, {"query": "weather in Paris"}).status_code == 200
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups."""
+    inner = getattr(error, "exceptions", None)
+    return [e for sub in inner for e in leaves(sub)] if inner else [error]
+
+
+def mcp_refusal_and_access(endpoint: str) -> None:
+    """The MCP door is behind the same key: a client without it cannot even connect."""
+    from mcp import MCPError
+
+    async def names(client):
+        return sorted(t.name for t in (await client.list_tools()).tools)
+
+    with pytest.raises(BaseException) as refused:  # the SDK raises an ExceptionGroup at connect
+        mcp_session(endpoint, names)
+    assert any(isinstance(e, MCPError) for e in leaves(refused.value)), refused.value
+    r = requests.post(endpoint, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    assert mcp_session(endpoint, names, key="k-123") == ["find_tools", "get_tool"]
+
+
+def test_mcp_find_tools_answers_as_the_http_api_with_catalog_tools_only(url, dataset, catalog):
+    queries = list(dataset.split_queries("test").values())[:3]
+
+    async def work(client):
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        found = [await client.call_tool("find_tools", {"query": q, "k": 4}) for q in queries]
+        name = catalog.name(next(iter(dataset.corpus)))
+        one = await client.call_tool("get_tool", {"name": name})
+        missing = await client.call_tool("get_tool", {"name": "no such tool"})
+        return listed, found, one, missing
+
+    listed, found, one, missing = mcp_session(f"{url}/mcp/", work)
+    assert set(listed) == {"find_tools", "get_tool"}
+    assert listed["find_tools"].input_schema["required"] == ["query"]
+    for query, result in zip(queries, found, strict=True):
+        assert not result.is_error
+        answer = result.structured_content
+        http = post(url, {"query": query, "top_k": 4}).json()
+        # One code path: the same request gets the same answer through both doors.
+        assert answer["needs_tool"] == http["needs_tool"] and answer["model_version"] == http["model_version"]
+        pairs = [(t["id"], t["score"]) for t in http["tools"]]
+        assert [(t["id"], t["score"]) for t in answer["tools"]] == pairs
+        for tool in answer["tools"]:
+            assert tool["id"] in dataset.corpus
+            assert tool["input_schema"] == catalog.tools[tool["id"]].json_schema()
+            assert tool["description"] == catalog.tools[tool["id"]].description
+        assert json.loads(result.content[0].text) == answer
+    assert one.structured_content["name"] == catalog.name(next(iter(dataset.corpus)))
+    assert missing.is_error and "no such tool" in missing.content[0].text
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ({"query": "weather", "k": 0}, "k:"),
+        ({"query": "weather", "k": "3"}, "k:"),
+        ({"k": 3}, "query:"),
+        ({"query": "weather", "top": 3}, "unknown arguments ['top']"),
+        ({"query": "x" * (MAX_QUERY_CHARS + 1)}, "query:"),
+    ],
+)
+def test_mcp_bad_argument_is_a_json_rpc_invalid_params_error(url, args, says):
+    from mcp import MCPError, types
+
+    async def work(client):
+        with pytest.raises(MCPError) as e:
+            await client.call_tool("find_tools", args)
+        return e.value
+
+    error = mcp_session(f"{url}/mcp/", work)
+    assert error.code == types.INVALID_PARAMS and says in error.message, error.message

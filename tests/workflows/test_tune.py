@@ -83,7 +83,10 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
 
 @pytest.fixture(scope="module")
 def dense_sweep(ray_session, tmp_path_factory):
-    """Three dense trials on Ray Train: two alike, one planted to learn nothing (lr 1e-9)."""
+    """Three dense trials on Ray Train, one at a time, each worker holding both CPUs: two alike and,
+    between them, one planted to learn nothing (lr 1e-9). ASHA stops the planted one; the trial
+    after it can only start if the stopped trial's Ray Train placement group was released (the time
+    budget ends the sweep, as interrupted, if it never is)."""
     from components.data.quickstart import generate_quickstart
 
     root = tmp_path_factory.mktemp("tune")
@@ -96,8 +99,10 @@ def dense_sweep(ray_session, tmp_path_factory):
         name="planted",
         num_samples=1,
         out=str(root / "out" / "planted.json"),
-        space={"method.params.lr": {"grid_search": [3e-3, 3e-3, 1e-9]}},
+        space={"method.params.lr": {"grid_search": [3e-3, 1e-9, 3e-3]}},
+        time_budget_s=600,
     )
+    cfg["train"]["resources_per_worker"] = {"CPU": 2}
     return cfg, tune_sweep(cfg), root
 
 
@@ -180,7 +185,7 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
         space={"method.params.k1": {"grid_search": [0.9, 1.2, 1.5]}},
     )
     marker = str(tmp_path / "interrupted")
-    with pytest.raises(SweepInterrupted, match="stopped after 1 of 3"):
+    with pytest.raises(SweepInterrupted, match="stopped before its 3 trials finished"):
         tune_sweep(cfg, callbacks=[InterruptOnce(marker)])
     first = json.loads(Path(marker).read_text())
     assert not (tmp_path / "out").exists()  # nothing selected from a partial sweep

@@ -35,6 +35,7 @@ class TuneSettings:
         shared_stages: Stages trained once before the sweep and reused by every trial (the
             method must cache them by their settings, as MassTool's ``semantic_cache`` does).
         storage_path: Local directory or ``s3://`` prefix of the sweep.
+        time_budget_s: Stop the sweep (as interrupted, restorable) after this many seconds.
         resume: Restore an interrupted sweep of the same name instead of refusing to start.
         baseline: A ``bench.methods`` entry (the hand-picked config) trained and scored in the
             same run, for the comparison in the report; None for none.
@@ -60,6 +61,7 @@ class TuneSettings:
     resume: bool = True
     baseline: str | None = None
     seed: int = 0
+    time_budget_s: float | None = None
     out: str | None = None
     title: str = ""
 

@@ -170,6 +170,7 @@ def make_tuner(
             search_alg=searcher(settings),
             scheduler=scheduler(settings, base),
             max_concurrent_trials=concurrent,
+            time_budget_s=settings.time_budget_s,
         ),
         run_config=tune.RunConfig(
             name=settings.name,
@@ -218,7 +219,7 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     if results.num_terminated + results.num_errors < expected:
         # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
         raise SweepInterrupted(
-            f"tune: sweep {settings.name!r} stopped after {results.num_terminated} of {expected} trials; "
+            f"tune: sweep {settings.name!r} stopped before its {expected} trials finished; "
             "run the same command again to finish it (finished trials are kept)"
         )
     trials = trial_rows(results, list(space), metric_key(settings.metric), settings.mode)

@@ -1,0 +1,154 @@
+"""toolscout as an MCP server: ``find_tools`` and ``get_tool`` over streamable HTTP at ``/mcp``.
+
+An agent connects with any MCP client (the Python SDK, a desktop client) and calls ``find_tools``
+instead of receiving the whole catalog in its prompt. The endpoint is the official ``mcp`` SDK's
+low-level server in stateless streamable-HTTP mode (no session id, JSON responses), mounted in the
+Serve ingress's FastAPI app, so it sits behind the same API key middleware and runs in every
+ingress replica. A ``find_tools`` call goes through the ingress's own ``_select`` (detection →
+rewrite → retrieval), the code path of ``POST /v1/select``: the same request gets the same answer
+on both doors. Arguments are checked by the HTTP API's own request model, and a bad one is a
+JSON-RPC ``invalid params`` error naming the field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from mcp import types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from components.serving.schemas import MAX_HISTORY, MAX_QUERY_CHARS, MAX_TOP_K, SelectRequest
+
+# What the ingress gives the endpoint: its select path and the retriever's catalog lookups.
+Select = Callable[[SelectRequest], Awaitable[dict[str, Any]]]
+Describe = Callable[[list[str]], Awaitable[list[dict[str, Any] | None]]]
+Lookup = Callable[[str], Awaitable[dict[str, Any] | None]]
+
+FIND_TOOLS = types.Tool(
+    name="find_tools",
+    description=(
+        "Find the tools (from this server's catalog) that a request needs, best first, with each "
+        "tool's name, description and JSON input schema; needs_tool says whether the request needs a "
+        "tool at all. Call it with the user's request before choosing a tool."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "maxLength": MAX_QUERY_CHARS, "description": "The user's request."},
+            "k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": 5},
+            "history": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": MAX_QUERY_CHARS},
+                "maxItems": MAX_HISTORY,
+                "description": "Earlier turns of the conversation, oldest first.",
+            },
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+)
+GET_TOOL = types.Tool(
+    name="get_tool",
+    description="One catalog tool's name, description and JSON input schema, by id or name.",
+    input_schema={
+        "type": "object",
+        "properties": {"name": {"type": "string", "description": "A tool id or name from find_tools."}},
+        "required": ["name"],
+        "additionalProperties": False,
+    },
+)
+
+
+def invalid(message: str) -> MCPError:
+    return MCPError(types.INVALID_PARAMS, message)
+
+
+def select_request(args: dict[str, Any]) -> SelectRequest:
+    """``find_tools`` arguments as the HTTP API's request (``k`` is its ``top_k``)."""
+    unknown = sorted(set(args) - {"query", "k", "history"})
+    if unknown:
+        raise invalid(f"find_tools: unknown arguments {unknown}; it takes query, k, history")
+    body = {"query": args.get("query"), "history": args.get("history", [])}
+    if "k" in args:
+        body["top_k"] = args["k"]
+    try:
+        return SelectRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = str(first["loc"][0]) if first["loc"] else "arguments"
+        field = {"top_k": "k"}.get(where, where)
+        raise invalid(f"find_tools: {field}: {first['msg']}") from None
+
+
+def text(message: str) -> list[types.TextContent]:
+    return [types.TextContent(type="text", text=message)]
+
+
+def result(payload: dict[str, Any]) -> types.CallToolResult:
+    """Structured content, and the same JSON as text for clients that read only text."""
+    as_text = json.dumps(payload, ensure_ascii=False)
+    return types.CallToolResult(content=text(as_text), structured_content=payload)
+
+
+class ToolSearchEndpoint:
+    """The MCP server of one ingress replica; :meth:`bind` connects it to the replica's handles."""
+
+    def __init__(self) -> None:
+        self._select: Select | None = None
+        self._describe: Describe | None = None
+        self._lookup: Lookup | None = None
+        self.server = Server("toolscout", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
+        # The ingress's API key middleware guards the endpoint; the SDK's Host check (which would
+        # refuse any Host but localhost) is left to the deployment's proxy and CORS settings.
+        self.app = self.server.streamable_http_app(
+            streamable_http_path="/",
+            stateless_http=True,
+            json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+
+    def bind(self, select: Select, describe: Describe, lookup: Lookup) -> None:
+        self._select, self._describe, self._lookup = select, describe, lookup
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """Runs the SDK's session manager (its task group) for the life of the app."""
+        async with self.server.session_manager.run():
+            yield
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[FIND_TOOLS, GET_TOOL])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if self._select is None or self._describe is None or self._lookup is None:
+            raise MCPError(types.INTERNAL_ERROR, "toolscout: the endpoint is not bound to an ingress yet")
+        args = params.arguments or {}
+        if params.name == "find_tools":
+            return result(await self.find_tools(select_request(args)))
+        if params.name == "get_tool":
+            name = args.get("name")
+            if not isinstance(name, str) or set(args) != {"name"}:
+                raise invalid("get_tool: takes one argument, name (a string)")
+            tool = await self._lookup(name)
+            if tool is None:
+                return types.CallToolResult(content=text(f"no tool {name!r} in the catalog"), is_error=True)
+            return result(tool)
+        raise invalid(f"unknown tool {params.name!r}; this server has find_tools and get_tool")
+
+    async def find_tools(self, request: SelectRequest) -> dict[str, Any]:
+        """The ``/v1/select`` answer with each tool's description and input schema added."""
+        assert self._select is not None and self._describe is not None
+        answer = await self._select(request)
+        described = await self._describe([t["id"] for t in answer["tools"]])
+        tools = [{**hit, **(info or {})} for hit, info in zip(answer["tools"], described, strict=True)]
+        return {**answer, "tools": tools}

@@ -1,0 +1,133 @@
+"""``toolscout ingest mcp``: a real stdio MCP server (the SDK's MCPServer, v1's FastMCP) read into a
+BEIR corpus, updated in place, a vanished tool retired; unusable tools rejected with names."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from components.data.loader import load_dataset
+from components.data.mcp_catalog import corpus_records
+from components.data.rejects import RejectLog
+from components.serving.catalog import load_catalog
+from workflows.cli import app
+
+SERVER = '''
+import json, sys
+from typing import Annotated
+from pydantic import Field
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("weather-desk")
+
+def forecast(city: Annotated[str, Field(description="city name")], days: int = 3) -> str:
+    """Daily weather forecast for a city."""
+    return city
+
+def convert(amount: float, currency: Annotated[str, Field(description="ISO currency code")]) -> float:
+    """Convert an amount of money between currencies."""
+    return amount
+
+def alerts(region: str) -> str:
+    """Severe weather alerts for a region."""
+    return region
+
+wanted = json.load(open(sys.argv[1]))
+for fn in (forecast, convert, alerts):
+    if fn.__name__ in wanted["tools"]:
+        server.add_tool(fn, description=wanted.get("descriptions", {}).get(fn.__name__))
+server.run()
+'''
+
+
+def run_ingest(tmp_path: Path, tools: list[str], descriptions: dict | None = None) -> str:
+    script, wanted = tmp_path / "server.py", tmp_path / "wanted.json"
+    script.write_text(SERVER)
+    wanted.write_text(json.dumps({"tools": tools, "descriptions": descriptions or {}}))
+    result = CliRunner().invoke(
+        app,
+        ["ingest", "mcp", "--server", f"{sys.executable} {script} {wanted}", "--out", str(tmp_path / "cat")],
+    )
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def corpus(tmp_path: Path) -> dict[str, dict]:
+    lines = (tmp_path / "cat" / "corpus.jsonl").read_text().splitlines()
+    return {r["_id"]: r for r in map(json.loads, lines)}
+
+
+def test_ingest_from_a_stdio_server_then_update_in_place_and_retire(tmp_path):
+    out = run_ingest(tmp_path, ["forecast", "convert"])
+    assert "2 added" in out and "0 retired" in out
+    first = corpus(tmp_path)
+    assert list(first) == ["weather-desk/forecast", "weather-desk/convert"]
+    forecast = first["weather-desk/forecast"]
+    assert (
+        forecast["text"] == "forecast: Daily weather forecast for a city.. parameters: city (city name); days"
+    )
+    schema = forecast["metadata"]["input_schema"]
+    assert schema["required"] == ["city"] and set(schema["properties"]) == {"city", "days"}
+    assert forecast["metadata"]["server"] == "weather-desk"
+    # The serving catalog answers MCP clients with the server's own name, description and schema.
+    tool = load_catalog(str(tmp_path / "cat")).tools["weather-desk/convert"]
+    assert (
+        tool.name == "convert"
+        and tool.json_schema()["properties"]["currency"]["description"] == "ISO currency code"
+    )
+
+    out = run_ingest(tmp_path, ["forecast", "alerts"], {"forecast": "Hourly and daily forecast."})
+    assert "1 added" in out and "1 updated" in out and "1 retired" in out
+    second = corpus(tmp_path)
+    assert list(second) == ["weather-desk/forecast", "weather-desk/alerts"]
+    assert second["weather-desk/forecast"]["metadata"]["description"] == "Hourly and daily forecast."
+    retired = [json.loads(x) for x in (tmp_path / "cat" / "retired.jsonl").read_text().splitlines()]
+    assert [r["_id"] for r in retired] == ["weather-desk/convert"] and retired[0]["retired_at"]
+    assert retired[0]["metadata"]["input_schema"] == first["weather-desk/convert"]["metadata"]["input_schema"]
+
+
+def test_an_unreachable_server_changes_nothing(tmp_path):
+    run_ingest(tmp_path, ["forecast"])
+    before = (tmp_path / "cat" / "corpus.jsonl").read_text()
+    result = CliRunner().invoke(
+        app, ["ingest", "mcp", "--server", "http://127.0.0.1:9/mcp/", "--out", str(tmp_path / "cat")]
+    )
+    assert result.exit_code == 1 and "cannot list the tools of 'http://127.0.0.1:9/mcp/'" in result.output
+    assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "tool, says",
+    [
+        ({"description": "x", "inputSchema": {"type": "object"}}, "tool None: tool has no name"),
+        ({"name": "a/b", "inputSchema": {"type": "object"}}, "contains '/'"),
+        ({"name": "s", "inputSchema": {"type": "string"}}, "tool 's': inputSchema type is 'string'"),
+        ({"name": "s"}, "tool 's': inputSchema is missing"),
+        ({"name": "s", "inputSchema": {"type": "object", "properties": []}}, "properties is not an object"),
+        ({"name": "s", "inputSchema": {"type": "object", "required": "q"}}, "required is not a list"),
+    ],
+)
+def test_an_unusable_tool_is_rejected_naming_server_and_tool(tool, says):
+    rejects = RejectLog()
+    good = {"name": "ok", "description": "fine", "inputSchema": {"type": "object", "properties": {}}}
+    records = corpus_records("srv", [good, tool], rejects, "http://host/mcp")
+    assert [r["_id"] for r in records] == ["srv/ok"]
+    (reject,) = rejects.rejects
+    assert reject.file == "http://host/mcp" and reject.line == 2
+    assert "server 'srv'" in reject.reason and says in reject.reason
+    assert json.loads(reject.content) == tool
+
+
+def test_an_ingested_catalog_is_a_dataset_once_it_has_queries(tmp_path):
+    run_ingest(tmp_path, ["forecast", "convert", "alerts"])
+    cat = tmp_path / "cat"
+    (cat / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "will it rain in Oslo"}) + "\n")
+    (cat / "qrels").mkdir()
+    (cat / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tweather-desk/forecast\t1\n")
+    data = load_dataset(str(cat))  # zero-shot: a test split only, as LiveMCPBench
+    assert sorted(data.corpus) == ["weather-desk/alerts", "weather-desk/convert", "weather-desk/forecast"]
+    assert data.qrels["test"] == {"q1": {"weather-desk/forecast": 1}}

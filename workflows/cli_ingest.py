@@ -1,0 +1,43 @@
+"""``toolscout ingest``: tool catalogs from other sources (MCP servers) into the BEIR layout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from workflows.cli_guard import guarded
+
+console = Console(stderr=True)
+ingest_app = typer.Typer(
+    help="Read tool catalogs from other sources into the BEIR layout.", no_args_is_help=True
+)
+
+Servers = Annotated[list[str], typer.Option("--server", help="An MCP server URL or stdio command (repeat).")]
+
+
+@ingest_app.command("mcp")
+@guarded
+def ingest_mcp(
+    server: Servers,
+    out: Annotated[Path, typer.Option("--out", help="BEIR dataset dir whose corpus.jsonl is updated.")],
+    name: Annotated[
+        list[str] | None, typer.Option("--name", help="Server name in tool ids, one per --server.")
+    ] = None,
+    bearer_env: Annotated[
+        str | None, typer.Option(help="Environment variable holding a Bearer token for URL servers.")
+    ] = None,
+) -> None:
+    """List MCP servers' tools into a BEIR corpus: updated in place, vanished tools retired."""
+    from workflows.ingest_mcp import ingest_mcp as run_ingest
+
+    headers = {"Authorization": f"Bearer {os.environ[bearer_env]}"} if bearer_env else None
+    report = run_ingest(str(out), server, name, headers)
+    console.print(
+        f"{sum(report.servers.values())} tools from {len(report.servers)} servers → {out}/corpus.jsonl: "
+        f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
+        f"{len(report.retired)} retired (retired.jsonl), {report.rejected} rejected (rejects.jsonl)"
+    )

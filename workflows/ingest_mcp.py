@@ -1,0 +1,151 @@
+"""``toolscout ingest mcp``: read live MCP servers' ``tools/list`` into a BEIR corpus, in place.
+
+Each ``--server`` is a streamable-HTTP URL or a stdio command (``"python my_server.py"``); the
+official SDK's client connects, lists every page of tools, and :mod:`components.data.mcp_catalog`
+turns them into records ``<server>/<tool>``. Running it again updates the corpus in place: a
+server's tools that changed are rewritten, new ones added, and ones the server no longer lists are
+retired (moved to ``retired.jsonl`` with the time, never silently kept or dropped); tools of servers
+not named in this run are left alone. A server that cannot be reached stops the run before the
+corpus is touched. Unusable tools go to ``rejects.jsonl`` with the server and tool named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.data.mcp_catalog import corpus_records
+from components.data.rejects import RejectLog
+
+CORPUS, RETIRED, REJECTS = "corpus.jsonl", "retired.jsonl", "rejects.jsonl"
+
+
+@dataclass
+class IngestReport:
+    """What one run changed, by tool id."""
+
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    rejected: int = 0
+    servers: dict[str, int] = field(default_factory=dict)  # server name → tools read
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+async def list_server_tools(source: str, headers: dict[str, str] | None = None) -> tuple[str, list[dict]]:
+    """``(server name, tools/list entries as dicts)`` of one server, every page of it."""
+    from mcp import Client, StdioServerParameters, stdio_client
+
+    if is_url(source):
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        http = httpx2.AsyncClient(headers=headers or {}, timeout=60)
+        target: Any = streamable_http_client(source, http_client=http)
+    else:
+        argv = shlex.split(source)
+        if not argv:
+            raise ValueError("ingest mcp: an empty --server")
+        http = None
+        # The server's own stderr (its log) goes to the real stderr: under a captured or redirected
+        # sys.stderr (tests, quiet output) the SDK would need a file descriptor it does not have.
+        target = stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]), errlog=sys.__stderr__)
+    try:
+        async with Client(target) as client:
+            tools, cursor = [], None
+            while True:
+                page = await client.list_tools(cursor=cursor)
+                tools += [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in page.tools]
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+            name = client.server_info.name if client.server_info else ""
+    finally:
+        if http is not None:
+            await http.aclose()
+    return name, tools
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_jsonl(path: str, rows: list[dict[str, Any]], append: bool = False) -> None:
+    """Whole files are replaced atomically (a crash leaves the old corpus), appends are appended."""
+    if append:
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    os.replace(tmp, path)
+
+
+def merge_server(
+    corpus: dict[str, dict], server: str, records: list[dict], report: IngestReport
+) -> list[dict[str, Any]]:
+    """Apply one server's fresh records to ``corpus`` (id → record, in order); return the retired."""
+    fresh = {r["_id"]: r for r in records}
+    retired = [
+        r for tid, r in corpus.items() if r.get("metadata", {}).get("server") == server and tid not in fresh
+    ]
+    for r in retired:
+        del corpus[r["_id"]]
+        report.retired.append(r["_id"])
+    for tid, record in fresh.items():
+        old = corpus.get(tid)
+        (report.added if old is None else report.unchanged if old == record else report.updated).append(tid)
+        corpus[tid] = record
+    return retired
+
+
+def ingest_mcp(
+    out_dir: str, sources: list[str], names: list[str] | None = None, headers: dict[str, str] | None = None
+) -> IngestReport:
+    """Read every server, then update ``out_dir``'s corpus in place (see the module docstring).
+
+    Args:
+        sources: Server URLs or stdio commands.
+        names: Server names to use instead of the ones the servers report (one per source).
+    """
+    if names and len(names) != len(sources):
+        raise ValueError(
+            f"ingest mcp: {len(names)} --name for {len(sources)} --server; give one each or none"
+        )
+    listed = []
+    for i, source in enumerate(sources):
+        try:
+            reported, tools = asyncio.run(list_server_tools(source, headers))
+        except Exception as e:  # nothing is written when a server cannot be read
+            raise OSError(f"ingest mcp: cannot list the tools of {source!r}: {e}") from e
+        name = (names[i] if names else reported) or ""
+        if not name:
+            raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
+        listed.append((name, source, tools))
+    os.makedirs(out_dir, exist_ok=True)
+    corpus = {r["_id"]: r for r in read_jsonl(os.path.join(out_dir, CORPUS))}
+    report, rejects, retired = IngestReport(), RejectLog(), []
+    for name, source, tools in listed:
+        records = corpus_records(name, tools, rejects, source)
+        retired += merge_server(corpus, name, records, report)
+        report.servers[name] = len(tools)
+    write_jsonl(os.path.join(out_dir, CORPUS), list(corpus.values()))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_jsonl(os.path.join(out_dir, RETIRED), [{**r, "retired_at": stamp} for r in retired], append=True)
+    write_jsonl(os.path.join(out_dir, REJECTS), [vars(r) for r in rejects.rejects])
+    report.rejected = len(rejects)
+    return report
