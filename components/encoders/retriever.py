@@ -94,13 +94,15 @@ def initial_bi_encoder(params: BiEncoderParams, data: Dataset, path: str, seed: 
 
 def build_bi_encoder(params: BiEncoderParams, data: Dataset, seed: int) -> BiEncoder:
     """Train the tokenizer on tools + training queries (or load the pretrained one) and build the
-    bi-encoder, with an ID row per training tool when ``params.id_head``."""
+    bi-encoder, with an ID row per training tool when ``params.id_head``. A zero-shot dataset (no
+    train split, e.g. LiveMCPBench) has no training queries and no training tools."""
+    train = data.qrels.get("train", {})
     texts = tool_texts(data.corpus, list(data.corpus), params.tool_fields)
-    texts += [data.queries[q] for q in data.qrels["train"]]
+    texts += [data.queries[q] for q in train]
     torch.manual_seed(seed)  # the ID head is initialised here, also on top of a hub backbone
     encoder = TextEncoder.from_spec(spec_from(params.encoder), texts, seed=seed)
     position = {t: i for i, t in enumerate(data.corpus)}
-    train_tools = sorted({t for rel in data.qrels["train"].values() for t in rel}, key=position.__getitem__)
+    train_tools = sorted({t for rel in train.values() for t in rel}, key=position.__getitem__)
     return BiEncoder(encoder, train_tools if params.id_head else None)
 
 
