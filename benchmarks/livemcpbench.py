@@ -2,7 +2,7 @@
 
 Converts ``../shared/datasets/livemcpbench`` (70 MCP servers, 527 tools, 95 multi-tool tasks)
 to the BEIR layout through the MCP catalog reader (:mod:`components.data.livemcpbench`), then
-scores every method that can rank tools it never saw, at K = 1, 3, 5 (tasks need up to 6 tools):
+scores every method that can rank tools it never saw, at K = 1, 3, 5 (a task names up to 7 tools):
 
 - ``bm25``: indexed on the catalog, nothing learned;
 - ``dense_minilm_zero_shot``: all-MiniLM-L6-v2 as its package ships it (``encoder: minilm``);
