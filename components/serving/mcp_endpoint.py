@@ -96,13 +96,16 @@ def result(payload: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(content=text(as_text), structured_content=payload)
 
 
+# This replica's binding. A module global, not an attribute: Serve ships the ingress's FastAPI app
+# (and with it the endpoint object mounted in it) to each replica as a pickled copy, while the
+# Ingress constructor runs against this module as the replica imported it; both reach this dict.
+_BINDING: dict[str, Any] = {}
+
+
 class ToolSearchEndpoint:
     """The MCP server of one ingress replica; :meth:`bind` connects it to the replica's handles."""
 
     def __init__(self) -> None:
-        self._select: Select | None = None
-        self._describe: Describe | None = None
-        self._lookup: Lookup | None = None
         self.server = Server("toolscout", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         # The ingress's API key middleware guards the endpoint; the SDK's Host check (which would
         # refuse any Host but localhost) is left to the deployment's proxy and CORS settings.
@@ -113,8 +116,10 @@ class ToolSearchEndpoint:
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
 
-    def bind(self, select: Select, describe: Describe, lookup: Lookup) -> None:
-        self._select, self._describe, self._lookup = select, describe, lookup
+    @staticmethod
+    def bind(select: Select, describe: Describe, lookup: Lookup) -> None:
+        """Connect the endpoint of this process to its Ingress (see ``_BINDING``)."""
+        _BINDING.update(select=select, describe=describe, lookup=lookup)
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -130,7 +135,7 @@ class ToolSearchEndpoint:
     async def _call_tool(
         self, ctx: ServerRequestContext, params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        if self._select is None or self._describe is None or self._lookup is None:
+        if not _BINDING:
             raise MCPError(types.INTERNAL_ERROR, "toolscout: the endpoint is not bound to an ingress yet")
         args = params.arguments or {}
         if params.name == "find_tools":
@@ -139,7 +144,7 @@ class ToolSearchEndpoint:
             name = args.get("name")
             if not isinstance(name, str) or set(args) != {"name"}:
                 raise invalid("get_tool: takes one argument, name (a string)")
-            tool = await self._lookup(name)
+            tool = await _BINDING["lookup"](name)
             if tool is None:
                 return types.CallToolResult(content=text(f"no tool {name!r} in the catalog"), is_error=True)
             return result(tool)
@@ -147,8 +152,7 @@ class ToolSearchEndpoint:
 
     async def find_tools(self, request: SelectRequest) -> dict[str, Any]:
         """The ``/v1/select`` answer with each tool's description and input schema added."""
-        assert self._select is not None and self._describe is not None
-        answer = await self._select(request)
-        described = await self._describe([t["id"] for t in answer["tools"]])
+        answer = await _BINDING["select"](request)
+        described = await _BINDING["describe"]([t["id"] for t in answer["tools"]])
         tools = [{**hit, **(info or {})} for hit, info in zip(answer["tools"], described, strict=True)]
         return {**answer, "tools": tools}

@@ -157,6 +157,8 @@ def write_outputs(
     with result.checkpoint.as_directory() as path:
         method = methods.load(path)
     results = split_rows(method, dataset, label)  # the sweep's one reading of test
+    for r in results:
+        r["train_seconds"] = float(result.metrics.get("train_seconds", 0.0))
     if settings.baseline:
         entries = (cfg.get("bench") or {}).get("methods") or {}
         results += bench_entry(settings.baseline, entries[settings.baseline], dataset, cfg)
