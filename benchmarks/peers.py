@@ -89,7 +89,9 @@ class RouterPeer:
             _embed: Any = PrivateAttr()
 
             def __call__(self, docs: list[Any]) -> list[list[float]]:
-                return self._embed(docs).tolist()
+                # Tool texts (the routes of tools with no training queries) are cut where toolscout's
+                # and bigtool's are; queries are shorter than that.
+                return self._embed(docs, TOOL_MAX_LENGTH).tolist()
 
             async def acall(self, docs: list[Any]) -> list[list[float]]:
                 return self(docs)
@@ -190,14 +192,21 @@ def main() -> None:
     parser.add_argument("--toollens", default="../shared/datasets/toollens")
     parser.add_argument("--livemcpbench", default="../shared/datasets/livemcpbench")
     parser.add_argument("--model", action="append", default=[], help="NAME=DIR, trained on ToolLens (repeat)")
+    parser.add_argument("--datasets", default="toollens,toollens_cold_start,livemcpbench")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
+    wanted = args.datasets.split(",")
     minilm, k = MiniLM(), max(KS)
-    rows = run_dataset(open_dataset(args.toollens, name="toollens"), "test", minilm, args.model, k)
-    cold = open_dataset(args.toollens, {"mode": "cold_start"}, name="toollens_cold_start")
-    rows += run_dataset(cold, "test_unseen", minilm, [], k)
-    convert(args.livemcpbench, "runs/livemcpbench")
-    rows += run_dataset(load_dataset("runs/livemcpbench", name="livemcpbench"), "test", minilm, args.model, k)
+    rows = []
+    if "toollens" in wanted:
+        rows += run_dataset(open_dataset(args.toollens, name="toollens"), "test", minilm, args.model, k)
+    if "toollens_cold_start" in wanted:
+        cold = open_dataset(args.toollens, {"mode": "cold_start"}, name="toollens_cold_start")
+        rows += run_dataset(cold, "test_unseen", minilm, [], k)
+    if "livemcpbench" in wanted:
+        convert(args.livemcpbench, "runs/livemcpbench")
+        data = load_dataset("runs/livemcpbench", name="livemcpbench")
+        rows += run_dataset(data, "test", minilm, args.model, k)
     columns = ("recall@3", "ndcg@3", "comp@3", "recall@5", "comp@5", "p50_ms", "p99_ms", "memory_mb")
     table = md_table(
         ["dataset", "split", "method", *columns],
