@@ -12,6 +12,7 @@ parameters and metric, plots, the best config as a YAML that ``toolscout train``
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -135,6 +136,20 @@ def warm_shared_stages(method: Any, base: dict[str, Any], dataset: Dataset, sett
         method.fit(stage, dataset, run)
 
 
+def saved_trials(settings: TuneSettings, base: dict[str, Any]) -> int:
+    """Trials in the sweep's newest saved state. A sweep whose driver died before its first trial
+    (state written, searcher not yet given its space) has none: it is started anew rather than
+    restored into a searcher with no space; there is nothing in it to keep."""
+    options = base["train"].get("storage_options") or {}
+    fs = io.filesystem(settings.experiment_path, options)
+    states = sorted(fs.glob(io.join(settings.experiment_path, "experiment_state-*.json")))
+    if not states:
+        return 0
+    with fs.open(states[-1], "rb") as f:  # glob gives paths inside the filesystem
+        state = json.load(f)
+    return len(state.get("trial_data") or [])
+
+
 def make_tuner(
     trainable: Any,
     space: dict[str, Any],
@@ -148,7 +163,7 @@ def make_tuner(
     # With an explicit filesystem Ray wants paths inside it: "bucket/prefix", no scheme.
     inside = (lambda p: p.split("://", 1)[1]) if fs else (lambda p: p)
     path = inside(settings.experiment_path)
-    if tune.Tuner.can_restore(path, storage_filesystem=fs):
+    if tune.Tuner.can_restore(path, storage_filesystem=fs) and saved_trials(settings, base) > 0:
         if not settings.resume:
             raise ConfigError(
                 f"tune: a sweep named {settings.name!r} exists at {path}; pass tune.resume=true to "
