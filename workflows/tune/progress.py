@@ -8,6 +8,8 @@ from typing import Any
 from ray.tune import Callback
 from tqdm import tqdm
 
+from workflows.tune.trainable import FINAL
+
 
 class TrialProgress(Callback):
     """A tqdm bar over ``num_samples`` trials, updated as each completes, stops or fails."""
@@ -22,7 +24,7 @@ class TrialProgress(Callback):
 
     def _finish(self, trial: Any, status: str) -> None:
         value = (trial.last_result or {}).get(self.metric)
-        if status == "done" and value is not None and trial.last_result.get("final") == 1.0:
+        if status == "done" and value is not None and trial.last_result.get(FINAL) == 1.0:
             better = self.best is None or (value > self.best if self.mode == "max" else value < self.best)
             self.best = value if better else self.best
         if self.bar is not None:

@@ -69,6 +69,11 @@ class TuneSettings:
     def experiment_path(self) -> str:
         return io.join(self.storage_path, self.name)
 
+    @property
+    def report_key(self) -> str:
+        """``valid/ndcg@3`` → ``valid_ndcg@3``: the key trials report per epoch and at the end."""
+        return "valid_" + self.metric.partition("/")[2]
+
 
 def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
     """Read and check ``cfg["tune"]``; every error names the key."""

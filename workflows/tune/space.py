@@ -17,6 +17,7 @@ range, a non-positive bound of a log scale.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -97,25 +98,26 @@ def apply_params(config: dict[str, Any], params: dict[str, Any]) -> dict[str, An
     return config
 
 
+def is_grid(domain: Any) -> bool:
+    """A parsed ``grid_search`` entry (Ray Tune keeps it as ``{"grid_search": [...]}``)."""
+    return isinstance(domain, dict) and "grid_search" in domain
+
+
 def has_grid(space: dict[str, Any]) -> bool:
     """Whether a parsed space holds a ``grid_search`` (which model-based searchers cannot take)."""
-    return any(isinstance(v, dict) and "grid_search" in v for v in space.values())
+    return any(is_grid(v) for v in space.values())
 
 
 def grid_size(space: dict[str, Any]) -> int:
     """How many trials one sample of the space is: the product of the grids' lengths (1 if none)."""
-    size = 1
-    for domain in space.values():
-        if isinstance(domain, dict) and "grid_search" in domain:
-            size *= len(domain["grid_search"])
-    return size
+    return math.prod(len(v["grid_search"]) for v in space.values() if is_grid(v))
 
 
 def sample_once(space: dict[str, Any]) -> dict[str, Any]:
     """One value per key (a grid's first value), to check a space against the method before a sweep."""
     out = {}
     for key, domain in space.items():
-        if isinstance(domain, dict) and "grid_search" in domain:
+        if is_grid(domain):
             out[key] = domain["grid_search"][0]
         else:
             out[key] = domain.sample()

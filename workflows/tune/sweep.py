@@ -12,6 +12,7 @@ parameters and metric, plots, the best config as a YAML that ``toolscout train``
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -23,14 +24,14 @@ from ray import tune
 from ray.train.constants import RAY_CHDIR_TO_TRIAL_DIR
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-from components.config import ConfigError, merge
+from components.config import ConfigError
 from components.data import Dataset, dataset_from_config, io
 from workflows.train import run_spec
 from workflows.tune.outputs import best_trial, trial_rows, write_outputs
 from workflows.tune.progress import TrialProgress
 from workflows.tune.settings import TuneSettings, tune_settings
 from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
-from workflows.tune.trainable import metric_key, run_trial, trial_method
+from workflows.tune.trainable import run_trial, trial_method
 
 
 class SweepInterrupted(RuntimeError):
@@ -40,7 +41,7 @@ class SweepInterrupted(RuntimeError):
 def base_config(cfg: dict[str, Any], settings: TuneSettings) -> dict[str, Any]:
     """The config every trial starts from: the ``method`` section (or the named bench entry's
     method and params), with the trials' Ray Train runs stored under the sweep."""
-    base = merge(cfg, {})
+    base = copy.deepcopy(cfg)
     if settings.entry:
         entries = (cfg.get("bench") or {}).get("methods") or {}
         if settings.entry not in entries:
@@ -72,13 +73,13 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
     return method
 
 
-def train_resources(cfg: dict[str, Any], trains: bool, settings: TuneSettings) -> dict[str, float]:
-    """What one trial holds while it trains: its own actor plus its Ray Train workers."""
+def train_resources(cfg: dict[str, Any], trains: bool, actor: dict[str, float]) -> dict[str, float]:
+    """What one trial holds while it trains: its own ``actor`` plus its Ray Train workers."""
     t = cfg.get("train") or {}
     per_worker = {"CPU": 1.0, **{k: float(v) for k, v in (t.get("resources_per_worker") or {}).items()}}
     if t.get("use_gpu"):
         per_worker.setdefault("GPU", 1.0)
-    held = trial_actor_resources(settings, trains)
+    held = dict(actor)
     if trains:
         for k, v in per_worker.items():
             held[k] = held.get(k, 0.0) + v * int(t.get("num_workers", 1))
@@ -156,6 +157,7 @@ def make_tuner(
     settings: TuneSettings,
     base: dict[str, Any],
     concurrent: int,
+    total: int,
     callbacks: list[Any],
 ) -> tune.Tuner:
     """A new Tuner, or the interrupted sweep of the same name restored."""
@@ -173,8 +175,8 @@ def make_tuner(
         return tune.Tuner.restore(
             path, trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs
         )
-    metric = metric_key(settings.metric)
-    progress = TrialProgress(int(settings.num_samples) * grid_size(space), metric, settings.mode)
+    metric = settings.report_key
+    progress = TrialProgress(total, metric, settings.mode)
     return tune.Tuner(
         trainable,
         param_space=space,
@@ -216,28 +218,28 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     method = check_space(base, space, settings)
     warm_shared_stages(method, base, dataset, settings)
     trains = "train" in method.capabilities
-    held = train_resources(base, trains, settings)
-    concurrent = max_concurrent(held, settings)
+    actor = trial_actor_resources(settings, trains)
+    concurrent = max_concurrent(train_resources(base, trains, actor), settings)
     trainable = tune.with_resources(
         tune.with_parameters(
             run_trial,
             base=base,
             dataset=dataset,
-            metric=settings.metric,
             experiment=settings.name,
             shared_stages=settings.shared_stages,
         ),
-        trial_actor_resources(settings, trains),
+        actor,
     )
-    results = make_tuner(trainable, space, settings, base, concurrent, list(callbacks or [])).fit()
     expected = int(settings.num_samples) * grid_size(space)
+    tuner = make_tuner(trainable, space, settings, base, concurrent, expected, list(callbacks or []))
+    results = tuner.fit()
     if results.num_terminated + results.num_errors < expected:
         # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
         raise SweepInterrupted(
             f"tune: sweep {settings.name!r} stopped before its {expected} trials finished; "
             "run the same command again to finish it (finished trials are kept)"
         )
-    trials = trial_rows(results, list(space), metric_key(settings.metric), settings.mode)
+    trials = trial_rows(results, list(space), settings.report_key, settings.mode)
     best = best_trial(results, trials, settings.mode)
     return write_outputs(
         cfg, settings, base, dataset, trials, best, sweep_seconds=time.perf_counter() - started

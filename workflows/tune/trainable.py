@@ -33,14 +33,6 @@ from workflows.tune.space import apply_params
 FINAL = "final"  # 1.0 in the report of a trial that trained to the end and was scored as a whole
 
 
-def metric_key(metric: str) -> str:
-    """``valid/ndcg@3`` → ``valid_ndcg@3``, the key Ray Train workers report per epoch."""
-    split, sep, name = metric.partition("/")
-    if not sep or split != "valid" or not name:
-        raise ValueError(f"tune.metric {metric!r}: expected valid/<metric>, e.g. valid/ndcg@3")
-    return f"valid_{name}"
-
-
 def trial_method(base: dict[str, Any], params: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """The trial's full config (``base`` with the sampled ``params``) and its method, built."""
     cfg = apply_params(base, params)
@@ -53,7 +45,6 @@ def run_trial(
     *,
     base: dict[str, Any],
     dataset: Dataset,
-    metric: str,
     experiment: str,
     shared_stages: tuple[str, ...] = (),
 ) -> None:
@@ -64,7 +55,6 @@ def run_trial(
         base: The sweep's base config (``method``, ``train``, ...); ``train.storage_path`` is the
             sweep's own, so every trial's Ray Train checkpoints live under the sweep.
         dataset: The dataset, loaded once by the driver and shared through the object store.
-        metric: ``valid/<metric>``: reported per epoch by the last stage and for the whole method.
         experiment: The sweep's name: trial runs are named ``<experiment>-<trial id>``, so a trial
             that is restarted (``Tuner.restore``) resumes its Ray Train run from its last epoch.
         shared_stages: Stages the driver trained before the sweep; a trial that does not find one
@@ -85,9 +75,9 @@ def run_trial(
     method.index(dataset.corpus)
     train_seconds = time.perf_counter() - started
     valid = score(method, dataset, "valid")
+    # ``valid_<metric>`` for every metric, the selection metric among them (the per-epoch key too).
     report = {f"valid_{k}": float(v) for k, v in valid.items()}
-    report |= {metric_key(metric): float(valid[metric.partition("/")[2]]), FINAL: 1.0}
-    report["train_seconds"] = train_seconds
+    report |= {FINAL: 1.0, "train_seconds": train_seconds}
     with tempfile.TemporaryDirectory() as tmp:
         artifact = os.path.join(tmp, "artifact")
         method.save(artifact)
