@@ -12,7 +12,6 @@ corpus is touched. Unusable tools go to ``rejects.jsonl`` with the server and to
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shlex
 import sys
@@ -20,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.data import io
 from components.data.mcp_catalog import corpus_records
 from components.data.rejects import RejectLog
 
@@ -76,25 +76,6 @@ async def list_server_tools(source: str, headers: dict[str, str] | None = None) 
     return name, tools
 
 
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def write_jsonl(path: str, rows: list[dict[str, Any]], append: bool = False) -> None:
-    """Whole files are replaced atomically (a crash leaves the old corpus), appends are appended."""
-    if append:
-        with open(path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    os.replace(tmp, path)
-
-
 def merge_server(
     corpus: dict[str, dict], server: str, records: list[dict], report: IngestReport
 ) -> list[dict[str, Any]]:
@@ -136,16 +117,16 @@ def ingest_mcp(
         if not name:
             raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
         listed.append((name, source, tools))
-    os.makedirs(out_dir, exist_ok=True)
-    corpus = {r["_id"]: r for r in read_jsonl(os.path.join(out_dir, CORPUS))}
+    corpus = {r["_id"]: r for r in io.read_jsonl(os.path.join(out_dir, CORPUS))}
     report, rejects, retired = IngestReport(), RejectLog(), []
     for name, source, tools in listed:
         records = corpus_records(name, tools, rejects, source)
         retired += merge_server(corpus, name, records, report)
         report.servers[name] = len(tools)
-    write_jsonl(os.path.join(out_dir, CORPUS), list(corpus.values()))
+    io.write_jsonl(os.path.join(out_dir, CORPUS), list(corpus.values()))  # replaced whole, atomically
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    write_jsonl(os.path.join(out_dir, RETIRED), [{**r, "retired_at": stamp} for r in retired], append=True)
-    write_jsonl(os.path.join(out_dir, REJECTS), [vars(r) for r in rejects.rejects])
+    retired_file = os.path.join(out_dir, RETIRED)
+    io.write_jsonl(retired_file, io.read_jsonl(retired_file) + [{**r, "retired_at": stamp} for r in retired])
+    rejects.write(os.path.join(out_dir, REJECTS))
     report.rejected = len(rejects)
     return report

@@ -7,6 +7,7 @@ explicit ``storage_options``; credentials follow the usual boto chain.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -71,12 +72,35 @@ def read_bytes(path: str, storage_options: dict[str, Any] | None = None) -> byte
 
 
 def write_bytes(path: str, data: bytes, storage_options: dict[str, Any] | None = None) -> None:
-    """Write ``data`` to ``path``, creating parent directories for local paths."""
-    if not is_remote(path):
-        path = local_path(path)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with fsspec.open(path, "wb", **storage_options_for(path, storage_options)) as f:
+    """Write ``data`` to ``path``, creating parent directories for local paths.
+
+    A local file is written beside its place and renamed into it, so a crash leaves the old file
+    whole (an object store's put is already all or nothing).
+    """
+    if is_remote(path):
+        with fsspec.open(path, "wb", **storage_options_for(path, storage_options)) as f:
+            f.write(data)
+        return
+    path = local_path(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as f:
         f.write(data)
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: str, rows: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
+    """``rows`` as JSON lines (UTF-8, non-ASCII kept as is), written with :func:`write_bytes`."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    write_bytes(path, text.encode(), storage_options)
+
+
+def read_jsonl(path: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The JSON lines at ``path`` (blank lines skipped); ``[]`` when there is no file yet."""
+    if not exists(path, storage_options):
+        return []
+    lines = read_bytes(path, storage_options).decode().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def makedirs(path: str, storage_options: dict[str, Any] | None = None) -> None:

@@ -18,6 +18,7 @@ import os
 from collections import Counter
 from typing import Any
 
+from components.data import io
 from components.data.mcp_catalog import corpus_records
 from components.data.rejects import RejectLog
 
@@ -73,15 +74,11 @@ def convert(source_dir: str, out_dir: str) -> dict[str, Any]:
                 {"_id": qid, "text": task["question"], "metadata": {"category": task.get("category")}}
             )
             qrels += [(qid, tid) for tid in ids]
-    os.makedirs(os.path.join(out_dir, "qrels"), exist_ok=True)
-    for name, rows in (("corpus.jsonl", records), ("queries.jsonl", queries)):
-        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    with open(os.path.join(out_dir, "qrels", "test.tsv"), "w", encoding="utf-8") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        f.writelines(f"{q}\t{t}\t1\n" for q, t in qrels)
-    with open(os.path.join(out_dir, "rejects.jsonl"), "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(vars(r), ensure_ascii=False) + "\n" for r in rejects.rejects)
+    io.write_jsonl(os.path.join(out_dir, "corpus.jsonl"), records)
+    io.write_jsonl(os.path.join(out_dir, "queries.jsonl"), queries)
+    tsv = "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{t}\t1\n" for q, t in qrels)
+    io.write_bytes(os.path.join(out_dir, "qrels", "test.tsv"), tsv.encode())
+    rejects.write(os.path.join(out_dir, "rejects.jsonl"))
     return {
         "tools": len(records),
         "tasks": len(queries),
