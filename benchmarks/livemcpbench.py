@@ -30,7 +30,7 @@ from components.data.livemcpbench import convert
 from components.data.loader import load_dataset
 from components.metrics import evaluate_retrieval
 from components.training.spec import RunSpec
-from workflows.report import md_table, write_report
+from workflows.report import metrics_table, write_report
 
 KS = (1, 3, 5)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "livemcpbench.json")
@@ -88,16 +88,7 @@ def main() -> None:
             )
         rows.append(score(method, dataset, label, {"artifact": path, **method.config()}))
     report = {"dataset": "livemcpbench", "conversion": conversion, "results": rows}
-    table = md_table(
-        ["method", *COLUMNS],
-        [
-            [
-                r["method"],
-                *(f"{r['metrics'][c]:.4f}" if c != "p50_ms" else f"{r['metrics'][c]:.2f}" for c in COLUMNS),
-            ]
-            for r in rows
-        ],
-    )
+    table = metrics_table(rows, ["method"], COLUMNS)
     report["notes"] = (
         f"{conversion['tools']} tools from {len(set(t.split('/')[0] for t in dataset.corpus))} servers, "
         f"{conversion['tasks']} tasks with {conversion['judgements']} judged tools "
@@ -106,14 +97,9 @@ def main() -> None:
         f"{conversion['unmatched_mentions']} name no tool in the catalog and are left out). Zero-shot: no "
         "method saw this catalog or its tasks. p50_ms: one task at a time, CPU.\n"
     )
-    write_report(
-        report,
-        args.out,
-        title="LiveMCPBench: zero-shot tool retrieval over a real MCP catalog",
-        plot=False,
-        table="\n".join(table) + "\n",
-    )
-    print("\n".join(table))
+    title = "LiveMCPBench: zero-shot tool retrieval over a real MCP catalog"
+    write_report(report, args.out, title=title, plot=False, table=table)
+    print(table, end="")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from components.encoders.bi_encoder import BiEncoder
 from components.encoders.text_encoder import TextEncoder, spec_from
 from components.metrics import evaluate_retrieval
 from components.training.spec import RunSpec
-from workflows.report import md_table, write_report
+from workflows.report import metrics_table, write_report
 
 KS = (1, 3, 5)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "peers.json")
@@ -208,27 +208,11 @@ def main() -> None:
         data = load_dataset("runs/livemcpbench", name="livemcpbench")
         rows += run_dataset(data, "test", minilm, args.model, k)
     columns = ("recall@3", "ndcg@3", "comp@3", "recall@5", "comp@5", "p50_ms", "p99_ms", "memory_mb")
-    table = md_table(
-        ["dataset", "split", "method", *columns],
-        [
-            [
-                r["dataset"],
-                r["split"],
-                r["method"],
-                *(f"{r['metrics'][c]:.4f}" if "@" in c else f"{r['metrics'][c]:.1f}" for c in columns),
-            ]
-            for r in rows
-        ],
-    )
+    table = metrics_table(rows, ["dataset", "split", "method"], columns)
     report = {"dataset": "toollens+livemcpbench", "results": rows, "notes": __doc__.split("\n\n")[1] + "\n"}
-    write_report(
-        report,
-        args.out,
-        title="Peers: langgraph-bigtool and semantic-router beside toolscout",
-        plot=False,
-        table="\n".join(table) + "\n",
-    )
-    print("\n".join(table))
+    title = "Peers: langgraph-bigtool and semantic-router beside toolscout"
+    write_report(report, args.out, title=title, plot=False, table=table)
+    print(table, end="")
 
 
 if __name__ == "__main__":

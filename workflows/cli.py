@@ -14,10 +14,11 @@ from typing import Annotated, Any
 import typer
 
 from components.config import ConfigError, load_config, load_yaml, merge
-from components.data.rejects import DatasetError  # noqa: F401 (re-exported for callers)
 from workflows.cli_guard import console, guarded
+from workflows.cli_ingest import ingest_app
 
 app = typer.Typer(help="toolscout: learned tool retrieval for LLM agents, on Ray.", no_args_is_help=True)
+app.add_typer(ingest_app, name="ingest")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.num_workers=2")]
@@ -243,15 +244,6 @@ def serve(
     if train_selector:  # a Ray Train stage, like every training
         args = fit_selector(args, data_path, train_selector, cfg.get("splits"))
     run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)), file)
-
-
-def _register_subcommands() -> None:
-    from workflows.cli_ingest import ingest_app
-
-    app.add_typer(ingest_app, name="ingest")
-
-
-_register_subcommands()
 
 
 def main() -> None:

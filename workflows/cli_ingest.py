@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from workflows.cli_guard import guarded
+from workflows.cli_guard import console, guarded
 
-console = Console(stderr=True)
 ingest_app = typer.Typer(
     help="Read tool catalogs from other sources into the BEIR layout.", no_args_is_help=True
 )

@@ -33,6 +33,17 @@ def md_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     ]
 
 
+def metrics_table(rows: list[dict[str, Any]], labels: Sequence[str], columns: Sequence[str]) -> str:
+    """A markdown table of result rows: the ``labels`` fields of each, then its ``metrics`` columns,
+    4 decimals for ranking metrics (``recall@3``), 2 for the rest (milliseconds, megabytes)."""
+
+    def cell(name: str, value: float) -> str:
+        return f"{value:.4f}" if "@" in name else f"{value:.2f}"
+
+    body = [[*(str(r[k]) for k in labels), *(cell(c, r["metrics"][c]) for c in columns)] for r in rows]
+    return "\n".join(md_table([*labels, *columns], body)) + "\n"
+
+
 def markdown_table(report: dict[str, Any], columns: tuple[str, ...] = COLUMNS) -> str:
     """A markdown table with one row per (method, split) and the chosen metric columns."""
     present = [c for c in columns if any(c in r["metrics"] for r in report["results"])]

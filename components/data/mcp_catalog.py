@@ -27,6 +27,11 @@ def tool_text(name: str, description: str, schema: dict[str, Any]) -> str:
     return f"{text}. parameters: {'; '.join(params)}" if params else text
 
 
+def input_schema(tool: dict[str, Any]) -> Any:
+    """A ``tools/list`` entry's schema: ``inputSchema`` on the wire, ``input_schema`` in the SDK's models."""
+    return tool.get("inputSchema", tool.get("input_schema"))
+
+
 def check_tool(tool: Any) -> str | None:
     """Why ``tool`` (one ``tools/list`` entry) cannot be used, or None."""
     if not isinstance(tool, dict):
@@ -38,7 +43,7 @@ def check_tool(tool: Any) -> str | None:
         return f"tool name {name!r} contains '/', which separates server and tool in ids"
     if not isinstance(tool.get("description", ""), (str, type(None))):
         return "description is not a string"
-    schema = tool.get("inputSchema", tool.get("input_schema"))
+    schema = input_schema(tool)
     if not isinstance(schema, dict):
         return "inputSchema is missing or not an object"
     if schema.get("type", "object") != "object":
@@ -76,7 +81,7 @@ def corpus_records(
             rejects.add(source or server, i, reason, json.dumps(tool, default=str))
             continue
         seen.add(tool["name"])
-        schema = tool.get("inputSchema", tool.get("input_schema"))
+        schema = input_schema(tool)
         description = str(tool.get("description") or "")
         records.append(
             {
