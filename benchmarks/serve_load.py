@@ -53,7 +53,7 @@ from ray import serve
 
 from components import methods
 from components.data import Dataset, open_dataset
-from components.data.registry import promote, resolve
+from components.registry import resolve
 from components.serving.calibration import find_calibration
 from components.serving.catalog import load_catalog
 from components.serving.deploy import (
@@ -176,7 +176,6 @@ def train_artifacts(
             run = RunSpec(name=f"serve-load-{key}", storage_path=train, local_dir=checkpoints)
             fit_method(method, data, run)
             method.save(path)
-            promote(path)
         out[key] = path
     return out
 

@@ -167,3 +167,30 @@ def test_auroc_matches_pairwise_count(seed: int) -> None:
     pos, neg = scores[labels == 1], scores[labels == 0]
     wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in product(pos, neg))
     assert auroc(labels, scores) == pytest.approx(wins / (len(pos) * len(neg)))
+
+
+def test_paired_bootstrap_finds_a_consistent_gain_and_not_noise():
+    from components.metrics import paired_bootstrap
+
+    rng = np.random.default_rng(1)
+    a = {str(i): float(v) for i, v in enumerate(rng.uniform(0, 1, 400))}
+    better = {q: min(1.0, v + 0.05) for q, v in a.items()}
+    got = paired_bootstrap(a, better, level=0.95, samples=1000)
+    assert got["low"] > 0 and got["queries"] == 400 and got["p_not_better"] == 0.0
+    noise = {q: float(v) for q, v in zip(a, rng.uniform(0, 1, 400), strict=True)}
+    # Two unrelated systems of equal mean: the interval spans 0.
+    same_mean = {q: noise[q] - np.mean(list(noise.values())) + np.mean(list(a.values())) for q in a}
+    got = paired_bootstrap(a, same_mean, samples=1000)
+    assert got["low"] < 0 < got["high"]
+    with pytest.raises(ValueError, match="share no"):
+        paired_bootstrap({"x": 1.0}, {"y": 1.0})
+
+
+def test_per_query_values_average_to_the_reported_metric():
+    from components.metrics import evaluate_retrieval, per_query
+
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1, "c": 1}, "q3": {"d": 0}}
+    results = {"q1": {"a": 0.9, "x": 0.5}, "q2": {"x": 0.9, "c": 0.8, "b": 0.1}}
+    values = per_query(qrels, results, "ndcg@3")
+    assert set(values) == {"q1", "q2"}  # q3 judges no tool relevant
+    assert np.mean(list(values.values())) == pytest.approx(evaluate_retrieval(qrels, results, (3,))["ndcg@3"])

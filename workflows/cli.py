@@ -1,4 +1,5 @@
-"""The ``toolscout`` command line: preprocess | train | evaluate | bench | tune | run | serve | ingest.
+"""The ``toolscout`` command line: preprocess | train | evaluate | bench | tune | run | serve | ingest |
+retrain | registry.
 
 Every command reads ``configs/default.yaml``, then ``--config FILE``, then ``key=value``
 overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
@@ -7,67 +8,24 @@ overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
 from __future__ import annotations
 
 import sys
-from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from components.config import ConfigError, load_config, load_yaml, merge
+from components.config import ConfigError
+from workflows.cli_config import build_config, require, start_ray
 from workflows.cli_guard import console, guarded
 from workflows.cli_ingest import ingest_app
+from workflows.cli_registry import registry_app, retrain_command
 
 app = typer.Typer(help="toolscout: learned tool retrieval for LLM agents, on Ray.", no_args_is_help=True)
 app.add_typer(ingest_app, name="ingest")
+app.add_typer(registry_app, name="registry")
+app.command("retrain")(guarded(retrain_command))
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.num_workers=2")]
-
-
-def packaged_config(name: str) -> dict[str, Any]:
-    """A config shipped in ``workflows/configs``."""
-    with resources.as_file(resources.files("workflows") / "configs" / f"{name}.yaml") as path:
-        return load_yaml(path)
-
-
-def build_config(
-    config: Path | None, overrides: list[str] | None, base: str | None = None, **flags: Any
-) -> dict:
-    """Defaults (+ a packaged base config), then the user's file, then CLI flags, then overrides.
-
-    Flags arrive as ``section__key=value`` keyword arguments; ``None`` means "not given".
-    """
-    defaults = packaged_config("default")
-    if base:
-        defaults = merge(defaults, packaged_config(base))
-    cfg = load_config(config, [], defaults)
-    for dotted, value in flags.items():
-        if value is not None:
-            *parents, leaf = dotted.split("__")
-            node = cfg
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
-    return load_config(None, overrides or [], cfg)
-
-
-def require(cfg: dict, dotted: str, flag: str) -> None:
-    """Fail early, naming the flag, when a required setting is missing."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    if node in (None, ""):
-        raise ConfigError(f"{dotted} is not set: pass {flag} or set it in the config")
-
-
-def start_ray(cfg: dict) -> None:
-    """Start or join Ray for commands that run Ray jobs."""
-    import transformers
-
-    from workflows.ray_env import init_ray
-
-    transformers.logging.set_verbosity_error()
-    init_ray(cfg.get("ray"))
 
 
 @app.command()
@@ -101,14 +59,16 @@ def train(
     data: Annotated[str | None, typer.Option(help="Prepared or raw dataset dir.")] = None,
     method: Annotated[str | None, typer.Option(help="Registered method name.")] = None,
 ) -> None:
-    """Run a method's training stages and save its artifact directory."""
+    """Run a method's training stages and register the artifact as a new model version (MLflow)."""
     cfg = build_config(config, overrides, data__path=data, method__name=method)
     require(cfg, "data.path", "--data")
     start_ray(cfg)
     from workflows.train import train as run_train
 
     report = run_train(cfg)
-    console.print(f"saved {report['artifact']} ({report['train_seconds']:.1f}s)")
+    console.print(
+        f"registered {report['model_uri']} ({report['train_seconds']:.1f}s); files: {report['artifact']}"
+    )
 
 
 @app.command()
@@ -117,7 +77,9 @@ def evaluate(
     config: ConfigOpt = None,
     overrides: Overrides = None,
     data: Annotated[str | None, typer.Option(help="Prepared or raw dataset dir.")] = None,
-    artifact: Annotated[str | None, typer.Option(help="Artifact dir written by train.")] = None,
+    artifact: Annotated[
+        str | None, typer.Option(help="Artifact dir or models:/ URI (default: the newest version).")
+    ] = None,
     split: Annotated[list[str] | None, typer.Option(help="Split(s); test only for final reports.")] = None,
     out: Annotated[str | None, typer.Option(help="Write the report JSON here.")] = None,
 ) -> None:
@@ -198,7 +160,9 @@ def run(config: ConfigOpt = None, overrides: Overrides = None) -> None:
 def serve(
     config: ConfigOpt = None,
     overrides: Overrides = None,
-    model: Annotated[str | None, typer.Option(help="Artifact dir (or method dir with LATEST).")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Artifact dir or registry URI, e.g. models:/<name>@champion.")
+    ] = None,
     data: Annotated[
         str | None, typer.Option(help="Dataset dir: tool catalog and detector calibration.")
     ] = None,
@@ -228,6 +192,13 @@ def serve(
     if selector_lm:
         flags["selector"] = {"backend": "lm", "model": selector_lm}
     args = app_args(file, flags, overrides or [])
+    from components.registry import RegistrySettings
+
+    # Where models:/ URIs resolve: the serve config file's args.registry (the quickstart's store by
+    # default), unless this command names a config or registry.* overrides. Absolute, since Serve's
+    # build task resolves them too, in another working directory.
+    if config or any(o.startswith("registry.") for o in overrides or []) or "registry" not in args:
+        args["registry"] = RegistrySettings.from_config(cfg.get("registry")).as_config()
     if not args.get("artifact"):
         raise ConfigError("no artifact to serve: pass --model or set args.artifact in the serve config")
     data_path = cfg["data"].get("path") or args.get("calibration_data")

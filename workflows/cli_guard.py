@@ -11,6 +11,7 @@ from rich.console import Console
 
 from components.config import ConfigError
 from components.data.rejects import DatasetError
+from components.registry import LockHeld
 
 console = Console(stderr=True)
 
@@ -26,7 +27,7 @@ def guarded(fn):
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, DatasetError, OSError, KeyError, ValueError) as e:
+        except (ConfigError, DatasetError, OSError, LookupError, LockHeld, ValueError) as e:
             if os.environ.get("TOOLSCOUT_DEBUG"):
                 raise
             # A bare KeyError prints as "'train'": name the type for the reader.

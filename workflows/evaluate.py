@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -13,6 +12,8 @@ from components import methods
 from components.data import Dataset, dataset_from_config, io
 from components.methods.base import Method
 from components.metrics import DEFAULT_KS, detection_metrics, evaluate_retrieval
+from components.registry import resolve
+from workflows.train import model_name
 
 
 def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
@@ -40,17 +41,18 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
 def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
     """Evaluate ``cfg["evaluate"]["artifact"]`` on ``cfg["evaluate"]["splits"]``; write JSON if asked.
 
-    The default split is ``valid``: the test split is for final reports only.
+    The artifact is a directory or a registry URI; by default the newest registered version of
+    the config's model (``models:/<dataset>-<method>/latest``). The default split is ``valid``:
+    the test split is for final reports only.
     """
     ecfg = cfg.get("evaluate", {})
+    dataset = dataset_from_config(cfg)
     artifact = ecfg.get("artifact")
     if not artifact:
-        output, name = cfg.get("train", {}).get("output"), cfg.get("method", {}).get("name")
-        if not (output and name):
-            raise ValueError("evaluate: pass --artifact, or set train.output and method.name")
-        artifact = os.path.join(output, name)
-    dataset = dataset_from_config(cfg)
-    method = methods.load(artifact)
+        if not cfg.get("method", {}).get("name"):
+            raise ValueError("evaluate: pass --artifact (a dir or models:/ URI), or set method.name")
+        artifact = f"models:/{model_name(cfg, dataset.name)}/latest"
+    method = methods.load(resolve(artifact, cfg.get("registry")))
     rows = []
     for split in ecfg.get("splits", ["valid"]):
         rows.append(

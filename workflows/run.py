@@ -107,8 +107,8 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
         {
             "data": {"path": data_dir},
             "preprocess": {"output": prepared},
+            "registry": {"root": os.path.join(work, "registry")},
             "train": {
-                "output": os.path.join(work, "models"),
                 "storage_path": os.path.join(work, "train"),
                 "local_dir": os.path.join(work, "checkpoints"),
             },
@@ -126,6 +126,7 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
         params = resolve_artifacts((rcfg.get("params") or {}).get(name, {}), artifacts)
         # Replace (not merge) the method section: each method has its own parameters.
         mcfg = {**cfg, "method": {"name": name, "params": params}}
+        mcfg = merge(mcfg, {"registry": {"model_name": f"quickstart-{name}"}})
         with stage(f"{name}: train, evaluate", 2) as step:
             trained = train(mcfg)
             artifacts[name] = trained["artifact"]

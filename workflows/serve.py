@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import apply_overrides, load_yaml
-from components.data.registry import resolve
+from components.registry import resolve
 
 DEFAULT_SERVE_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "serve_config.yaml"
 
@@ -50,18 +50,19 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
 
     args = dict(args)
     args.setdefault("detector_file", os.path.join("runs", "serving", "detector.json"))
-    artifact = args.get("detector_artifact") or args["artifact"]
+    # A registry URI is calibrated for the version it names now: the one the app will pin.
+    artifact = resolve(args.get("detector_artifact") or args["artifact"], args.get("registry"))
     if find_calibration(args["detector_file"], artifact) is not None or has_detect(artifact):
         return args
     if not data:
         raise ValueError(
-            f"{resolve(artifact)} has no detect() and {args['detector_file']} no threshold for it: "
+            f"{artifact} has no detect() and {args['detector_file']} no threshold for it: "
             "pass --data to calibrate one on its valid split"
         )
     detector = calibrate_artifact(artifact, data, args["detector_file"], splits)
     assert detector is not None
     print(
-        f"calibrated {resolve(artifact)}: threshold {detector.threshold:.4f}, "
+        f"calibrated {artifact}: threshold {detector.threshold:.4f}, "
         f"valid accuracy {detector.accuracy:.4f} -> {args['detector_file']}"
     )
     return args
@@ -94,8 +95,12 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
     """Local paths made absolute: the app is built in a Ray task whose working directory differs."""
     args = copy.deepcopy(args)
     for key in ("artifact", "catalog", "detector_artifact", "detector_file", "calibration_data"):
-        if args.get(key) and "://" not in args[key]:
+        if args.get(key) and "://" not in args[key] and not args[key].startswith("models:/"):
             args[key] = os.path.abspath(args[key])
+    registry = dict(args.get("registry") or {})
+    if registry.get("root"):
+        registry["root"] = os.path.abspath(registry["root"])
+        args["registry"] = registry
     for section in ("selector", "rewriter"):
         model = (args.get(section) or {}).get("model")
         if model and os.path.exists(model):

@@ -1,22 +1,25 @@
-"""``toolscout train``: run a method's stages in order on Ray Train, index, save a versioned artifact.
+"""``toolscout train``: run a method's stages in order on Ray Train, index, register a model version.
 
 Each stage is one ``TorchTrainer`` run named ``<run_name>-<stage>`` under ``train.storage_path``;
 starting ``toolscout train`` again with the same ``train.run_name`` resumes those runs from their
-last checkpoints. The trained method lands in ``<train.output>/<method>/vNNNN`` and
-``<train.output>/<method>/LATEST`` names the newest version (what evaluate and serving load).
+last checkpoints. The trained method is logged to the model registry (MLflow, see
+:mod:`components.registry`) as a new version of ``<dataset>-<method>`` (or ``registry.model_name``);
+``models:/<name>/latest`` and ``models:/<name>@champion`` are what evaluate and serving load.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import tempfile
 import time
 from typing import Any
 
 from components import methods
 from components.data import Dataset, dataset_from_config
-from components.data.registry import promote, reserve_version
 from components.methods.base import Method, RunSpec
+from components.registry import ModelRegistry, RegistrySettings, Version
 
 
 def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpec:
@@ -62,26 +65,81 @@ def fit_method(method: Method, dataset: Dataset, run: RunSpec) -> dict[str, Any]
     return report
 
 
-def train(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Train the method named in ``cfg["method"]`` on ``cfg["data"]["path"]`` and save a new version.
+def model_name(cfg: dict[str, Any], dataset_name: str) -> str:
+    """The registered model's name: ``registry.model_name``, else ``<dataset>-<method>``."""
+    name = (cfg.get("registry") or {}).get("model_name")
+    if name:
+        return str(name)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{dataset_name}-{cfg['method']['name']}").strip("-")
+
+
+def register(
+    cfg: dict[str, Any],
+    artifact_dir: str,
+    name: str,
+    report: dict[str, Any],
+    tags: dict[str, str] | None = None,
+) -> Version:
+    """Log a saved artifact as an MLflow run and register it as a new version of ``name``.
+
+    Params are the method's config and the training settings; metrics are each stage's last
+    reported numbers (``<stage>/<metric>``) and the training time.
+    """
+    registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
+    metrics = {"train_seconds": float(report.get("train_seconds", 0.0))}
+    for stage, values in (report.get("stages") or {}).items():
+        for key, value in (values or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[f"{stage}/{key}".replace("@", "_at_")] = float(value)
+    params = {
+        "method": cfg["method"],
+        "data": {"path": (cfg.get("data") or {}).get("path")},
+        "splits": cfg.get("splits"),
+    }
+    return registry.log_version(name, artifact_dir, params=params, metrics=metrics, tags=tags)
+
+
+def train(
+    cfg: dict[str, Any], dataset: Dataset | None = None, tags: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Train the method named in ``cfg["method"]`` and register the artifact as a new model version.
+
+    The artifact is saved to a private staging directory, logged to the registry (MLflow), and
+    only then registered: a failed run leaves no version. The first version of a model becomes its
+    ``champion`` (there is nothing to compare it with); later ones are promoted by the retrain
+    gate (``toolscout retrain``) or by hand (``toolscout registry promote``).
 
     Returns:
-        ``{"artifact": version dir, "stages": {...}, "train_seconds": ...}``.
+        ``{"artifact": local dir of the version, "model_uri": "models:/<name>/<N>", "version": N,
+        "model": name, "stages": {...}, "train_seconds": ...}``.
     """
     mcfg = cfg["method"]
-    dataset = dataset_from_config(cfg)
+    dataset = dataset if dataset is not None else dataset_from_config(cfg)
     method = methods.build(mcfg["name"], mcfg.get("params"))
-    # Reserved before training: it must be this run's alone. The default run name adds a time
-    # stamp, since a failed run frees its version number but leaves its checkpoints in storage;
-    # resuming is what an explicit train.run_name is for.
-    artifact = reserve_version(os.path.join(cfg["train"]["output"], mcfg["name"]))
+    name = model_name(cfg, dataset.name)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    # The default run name adds a time stamp so that two trainings never resume each other's Ray
+    # Train runs; resuming is what an explicit train.run_name is for.
+    report = fit_method(method, dataset, run_spec(cfg, f"{name}-{stamp}"))
+    staging = tempfile.mkdtemp(prefix=f"{name}-", dir=_staging_root(cfg))
     try:
-        name = f"{dataset.name}-{mcfg['name']}-{os.path.basename(artifact)}-{stamp}"
-        report = fit_method(method, dataset, run_spec(cfg, name))
-        method.save(artifact)
-    except BaseException:
-        shutil.rmtree(artifact, ignore_errors=True)  # no half-written or empty version left behind
-        raise
-    promote(artifact)
-    return {"artifact": artifact, **report}
+        method.save(staging)
+        version = register(cfg, staging, name, report, tags)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
+    if registry.alias(name, "champion") is None:
+        registry.promote(name, version.number)
+    return {
+        "artifact": registry.local_dir(version),
+        "model_uri": version.uri,
+        "version": version.number,
+        "model": name,
+        **report,
+    }
+
+
+def _staging_root(cfg: dict[str, Any]) -> str:
+    root = os.path.join(RegistrySettings.from_config(cfg.get("registry")).root, "staging")
+    os.makedirs(root, exist_ok=True)
+    return root

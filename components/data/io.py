@@ -89,6 +89,25 @@ def write_bytes(path: str, data: bytes, storage_options: dict[str, Any] | None =
     os.replace(tmp, path)
 
 
+def publish_dir(src: str, dst: str) -> None:
+    """Copy directory ``src`` to ``dst`` so that ``dst`` appears complete or not at all.
+
+    The copy goes to a hidden sibling first and is renamed into place, so a crash mid-copy or a
+    concurrent writer (parallel trials sharing a cache) never leaves a half-written ``dst``. If
+    another writer published ``dst`` first, its copy is kept and this one dropped.
+    """
+    parent = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(dst)}.{uuid.uuid4().hex}.tmp")
+    shutil.copytree(src, tmp)
+    try:
+        os.rename(tmp, dst)
+    except OSError:
+        if not os.path.isdir(dst):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_jsonl(path: str, rows: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
     """``rows`` as JSON lines (UTF-8, non-ASCII kept as is), written with :func:`write_bytes`."""
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.data.registry import resolve
 from components.methods.base import CAPABILITIES, Method, check_capabilities, read_config
+from components.registry import resolve
 from components.training.spec import import_object
 
 REGISTRY: dict[str, str] = {
@@ -41,7 +41,8 @@ def build(name: str, params: dict[str, Any] | None = None) -> Method:
 
 
 def artifact_method(path: str) -> tuple[str, str]:
-    """``(version dir, method name)`` of a saved method, ``LATEST`` resolved, without loading it.
+    """``(version dir, method name)`` of a saved method (a dir, or a ``models:/`` URI resolved through
+    the registry in ``$MLFLOW_TRACKING_URI``), without loading it.
 
     Raises:
         KeyError: its ``config.json`` names no registered method.
@@ -54,6 +55,6 @@ def artifact_method(path: str) -> tuple[str, str]:
 
 
 def load(path: str) -> Method:
-    """Load any saved method (an artifact dir, or a method dir whose ``LATEST`` names one)."""
+    """Load any saved method (an artifact dir or a ``models:/`` registry URI)."""
     path, name = artifact_method(path)
     return method_class(name).load(path)

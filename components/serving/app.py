@@ -8,11 +8,11 @@ so a hot-swap changes a deployment's ``user_config`` in the config file instead 
 :func:`components.serving.deploy.swap_artifact`): replicas then reconfigure in place.
 
 Artifacts are checked and pinned where the user configs are built (in Serve's build task, or on
-the driver for a swap), not in the replicas: a method dir's ``LATEST`` becomes the version dir it
-names. Replicas started later (autoscaling, a crash replacement) get the same user config, so they
-load the same version as their peers even after a ``promote``. Redeploying an unchanged config
-does not rebuild the app; to move to a newer ``LATEST``, swap to the method dir
-(:func:`~components.serving.deploy.swap_artifact` pins what ``LATEST`` names at that moment).
+the driver for a swap), not in the replicas: a registry URI such as ``models:/<name>@champion``
+becomes the local directory of the version it names. Replicas started later (autoscaling, a crash
+replacement) get the same user config, so they load the same version as their peers even after a
+promotion. Redeploying an unchanged config does not rebuild the app; to follow a moved alias,
+swap to the URI again (:func:`~components.serving.deploy.follow_model` pins what it names then).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
-from components.data.registry import resolve
 from components.methods import artifact_method
+from components.registry import resolve
 from components.serving.deployments import Detector, QueryRewriter, Retriever, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
@@ -45,7 +45,8 @@ class ServeArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     artifact: str = Field(
-        description="Retriever artifact dir, or a method dir with LATEST (pinned when the app is built)."
+        description="Retriever artifact: a dir, or a registry URI such as models:/<name>@champion "
+        "(pinned to the version it names when the app is built)."
     )
     catalog: str = Field(description="Dataset dir (raw or prepared) whose corpus names the tools.")
     detector_artifact: str | None = Field(None, description="Detector artifact; default: artifact.")
@@ -70,6 +71,11 @@ class ServeArgs(BaseModel):
     )
     api_key: str | None = Field(None, description=f"Sets ${API_KEY_ENV} in the ingress replicas.")
     deployments: list[dict[str, Any]] = Field(default_factory=list, description="Serve deployment options.")
+    registry: dict[str, Any] | None = Field(
+        None,
+        description="Where models:/ URIs resolve (tracking_uri, root); null: $MLFLOW_TRACKING_URI, "
+        "else the embedded store under runs/registry.",
+    )
 
 
 def _local(path: str | None) -> str | None:
@@ -77,14 +83,23 @@ def _local(path: str | None) -> str | None:
     return path if path is None or "://" in path else os.path.abspath(path)
 
 
-def pinned_artifact(path: str) -> str:
-    """The absolute dir of one artifact version: ``LATEST`` resolved, checked to hold a known method.
+def pinned_artifact(path: str, registry: dict[str, Any] | None = None) -> str:
+    """The absolute dir of one artifact version, checked to hold a known method.
+
+    A registry URI (``models:/<name>@champion``) is resolved here, once, to the local directory of
+    the version it names now (``.../versions/<name>/v<N>``): every replica then loads that version,
+    even one started after the alias moves. Following the alias is a swap (see
+    :func:`components.serving.deploy.follow_model`).
 
     Raises:
-        ValueError: ``path`` is no directory, has no readable ``config.json``, or names a method that
-            is not registered; said here, before any replica tries to load it.
+        ValueError: ``path`` is no directory, has no readable ``config.json``, names a method that
+            is not registered, or is a URI the registry cannot resolve; said here, before any
+            replica tries to load it.
     """
-    version = os.path.abspath(resolve(path))
+    try:
+        version = os.path.abspath(resolve(path, registry))
+    except LookupError as e:
+        raise ValueError(f"artifact {path!r}: {e}") from e
     if not os.path.isdir(version):
         raise ValueError(f"artifact {path!r}: {version} is not a directory")
     try:
@@ -117,9 +132,11 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
 
     Artifacts are pinned (see :func:`pinned_artifact`), so every replica loads the same version.
     """
-    retriever = pinned_artifact(args.artifact)
+    retriever = pinned_artifact(args.artifact, args.registry)
     detector = {
-        "artifact": pinned_artifact(args.detector_artifact) if args.detector_artifact else retriever,
+        "artifact": pinned_artifact(args.detector_artifact, args.registry)
+        if args.detector_artifact
+        else retriever,
         "detector_file": _local(args.detector_file),
         "calibration_data": _local(args.calibration_data),
         "splits": args.splits,

@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from components.data.registry import resolve
 from components.data.types import Dataset
+from components.registry import resolve
 
 
 def model_version(artifact: str) -> str:
-    """``<method dir>/<version>`` of an artifact (e.g. ``bm25/v0002``), resolving ``LATEST``."""
+    """``<model>/<version>`` of an artifact dir (e.g. ``bm25/v0002``; a registry version's local
+    dir gives ``<name>/v<N>``), a registry URI resolved first."""
     path = os.path.abspath(resolve(artifact))
     return f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}"
 

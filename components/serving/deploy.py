@@ -87,8 +87,8 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
     Each user config is written whole, as :func:`components.serving.app.user_configs` builds it
     from the args: Serve replaces a deployment's ``user_config`` as a unit, so a partial one would
     drop the detector file, calibration data and batching settings. ``artifact`` is checked here
-    (a directory whose ``config.json`` names a known method) and a method dir's ``LATEST`` is
-    pinned to the version it names.
+    (a directory whose ``config.json`` names a known method) and a registry URI is pinned to the
+    version it names now.
 
     Raises:
         ValueError: ``artifact`` is not a loadable artifact directory.
@@ -103,6 +103,33 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
         deployments.setdefault(name, {"name": name})["user_config"] = configs[name]
     app["deployments"] = list(deployments.values())
     return config
+
+
+def running_config(app_name: str = APP_NAME) -> dict[str, Any]:
+    """The Serve config the running ``app_name`` was deployed with (as :func:`deploy_config` sent it).
+
+    Raises:
+        LookupError: no application of that name was deployed from a config on this cluster.
+    """
+    details = _get_global_client().get_serve_details()
+    app = (details.get("applications") or {}).get(app_name) or {}
+    deployed = app.get("deployed_app_config")
+    if not deployed:
+        raise LookupError(f"no Serve application {app_name!r} deployed from a config is running")
+    return {"applications": [deployed]}
+
+
+def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
+    """Hot-swap the running app to the version ``model_uri`` names now (e.g. after a promotion).
+
+    The URI (``models:/<name>@champion``) is pinned on this driver to that version's directory,
+    and only the deployments' user configs change, so replicas reconfigure in place with no
+    dropped request (as :func:`swap_artifact` explains). Returns the pinned directory.
+    """
+    config = swap_artifact(running_config(app_name), model_uri)
+    deploy_config(config, timeout_s)
+    deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
+    return deployments["Retriever"]["user_config"]["artifact"]
 
 
 def check_config(config: dict[str, Any]) -> None:

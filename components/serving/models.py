@@ -11,7 +11,7 @@ from typing import Any
 
 from components import methods
 from components.data import open_dataset
-from components.data.registry import resolve
+from components.registry import resolve
 from components.serving.calibration import (
     ScoreThreshold,
     calibrate,
@@ -54,7 +54,7 @@ class DetectorModel:
     score threshold calibrated on valid (see :mod:`.calibration`).
 
     Args:
-        artifact: Artifact dir (or a method dir with ``LATEST``).
+        artifact: Artifact dir (or a registry URI, resolved through ``$MLFLOW_TRACKING_URI``).
         detector_file: JSON of threshold calibrations; read, and written when calibrating here.
         calibration_data: Dataset dir to calibrate on when ``detector_file`` has no entry.
         splits: The ``splits`` config used to carve valid from train (as in training).

@@ -22,9 +22,9 @@ import pytest
 from serving_helpers import SELECTOR_LM, free_port, torch_threads
 
 from components.data import open_dataset
-from components.data.registry import next_version, promote
 from components.data.types import Dataset
 from components.methods import build
+from components.registry import ModelRegistry, RegistrySettings
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.models import calibrate_artifact
 
@@ -50,16 +50,20 @@ def _data() -> str:
 def _bm25_versions() -> dict[str, str]:
     root = _root() / "models" / "bm25"
     detector_file = str(_root() / "detector.json")
-    out = {"root": str(root), "detector_file": detector_file}
+    registry = ModelRegistry(RegistrySettings(root=str(_root() / "registry")))
+    out = {"root": str(root), "detector_file": detector_file, "registry": registry.settings.as_config()}
     data = open_dataset(_data())
-    for profile in ("default", "lucene"):
+    for number, profile in enumerate(("default", "lucene"), start=1):
         method = build("bm25", {"profile": profile})
         method.index(data.corpus)
-        version = next_version(str(root))
+        version = str(root / f"v{number:04d}")
         method.save(version)
-        promote(version)
         calibrate_artifact(version, _data(), detector_file)
         out[profile] = version
+        # The same two versions in the registry, v2 the champion and v1 previous: models:/bm25@champion.
+        registered = registry.log_version("bm25", version)
+        registry.promote("bm25", registered.number)
+        calibrate_artifact(registry.local_dir(registered), _data(), detector_file)
     return out
 
 
@@ -131,7 +135,8 @@ def catalog(serving_data) -> ToolCatalog:
 
 @pytest.fixture(scope="session")
 def bm25_versions() -> dict[str, str]:
-    """``bm25/v0001`` (default analyzer) and ``bm25/v0002`` (lucene), each calibrated in one file."""
+    """``bm25/v0001`` (default analyzer) and ``bm25/v0002`` (lucene), each calibrated in one file,
+    and registered as versions 1 and 2 of model ``bm25`` (``registry``: its settings; v2 champion)."""
     return _bm25_versions()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 import torch
 
-from components.data.registry import promote
+from components.registry import ModelRegistry, RegistrySettings
 
 SELECTOR_LM = {
     "vocab_size": 1000,
@@ -43,14 +42,13 @@ def half_written(root: Path, version: str = "v0009") -> str:
     return str(path)
 
 
-def copy_versions(bm25_versions: dict[str, str], root: Path) -> Path:
-    """A private method dir with both BM25 versions, v0002 promoted (promoting in the shared one
-    would leak into other tests)."""
-    method_dir = root / "bm25"
+def private_registry(bm25_versions: dict[str, str], root: Path) -> ModelRegistry:
+    """A registry of its own with both BM25 versions as model ``bm25``, v2 the champion (moving
+    aliases in the shared one would leak into other tests)."""
+    registry = ModelRegistry(RegistrySettings(root=str(root / "registry")))
     for name in ("default", "lucene"):
-        shutil.copytree(bm25_versions[name], method_dir / Path(bm25_versions[name]).name)
-    promote(str(method_dir / "v0002"))
-    return method_dir
+        registry.promote("bm25", registry.log_version("bm25", bm25_versions[name]).number)
+    return registry
 
 
 def free_port() -> int:

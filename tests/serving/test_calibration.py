@@ -8,6 +8,7 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 
 from components.methods import REGISTRY
 from components.methods.bm25.method import BM25Method
+from components.registry import resolve
 from components.serving.calibration import (
     artifact_key,
     best_threshold,
@@ -73,7 +74,8 @@ def test_calibration_separates_tool_from_chitchat(bm25_versions, dataset):
 def test_each_version_has_its_own_entry(bm25_versions):
     v1, v2 = bm25_versions["default"], bm25_versions["lucene"]
     assert artifact_key(v1) != artifact_key(v2)
-    assert model_version(bm25_versions["root"]) == "bm25/v0002"  # LATEST
+    champion = resolve("models:/bm25@champion", bm25_versions["registry"])
+    assert model_version(champion) == "bm25/v2"  # a registry version's dir names its version
     a, b = (
         find_calibration(bm25_versions["detector_file"], v1),
         find_calibration(bm25_versions["detector_file"], v2),

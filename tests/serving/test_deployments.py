@@ -16,9 +16,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from local_openai_server import LocalChatServer
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
-from serving_helpers import copy_versions, deploy, half_written
+from serving_helpers import deploy, half_written, private_registry
 
-from components.data.registry import promote
 from components.serving.app import ServeArgs, user_configs
 from components.serving.deploy import deploy_config, serve_config, swap_artifact
 from components.serving.deployments import Detector, Retriever, Selector, call_each, rank_by_k, select_all
@@ -109,18 +108,22 @@ def test_a_failed_selector_swap_keeps_its_backend(serving_data):
         asyncio.run(Selector(serving_data).reconfigure({"backend": "nope"}))
 
 
-def test_latest_is_pinned_when_user_configs_are_built(bm25_versions, serving_data, tmp_path):
-    method_dir = copy_versions(bm25_versions, tmp_path)
-    configs = user_configs(ServeArgs(artifact=str(method_dir), catalog=serving_data))
-    assert configs["Retriever"]["artifact"] == str(method_dir / "v0002")
-    assert configs["Detector"]["artifact"] == str(method_dir / "v0002")
-    promote(str(method_dir / "v0001"))  # e.g. a rollback while replicas run
+def test_the_champion_is_pinned_when_user_configs_are_built(bm25_versions, serving_data, tmp_path):
+    registry = private_registry(bm25_versions, tmp_path)
+    args = ServeArgs(
+        artifact="models:/bm25@champion", catalog=serving_data, registry=registry.settings.as_config()
+    )
+    configs = user_configs(args)
+    assert configs["Retriever"]["artifact"] == str(tmp_path / "registry" / "versions" / "bm25" / "v2")
+    assert configs["Detector"]["artifact"] == configs["Retriever"]["artifact"]
+    registry.rollback("bm25")  # the champion moves back to v1 while replicas run
     # A replica started now (autoscaling, a crash replacement) loads what its peers loaded.
-    assert RetrieverModel(configs["Retriever"]["artifact"]).version == "bm25/v0002"
-    # A swap to the method dir builds the configs again and pins the new LATEST.
-    assert user_configs(ServeArgs(artifact=str(method_dir), catalog=serving_data))["Retriever"][
-        "artifact"
-    ] == str(method_dir / "v0001")
+    assert RetrieverModel(configs["Retriever"]["artifact"]).version == "bm25/v2"
+    # A swap to the URI builds the configs again and pins the new champion.
+    assert user_configs(args)["Retriever"]["artifact"].endswith("/bm25/v1")
+    # An alias the registry lacks is refused before any replica sees it.
+    with pytest.raises(ValueError, match="no alias 'challenger'"):
+        user_configs(args.model_copy(update={"artifact": "models:/bm25@challenger"}))
 
 
 def test_bad_artifacts_are_refused_on_the_driver(bm25_versions, serving_data, tmp_path):

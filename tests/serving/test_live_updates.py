@@ -1,5 +1,6 @@
 """Under load: hot-swapping the artifact version (even to another method), with the detector pinned
-and not; a swap to a version that fails to load; LATEST pinned across a replica replacement; and
+and not; a swap to a version that fails to load; the registry champion pinned across a replica
+replacement and followed through promotions and rollbacks; and
 killing a replica."""
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import ray
 import requests
 from conftest import TINY_ENCODER
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
-from serving_helpers import Load, copy_versions, deploy, half_written
+from serving_helpers import Load, deploy, half_written, private_registry
 
-from components.data.registry import promote
 from components.methods.dense.method import DenseMethod
-from components.serving.deploy import METRICS_COLLECTION, deploy_config, serve_config, swap_artifact
+from components.serving.deploy import (
+    METRICS_COLLECTION,
+    deploy_config,
+    follow_model,
+    serve_config,
+    swap_artifact,
+)
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 from components.training.spec import RunSpec
 
@@ -35,7 +41,6 @@ def dense_version(ray_session, dataset, serving_root) -> str:
     method.index(dataset.corpus)
     path = str(serving_root / "models" / "dense" / "v0001")
     method.save(path)
-    promote(path)
     return path
 
 
@@ -132,21 +137,35 @@ def test_a_swap_to_a_version_that_fails_to_load_keeps_serving(live, serving_root
         swap_artifact(serve_config(unpinned), broken)
 
 
-def test_latest_is_pinned_across_a_replica_replacement(live, bm25_versions, serving_root):
+def test_the_champion_is_pinned_across_a_replica_replacement(live, bm25_versions, serving_root):
     url, args, bodies = live
-    method_dir = copy_versions(bm25_versions, serving_root / "pinned")  # promoting here leaks nowhere
-    pinned_args = {**args, "artifact": str(method_dir)}
+    registry = private_registry(bm25_versions, serving_root / "pinned")  # alias moves leak nowhere
+    pinned_args = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
     deploy(pinned_args)
-    assert select(url, bodies[0])["versions"]["retriever"] == V2
-    promote(str(method_dir / "v0001"))  # e.g. a rollback, not deployed yet
+    assert select(url, bodies[0])["versions"]["retriever"] == "bm25/v2"
+    registry.rollback("bm25")  # the champion moves to v1; serving has not followed yet
     victim = replica_names("Retriever")[0]
     ray.kill(replica_actor(victim), no_restart=True)
     wait_for_replacement("Retriever", victim)
-    # The replacement loaded the version its deployment was given, not what LATEST says now.
-    assert select(url, bodies[0])["versions"]["retriever"] == V2
-    # Following the new LATEST is a swap to the method dir, which pins what it names now.
-    deploy(pinned_args, artifact=str(method_dir))
-    assert select(url, bodies[0])["versions"]["retriever"] == V1
+    # The replacement loaded the version its deployment was given, not what the alias says now.
+    assert select(url, bodies[0])["versions"]["retriever"] == "bm25/v2"
+
+
+def test_serving_follows_promotions_and_rollbacks_under_load(live, bm25_versions, serving_root):
+    url, args, bodies = live
+    registry = private_registry(bm25_versions, serving_root / "follow")
+    followed = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
+    deploy(followed)
+    with Load(url, bodies, threads=2) as load:
+        load.wait_for(lambda s: s.ok >= 20)
+        registry.rollback("bm25")  # champion v2 -> v1 (v2 becomes previous)
+        assert follow_model("models:/bm25@champion").endswith("/bm25/v1")
+        load.wait_for(lambda s: s.versions[-10:] == ["bm25/v1"] * 10)
+        registry.rollback("bm25")  # and back: champion v2
+        follow_model("models:/bm25@champion")
+        load.wait_for(lambda s: s.versions[-10:] == ["bm25/v2"] * 10)
+    assert load.failures == []
+    assert list(dict.fromkeys(load.versions)) == ["bm25/v2", "bm25/v1", "bm25/v2"]
 
 
 def test_killing_a_retriever_replica_under_load_fails_no_request(live):

@@ -12,7 +12,6 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 from serving_helpers import deploy
 
 from components import methods
-from components.data.registry import promote
 from components.methods.masstool.method import MassToolMethod
 from components.training.spec import RunSpec
 from workflows.train import fit_method
@@ -39,7 +38,6 @@ def masstool_version(ray_session, dataset, serving_root) -> str:
     fit_method(method, dataset, run)  # every stage, then index
     path = str(serving_root / "models" / "masstool" / "v0001")
     method.save(path)
-    promote(path)
     return path
 
 

@@ -106,7 +106,7 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
     monkeypatch.chdir(Path(bm25_versions["root"]).parents[1])  # paths relative to here
     args = app_args(read_serve_config(None), {}, [])
     args |= {
-        "artifact": "models/bm25",
+        "artifact": "models/bm25/v0002",
         "catalog": serving_data,
         "calibration_data": serving_data,
         "detector_file": str(Path(bm25_versions["detector_file"]).relative_to(Path.cwd())),
@@ -115,7 +115,7 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
     try:
         url = run_server(args, "127.0.0.1", port, read_serve_config(None), blocking=False)
         info = requests.get(f"{url}/v1/tools", timeout=10).json()
-        assert info["model_version"] == "bm25/v0002"  # LATEST
+        assert info["model_version"] == "bm25/v0002"
         body = {"query": "weather forecast in Paris"}
         r = requests.post(f"{url}/v1/select", json=body, timeout=30)
         assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"

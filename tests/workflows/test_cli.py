@@ -7,6 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from components.registry import ModelRegistry, RegistrySettings
 from workflows.cli import app
 
 runner = CliRunner()
@@ -32,13 +33,18 @@ def test_run_quickstart_end_to_end(ray_session, tmp_path):
     assert {r["method"] for r in report["results"]} == {"bm25", "dense", "masstool"}
     masstool = next(r for r in report["results"] if r["split"] == "test" and r["method"] == "masstool")
     assert 0.0 <= masstool["metrics"]["detect_accuracy"] <= 1.0  # the detection tower is scored too
-    assert (work / "models" / "dense" / "v0001" / "model" / "heads.safetensors").exists()
+    versions = work / "registry" / "versions"
+    assert (versions / "quickstart-dense" / "v1" / "model" / "heads.safetensors").exists()
     test_row = next(r for r in report["results"] if r["split"] == "test" and r["method"] == "bm25")
     assert 0.0 < test_row["metrics"]["recall@3"] <= 1.0
     assert (work / "results.md").exists() and (work / "results.png").stat().st_size > 0
     assert (work / "prepared" / "manifest.json").exists()
-    assert (work / "models" / "bm25" / "LATEST").read_text().strip() == "v0001"
-    assert (work / "models" / "bm25" / "v0001" / "config.json").exists()
+    # Every method is a registered model; a first version is its champion.
+    registry = ModelRegistry(RegistrySettings(root=str(work / "registry")))
+    assert {m: registry.aliases(f"quickstart-{m}") for m in ("bm25", "dense", "masstool")} == {
+        m: {"champion": 1} for m in ("bm25", "dense", "masstool")
+    }
+    assert (versions / "quickstart-bm25" / "v1" / "config.json").exists()
 
 
 def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):
@@ -56,19 +62,34 @@ def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):
 
 
 def test_train_then_evaluate(tiny_dataset, tmp_path):
-    models = tmp_path / "models"
-    result = runner.invoke(app, ["train", "--data", str(tiny_dataset), f"train.output={models}"])
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(
-        app, ["evaluate", "--data", str(tiny_dataset), "--artifact", str(models / "bm25"), "--split", "test"]
-    )
+    reg = f"registry.root={tmp_path / 'reg'}"
+    for _ in range(2):
+        result = runner.invoke(app, ["train", "--data", str(tiny_dataset), reg])
+        assert result.exit_code == 0, result.output
+    assert "registered models:/tiny-bm25/2" in " ".join(result.output.split())
+    # No --artifact: the newest version of <dataset>-<method>.
+    result = runner.invoke(app, ["evaluate", "--data", str(tiny_dataset), "--split", "test", reg])
     assert result.exit_code == 0, result.output
     assert "| bm25 | test |" in result.output
     out = tmp_path / "reports" / "eval.json"
-    artifact = str(models / "bm25")
-    args = ["evaluate", "--data", str(tiny_dataset), "--artifact", artifact, f"evaluate.output={out}"]
+    args = [
+        "evaluate",
+        "--data",
+        str(tiny_dataset),
+        "--artifact",
+        "models:/tiny-bm25@champion",
+        f"evaluate.output={out}",
+        reg,
+    ]
     assert runner.invoke(app, args).exit_code == 0
-    assert json.loads(out.read_text())["results"][0]["split"] == "valid"  # valid unless asked for test
+    report = json.loads(out.read_text())
+    assert report["results"][0]["split"] == "valid"  # valid unless asked for test
+    args = ["evaluate", "--data", str(tiny_dataset), "--artifact", "models:/tiny-bm25@previous", reg]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "has no alias 'previous'" in " ".join(result.output.split())
+    result = runner.invoke(app, ["registry", "list", "tiny-bm25", reg])
+    rows = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert [(r["version"], r["aliases"]) for r in rows] == [(1, ["champion"]), (2, [])]
 
 
 def test_missing_data_is_a_clear_error():
@@ -95,7 +116,7 @@ def test_bad_override_and_bad_config(tmp_path):
 
 def test_unknown_method_is_a_clear_error(tiny_dataset, tmp_path):
     result = runner.invoke(
-        app, ["train", "--data", str(tiny_dataset), "--method", "nope", f"train.output={tmp_path}"]
+        app, ["train", "--data", str(tiny_dataset), "--method", "nope", f"registry.root={tmp_path}"]
     )
     assert result.exit_code == 1 and "unknown method 'nope'" in result.output
 
@@ -125,7 +146,7 @@ def test_a_key_error_names_its_type(tiny_dataset, tmp_path, monkeypatch):
 
 def test_every_method_builds_from_the_default_config():
     from components import methods
-    from workflows.cli import build_config
+    from workflows.cli_config import build_config
 
     for name in ("bm25", "dense", "masstool", "toolgen"):
         cfg = build_config(None, [], method__name=name)
@@ -145,7 +166,7 @@ def test_every_rayjob_entrypoint_builds_its_config(manifest):
     import yaml
 
     from components.methods import build
-    from workflows.cli import build_config
+    from workflows.cli_config import build_config
 
     root = Path(__file__).resolve().parents[2]
     spec = yaml.safe_load((root / "deploy" / manifest).read_text())["spec"]

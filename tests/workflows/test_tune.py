@@ -13,7 +13,7 @@ from conftest import TINY_ENCODER
 from ray import tune
 
 from components.config import ConfigError, load_yaml, merge
-from workflows.cli import packaged_config
+from workflows.cli_config import packaged_config
 from workflows.tune.settings import tune_settings
 from workflows.tune.space import parse_space
 from workflows.tune.sweep import SweepInterrupted, base_config, check_space, tune_sweep

@@ -25,7 +25,7 @@ import numpy as np
 import ray
 import torch
 
-from components.data.registry import publish_dir
+from components.data.io import publish_dir
 from components.data.tooltext import tool_texts
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.encoders import contrastive

@@ -1,0 +1,44 @@
+"""Write a :class:`Dataset` back in the BEIR layout that :mod:`.loader` reads (local or s3://).
+
+Used when a retrain merges an increment into its base data: the merged data is written once and
+becomes the next round's base, readable by every command like any other dataset.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.data import io
+from components.data.loader import NEG_QUERIES
+from components.data.types import Dataset
+
+
+def _lines(rows: list[str]) -> bytes:
+    return "".join(r + "\n" for r in rows).encode()
+
+
+def write_beir(dataset: Dataset, root: str, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
+    """Write ``dataset`` (as loaded, before any split is carved) under ``root``; returns counts."""
+    corpus = [json.dumps(rec, ensure_ascii=False) for rec in dataset.corpus.values()]
+    io.write_bytes(io.join(root, "corpus.jsonl"), _lines(corpus), storage_options)
+    queries = [json.dumps({"_id": q, "text": t}, ensure_ascii=False) for q, t in dataset.queries.items()]
+    io.write_bytes(io.join(root, "queries.jsonl"), _lines(queries), storage_options)
+    counts = {"tools": len(corpus), "queries": len(queries)}
+    for split, qrels in dataset.qrels.items():
+        rows = ["query-id\tcorpus-id\tscore"] + [
+            f"{q}\t{t}\t{s}" for q, rel in qrels.items() for t, s in rel.items()
+        ]
+        io.write_bytes(io.join(root, "qrels", f"{split}.tsv"), _lines(rows), storage_options)
+        counts[f"{split}_queries"] = len(qrels)
+    if dataset.scene_tool:
+        rows = [f"{s}\t{t}" for s, tools in dataset.scene_tool.items() for t in tools]
+        io.write_bytes(io.join(root, "scene_tool.txt"), _lines(rows), storage_options)
+        for split, mapping in dataset.query_scene.items():
+            rows = [f"{q}\t{s}" for q, s in mapping.items()]
+            io.write_bytes(io.join(root, f"query_scene_{split}.txt"), _lines(rows), storage_options)
+    if dataset.neg_queries:
+        rows = [json.dumps(q, ensure_ascii=False) for q in dataset.neg_queries]
+        io.write_bytes(io.join(root, NEG_QUERIES), _lines(rows), storage_options)
+        counts["neg_queries"] = len(rows)
+    return counts

@@ -1,0 +1,276 @@
+"""The model registry on MLflow: every trained artifact is a run and a version of a named model.
+
+A version's files are the artifact directory exactly as a method saves it (``config.json`` +
+safetensors / ``.npy``, no pickle), logged under the run's ``model/`` path. Three aliases carry
+the lifecycle (:mod:`workflows.retrain`): ``champion`` (what serving follows), ``challenger``
+(the last candidate a retrain trained) and ``previous`` (the champion before the last promotion,
+what :meth:`ModelRegistry.rollback` returns to).
+
+The embedded default needs no server: a sqlite tracking store and a local artifact directory
+under ``root``. A cluster sets ``MLFLOW_TRACKING_URI`` to an MLflow server (``toolscout registry
+server``, ``deploy/mlflow.yaml``) whose artifacts live on s3://.
+
+A model reference is either a directory or a registry URI: ``models:/<name>@<alias>``,
+``models:/<name>/<version>`` or ``models:/<name>/latest``. :func:`resolve` turns a URI into a
+local directory ``<root>/versions/<name>/v<N>``: a link to the logged files when the artifact store
+is local, a download otherwise. So loading code only ever sees directories, and the directory's
+last two parts (``<name>/v<N>``) are the version that answers in serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import uuid
+from typing import Any
+
+from components.registry.settings import ALIASES, RegistrySettings, Version, is_model_uri, parse_model_uri
+
+MODEL_PATH = "model"  # where a run's artifact directory is logged
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def quiet_mlflow() -> None:
+    """MLflow and its migrations log every table update at INFO; keep warnings only."""
+    for name in ("mlflow", "alembic", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class ModelRegistry:
+    """A thin, typed layer over :class:`mlflow.MlflowClient` for toolscout's lifecycle."""
+
+    def __init__(self, settings: RegistrySettings | None = None) -> None:
+        from mlflow import MlflowClient
+
+        quiet_mlflow()
+        self.settings = settings or RegistrySettings()
+        uri = self.settings.resolved_uri
+        if self.settings.embedded:
+            os.makedirs(self.settings.root, exist_ok=True)
+        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+    # -- writing ------------------------------------------------------------------------------
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        location = self.settings.artifact_root
+        if location is None and self.settings.embedded:
+            location = os.path.abspath(os.path.join(self.settings.root, "artifacts"))
+        if location and "://" not in location:
+            location = os.path.abspath(location)
+        target = f"{location.rstrip('/')}/{name}" if location else None
+        return self.client.create_experiment(name, artifact_location=target)
+
+    def log_version(
+        self,
+        name: str,
+        artifact_dir: str,
+        params: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> Version:
+        """Log ``artifact_dir`` as a new run of experiment ``name`` and register it as a version.
+
+        The version is created only after every file is logged, so a failure part-way leaves a
+        failed run and no version: nothing that serving or an alias could point at.
+        """
+        if not _NAME.match(name):
+            raise ValueError(f"bad model name {name!r}: letters, digits, '.', '_' and '-' only")
+        if not os.path.isfile(os.path.join(artifact_dir, "config.json")):
+            raise ValueError(f"{artifact_dir}: not a saved method (no config.json)")
+        from mlflow.entities import Metric, Param, RunTag
+
+        run = self.client.create_run(self._experiment(name), tags=dict(tags or {}))
+        run_id = run.info.run_id
+        try:
+            flat = {k: str(v)[:6000] for k, v in flatten(params or {}).items()}
+            self.client.log_batch(
+                run_id,
+                params=[Param(k, v) for k, v in sorted(flat.items())],
+                metrics=[Metric(k, float(v), 0, 0) for k, v in sorted((metrics or {}).items())],
+                tags=[RunTag("toolscout.model", name)],
+            )
+            self.client.log_artifacts(run_id, artifact_dir, MODEL_PATH)
+        except BaseException:
+            self.client.set_terminated(run_id, "FAILED")
+            raise
+        self.client.set_terminated(run_id, "FINISHED")
+        try:
+            self.client.get_registered_model(name)
+        except Exception:
+            self.client.create_registered_model(name)
+        mv = self.client.create_model_version(
+            name, f"{run.info.artifact_uri}/{MODEL_PATH}", run_id=run_id, tags=dict(tags or {})
+        )
+        return self.version(name, int(mv.version))
+
+    def set_alias(self, name: str, alias: str, number: int | None) -> None:
+        """Point ``alias`` at version ``number`` (``None`` removes the alias)."""
+        if alias not in ALIASES:
+            raise ValueError(f"unknown alias {alias!r}; toolscout uses {ALIASES}")
+        if number is None:
+            if self.alias(name, alias) is not None:
+                self.client.delete_registered_model_alias(name, alias)
+            return
+        self.client.set_registered_model_alias(name, alias, str(number))
+
+    def promote(self, name: str, number: int) -> Version | None:
+        """Make version ``number`` the champion; the champion it replaces becomes ``previous``.
+
+        Returns the replaced champion (``None`` if there was none or it is the same version).
+        """
+        self.version(name, number)  # raises for an unknown version before anything moves
+        old = self.alias(name, "champion")
+        if old is not None and old.number == number:
+            return None
+        if old is not None:
+            self.set_alias(name, "previous", old.number)
+        self.set_alias(name, "champion", number)
+        challenger = self.alias(name, "challenger")
+        if challenger is not None and challenger.number == number:
+            self.set_alias(name, "challenger", None)
+        return old
+
+    def rollback(self, name: str) -> Version:
+        """Move ``champion`` back to ``previous``; the demoted version becomes ``previous``, so a
+        second rollback undoes the first. Returns the new champion.
+
+        Raises:
+            LookupError: the model has no ``previous`` version.
+        """
+        previous = self.alias(name, "previous")
+        if previous is None:
+            raise LookupError(f"model {name!r} has no 'previous' version to roll back to")
+        champion = self.alias(name, "champion")
+        self.set_alias(name, "champion", previous.number)
+        self.set_alias(name, "previous", champion.number if champion else None)
+        return self.version(name, previous.number)
+
+    # -- reading ------------------------------------------------------------------------------
+    def version(self, name: str, number: int) -> Version:
+        mv = self.client.get_model_version(name, str(number))
+        run = self.client.get_run(mv.run_id) if mv.run_id else None
+        return Version(
+            name=name,
+            number=int(mv.version),
+            run_id=mv.run_id or "",
+            source=mv.source,
+            aliases=tuple(sorted(getattr(mv, "aliases", []) or [])),
+            metrics=dict(run.data.metrics) if run else {},
+            tags=dict(mv.tags or {}),
+        )
+
+    def alias(self, name: str, alias: str) -> Version | None:
+        """The version ``alias`` points at, or ``None``."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            mv = self.client.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            return None
+        return self.version(name, int(mv.version))
+
+    def versions(self, name: str) -> list[Version]:
+        """Every version of ``name``, oldest first (empty for an unknown model)."""
+        found = self.client.search_model_versions(f"name = '{name}'")
+        return [self.version(name, n) for n in sorted(int(mv.version) for mv in found)]
+
+    def aliases(self, name: str) -> dict[str, int]:
+        """``{alias: version}`` of the model's aliases that are set."""
+        out = {}
+        for alias in ALIASES:
+            v = self.alias(name, alias)
+            if v is not None:
+                out[alias] = v.number
+        return out
+
+    def lookup(self, ref: str) -> Version:
+        """The version a ``models:/`` URI names.
+
+        Raises:
+            LookupError: the model, version or alias does not exist.
+        """
+        from mlflow.exceptions import MlflowException
+
+        name, alias, number = parse_model_uri(ref)
+        try:
+            if alias is not None:
+                found = self.alias(name, alias)
+                if found is None:
+                    raise LookupError(f"{ref}: model {name!r} has no alias {alias!r}")
+                return found
+            if number == "latest":
+                every = self.versions(name)
+                if not every:
+                    raise LookupError(f"{ref}: model {name!r} has no versions")
+                return every[-1]
+            return self.version(name, int(number))
+        except MlflowException as e:
+            raise LookupError(f"{ref}: {e.message}") from e
+
+    def local_dir(self, version: Version) -> str:
+        """``<root>/versions/<name>/v<N>``, holding the version's files (see module docstring).
+
+        Created once per version and machine, atomically: a link when the logged files are on a
+        local disk, a download into a hidden sibling renamed into place otherwise.
+        """
+        target = os.path.abspath(
+            os.path.join(self.settings.root, "versions", version.name, f"v{version.number}")
+        )
+        if os.path.exists(os.path.join(target, "config.json")):
+            return target
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+        source = version.source.removeprefix("file://")
+        if "://" not in source:
+            os.symlink(os.path.abspath(source), tmp)
+        else:
+            import mlflow.artifacts
+
+            os.makedirs(tmp)
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=version.source, dst_path=tmp, tracking_uri=self.settings.resolved_uri
+            )
+            inner = os.path.join(tmp, MODEL_PATH)  # the download keeps the last path part
+            if os.path.isdir(inner) and not os.path.exists(os.path.join(tmp, "config.json")):
+                for entry in os.listdir(inner):
+                    os.rename(os.path.join(inner, entry), os.path.join(tmp, entry))
+                os.rmdir(inner)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process materialised it first: keep theirs
+            if os.path.islink(tmp):
+                os.unlink(tmp)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config dicts as dotted keys (MLflow params are flat)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out |= flatten(value, dotted + ".")
+        else:
+            out[dotted] = value
+    return out
+
+
+def resolve(ref: str, settings: RegistrySettings | dict[str, Any] | None = None) -> str:
+    """A local directory for ``ref``: a ``models:/`` URI through the registry, a path as given.
+
+    Raises:
+        LookupError: a URI names a model, version or alias the registry does not have.
+        ValueError: a malformed ``models:/`` URI.
+    """
+    if not is_model_uri(ref):
+        return ref
+    if not isinstance(settings, RegistrySettings):
+        settings = RegistrySettings.from_config(settings)
+    registry = ModelRegistry(settings)
+    return registry.local_dir(registry.lookup(ref))

@@ -1,0 +1,41 @@
+"""The retrain lock: exclusive, released on exit, taken over from a dead holder only."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from components.registry import LockHeld, RetrainLock
+
+
+def test_second_holder_is_refused_until_release(tmp_path):
+    path = str(tmp_path / "retrain.lock")
+    with RetrainLock(path), pytest.raises(LockHeld, match="another retrain holds"):
+        RetrainLock(path).acquire()
+    with RetrainLock(path) as lock:  # released on exit, so it can be taken again
+        assert lock.holder()["host"] == socket.gethostname()
+    assert RetrainLock(path).holder() is None
+
+
+def test_released_when_the_block_raises(tmp_path):
+    path = str(tmp_path / "retrain.lock")
+    with pytest.raises(KeyboardInterrupt), RetrainLock(path):
+        raise KeyboardInterrupt
+    assert RetrainLock(path).holder() is None
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_a_remote_one_is_not(tmp_path):
+    path = tmp_path / "retrain.lock"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout), "started": 0}))
+    with RetrainLock(str(path)) as lock:
+        assert lock.holder()["pid"] != int(dead.stdout)
+    path.write_text(json.dumps({"host": "another-node", "pid": 1, "started": 0}))
+    with pytest.raises(LockHeld, match="another-node"):
+        RetrainLock(str(path)).acquire()

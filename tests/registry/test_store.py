@@ -1,0 +1,118 @@
+"""The MLflow-backed registry: versions, aliases, promote / rollback, URI resolution, no pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from components.registry import ModelRegistry, RegistrySettings, parse_model_uri, resolve
+
+
+def saved(root, name: str, payload: str) -> str:
+    """A minimal saved-method dir (what log_version accepts)."""
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"method": "bm25", "payload": payload}))
+    (path / "index.npy").write_bytes(payload.encode())
+    return str(path)
+
+
+@pytest.fixture
+def registry(tmp_path) -> ModelRegistry:
+    return ModelRegistry(RegistrySettings(root=str(tmp_path / "reg")))
+
+
+def test_versions_are_logged_runs_with_files_params_and_metrics(registry, tmp_path):
+    v1 = registry.log_version(
+        "m",
+        saved(tmp_path, "a", "one"),
+        params={"method": {"name": "bm25", "params": {"k1": 1.2}}},
+        metrics={"valid/ndcg_at_3": 0.5},
+    )
+    v2 = registry.log_version("m", saved(tmp_path, "b", "two"))
+    assert (v1.number, v2.number) == (1, 2)
+    assert v1.metrics == {"valid/ndcg_at_3": 0.5}
+    run = registry.client.get_run(v1.run_id)
+    assert run.data.params["method.params.k1"] == "1.2" and run.info.status == "FINISHED"
+    local = registry.local_dir(v1)
+    assert local.endswith(os.path.join("versions", "m", "v1"))
+    with open(os.path.join(local, "config.json")) as f:
+        assert json.load(f)["payload"] == "one"
+    # The files as saved, and nothing else (no pickled model, no MLmodel wrapper).
+    assert sorted(os.listdir(local)) == ["config.json", "index.npy"]
+    # The sqlite store and the artifacts live under root (the embedded default).
+    assert os.path.exists(tmp_path / "reg" / "mlflow.db")
+
+
+def test_promote_and_rollback_move_the_aliases(registry, tmp_path):
+    for i in range(3):
+        registry.log_version("m", saved(tmp_path, f"v{i}", str(i)))
+    assert registry.promote("m", 1) is None
+    registry.set_alias("m", "challenger", 2)
+    old = registry.promote("m", 2)
+    assert old is not None and old.number == 1
+    assert registry.aliases("m") == {"champion": 2, "previous": 1}  # challenger cleared: it won
+    assert registry.rollback("m").number == 1
+    assert registry.aliases("m") == {"champion": 1, "previous": 2}
+    assert registry.rollback("m").number == 2  # a second rollback undoes the first
+    with pytest.raises(ValueError, match="unknown alias"):
+        registry.set_alias("m", "staging", 1)
+
+
+def test_rollback_without_previous_and_unknown_refs_fail_clearly(registry, tmp_path):
+    registry.log_version("m", saved(tmp_path, "a", "x"))
+    registry.promote("m", 1)
+    with pytest.raises(LookupError, match="no 'previous'"):
+        registry.rollback("m")
+    with pytest.raises(LookupError, match="no alias 'challenger'"):
+        registry.lookup("models:/m@challenger")
+    with pytest.raises(LookupError):
+        registry.lookup("models:/m/7")
+    with pytest.raises(LookupError, match="no versions"):
+        registry.lookup("models:/other/latest")
+    with pytest.raises(ValueError, match="bad model URI"):
+        parse_model_uri("models:/m/v1")
+    with pytest.raises(ValueError, match=r"no config\.json"):
+        registry.log_version("m", str(tmp_path))
+
+
+def test_resolve_turns_uris_into_version_dirs_and_leaves_paths(registry, tmp_path):
+    for i in range(2):
+        registry.log_version("m", saved(tmp_path, f"v{i}", str(i)))
+    registry.promote("m", 1)
+    settings = registry.settings.as_config()
+    assert resolve("models:/m@champion", settings).endswith("/m/v1")
+    assert resolve("models:/m/latest", settings).endswith("/m/v2")
+    assert resolve("models:/m/2", settings) == resolve("models:/m/latest", settings)
+    assert resolve(str(tmp_path / "v0"), settings) == str(tmp_path / "v0")
+
+
+def test_concurrent_resolves_materialise_one_dir(registry, tmp_path):
+    version = registry.log_version("m", saved(tmp_path, "a", "x"))
+    got: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def take():
+        barrier.wait()
+        got.append(registry.local_dir(version))
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 1
+    parent = os.path.dirname(got[0])
+    assert os.listdir(parent) == ["v1"]  # no temp links left behind
+
+
+def test_settings_prefer_explicit_uri_then_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    s = RegistrySettings(root=str(tmp_path))
+    assert s.resolved_uri == f"sqlite:///{tmp_path}/mlflow.db" and s.embedded
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    assert s.resolved_uri == "http://mlflow:5000" and not s.embedded
+    assert RegistrySettings(tracking_uri="sqlite:///x.db").resolved_uri == "sqlite:///x.db"

@@ -1,0 +1,178 @@
+"""``toolscout retrain``: the gate keeps a worse challenger and promotes a better one, bad increment
+rows go to rejects, an interrupted round leaves the registry as it was, and rollback restores."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TINY_ENCODER
+from typer.testing import CliRunner
+
+from components.data.loader import load_dataset
+from components.data.quickstart import generate_quickstart
+from components.registry import ModelRegistry, RegistrySettings, RetrainLock
+from workflows.cli import app
+from workflows.cli_config import build_config
+from workflows.retrain import job
+from workflows.train import train
+
+runner = CliRunner()
+HELD_BACK = 0.3  # share of train queries that arrive later, as the increment
+
+
+def tsv(rows: list[str]) -> str:
+    return "query-id\tcorpus-id\tscore\n" + "".join(r + "\n" for r in rows)
+
+
+@pytest.fixture(scope="module")
+def timeline(tmp_path_factory) -> dict[str, Path]:
+    """A generated dataset split into a base (70 % of train queries), an increment (the rest, plus
+    two bad rows), and a copy of the base whose train judgements are shuffled across queries."""
+    root = tmp_path_factory.mktemp("retrain")
+    full = root / "full"
+    generate_quickstart(str(full), seed=11, n_queries=700, n_neg=80, wording="shared")
+    data = load_dataset(str(full))
+    rng = random.Random(0)
+    train_q = sorted(data.qrels["train"])
+    later = set(rng.sample(train_q, int(len(train_q) * HELD_BACK)))
+
+    base = root / "base"
+    shutil.copytree(full, base)
+    keep = [q for q in data.queries if q not in later]
+    (base / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": data.queries[q]}) + "\n" for q in keep)
+    )
+    base_train = {q: rel for q, rel in data.qrels["train"].items() if q not in later}
+    (base / "qrels" / "train.tsv").write_text(
+        tsv([f"{q}\t{t}\t{s}" for q, rel in base_train.items() for t, s in rel.items()])
+    )
+    (base / "query_scene_train.txt").unlink()  # scenes are optional; the increment brings none
+
+    shuffled = root / "shuffled"
+    shutil.copytree(base, shuffled)
+    qids = list(base_train)
+    targets = [base_train[q] for q in qids]
+    rng.shuffle(targets)
+    (shuffled / "qrels" / "train.tsv").write_text(
+        tsv([f"{q}\t{t}\t{s}" for q, rel in zip(qids, targets, strict=True) for t, s in rel.items()])
+    )
+
+    inc = root / "increment"
+    (inc / "qrels").mkdir(parents=True)
+    rows = [json.dumps({"_id": q, "text": data.queries[q]}) for q in sorted(later)]
+    rows.append(json.dumps({"_id": keep[0], "text": "a reused id"}))  # bad: the base has this id
+    (inc / "queries.jsonl").write_text("\n".join(rows) + "\n")
+    judged = [f"{q}\t{t}\t{s}" for q in sorted(later) for t, s in data.qrels["train"][q].items()]
+    judged.append(f"{sorted(later)[0]}\tno-such-tool\t1")  # bad: an unknown tool
+    (inc / "qrels" / "train.tsv").write_text(tsv(judged))
+    return {"base": base, "shuffled": shuffled, "increment": inc, "root": root}
+
+
+def config(data: Path, registry: Path, out: Path, **extra) -> dict:
+    cfg = build_config(
+        None,
+        [
+            f"data.path={data}",
+            f"registry.root={registry}",
+            "registry.model_name=tools",
+            f"retrain.out={out}",
+            "method.name=dense",
+            f"train.storage_path={out / 'train'}",
+            f"train.local_dir={out / 'ck'}",
+            "retrain.gate.latency_budget_ms=1000",
+        ],
+    )
+    cfg["method"]["params"] = {"encoder": TINY_ENCODER, "epochs": 3, "batch_size": 64, "lr": 3e-3}
+    return cfg
+
+
+def test_increment_rejects_are_reported_with_file_line_and_reason(ray_session, timeline, tmp_path):
+    from components.data.rejects import RejectLog
+    from workflows.retrain.increment import merge, read_increment
+
+    base = load_dataset(str(timeline["base"]))
+    log = RejectLog()
+    inc = read_increment(str(timeline["increment"]), base, log)
+    reasons = {(r.file, r.reason.split(" (")[0].split(";")[0]) for r in log.rejects}
+    assert ("queries.jsonl", f"query id {next(iter(base.queries))!r} is already in the base data") in reasons
+    assert any(f == "qrels/train.tsv" and "unknown corpus-id 'no-such-tool'" in r for f, r in reasons)
+    assert all(r.line > 0 for r in log.rejects) and len(log) == 2
+    merged = merge(base, inc)
+    assert len(merged.qrels["train"]) == len(base.qrels["train"]) + len(inc.qrels["train"])
+    assert set(base.queries) < set(merged.queries) and merged.corpus == base.corpus
+
+
+def test_better_challenger_is_promoted_and_worse_one_kept(ray_session, timeline, tmp_path):
+    registry_root = tmp_path / "registry"
+    # Round 0: a champion trained on shuffled judgements (it has nothing to beat).
+    first = train(config(timeline["shuffled"], registry_root, tmp_path / "r0"))
+    registry = ModelRegistry(RegistrySettings(root=str(registry_root)))
+    assert registry.aliases("tools") == {"champion": first["version"]}
+
+    # Round 1: the real judgements plus the increment beat it on the holdout.
+    record = job.retrain(config(timeline["base"], registry_root, tmp_path / "r1"), str(timeline["increment"]))
+    assert record["decision"] == "promoted", record["reasons"]
+    assert record["interval"]["low"] > 0
+    assert registry.aliases("tools") == {"champion": 2, "previous": 1}
+    assert record["increment"]["rejects"] == 2 and record["increment"]["new_queries"] > 0
+    rejects = [json.loads(line) for line in (tmp_path / "r1" / "rejects.jsonl").read_text().splitlines()]
+    assert {r["file"] for r in rejects} == {"queries.jsonl", "qrels/train.tsv"}
+    assert json.loads((tmp_path / "r1" / "decision.json").read_text())["decision"] == "promoted"
+    merged = load_dataset(record["data_out"])  # the next round's base
+    assert len(merged.qrels["train"]) > len(load_dataset(str(timeline["base"])).qrels["train"])
+
+    # Round 2: a challenger trained on shuffled judgements loses; the champion stays.
+    record = job.retrain(
+        config(timeline["shuffled"], registry_root, tmp_path / "r2"), str(timeline["increment"])
+    )
+    assert record["decision"] == "kept" and record["interval"]["high"] < 0
+    assert registry.aliases("tools") == {"champion": 2, "previous": 1, "challenger": 3}
+    assert registry.version("tools", 3).tags["toolscout.decision"] == "kept"
+
+    # Rollback (the CLI) restores the previous champion; a second one undoes it.
+    reg = f"registry.root={registry_root}"
+    result = runner.invoke(app, ["registry", "rollback", "tools", reg])
+    assert result.exit_code == 0, result.output
+    assert registry.aliases("tools")["champion"] == 1
+    runner.invoke(app, ["registry", "rollback", "tools", reg])
+    assert registry.aliases("tools")["champion"] == 2
+
+
+def test_an_interrupted_retrain_leaves_the_registry_as_it_was(ray_session, timeline, tmp_path, monkeypatch):
+    registry_root = tmp_path / "registry"
+    champion = config(timeline["base"], registry_root, tmp_path / "r0")
+    train({**champion, "method": {"name": "bm25", "params": {}}})  # any method can be the champion
+    registry = ModelRegistry(RegistrySettings(root=str(registry_root)))
+    before = ([v.number for v in registry.versions("tools")], registry.aliases("tools"))
+
+    def interrupted(method, dataset, run):
+        raise KeyboardInterrupt  # Ctrl-C, or the node going away, in the middle of training
+
+    monkeypatch.setattr(job, "fit_method", interrupted)
+    cfg = config(timeline["base"], registry_root, tmp_path / "r1")
+    with pytest.raises(KeyboardInterrupt):
+        job.retrain(cfg, str(timeline["increment"]))
+    assert ([v.number for v in registry.versions("tools")], registry.aliases("tools")) == before
+    assert RetrainLock(str(registry_root / "retrain.lock")).holder() is None
+    assert not (tmp_path / "r1" / "decision.json").exists()
+
+
+def test_a_second_retrain_is_refused_while_one_runs(timeline, tmp_path):
+    registry_root = tmp_path / "registry"
+    with RetrainLock(str(registry_root / "retrain.lock")):
+        result = runner.invoke(
+            app,
+            [
+                "retrain",
+                "--increment",
+                str(timeline["increment"]),
+                "--data",
+                str(timeline["base"]),
+                f"registry.root={registry_root}",
+            ],
+        )
+    assert result.exit_code == 1 and "another retrain holds" in " ".join(result.output.split())

@@ -1,0 +1,19 @@
+"""The train section as a RunSpec: run names scoped per bench entry and combo."""
+
+from __future__ import annotations
+
+from workflows.train import model_name, run_spec
+
+
+def test_run_name_is_scoped_per_bench_entry_and_combo():
+    cfg = {"train": {"run_name": "nightly"}}
+    assert run_spec(cfg, "default-name", scope="masstool-0").name == "nightly-masstool-0"
+    assert run_spec(cfg, "default-name", scope="masstool-1").name == "nightly-masstool-1"
+    assert run_spec(cfg, "default-name").name == "nightly"
+    assert run_spec({}, "default-name", scope="masstool-0").name == "default-name"
+
+
+def test_model_names_default_to_dataset_and_method_in_registry_characters():
+    assert model_name({"method": {"name": "dense"}}, "ToolLens v2") == "ToolLens-v2-dense"
+    named = {"method": {"name": "dense"}, "registry": {"model_name": "prod-retriever"}}
+    assert model_name(named, "toollens") == "prod-retriever"

@@ -1,0 +1,147 @@
+"""``toolscout registry`` (server | list | promote | rollback) and ``toolscout retrain``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from workflows.cli_guard import console, guarded
+
+registry_app = typer.Typer(
+    help="The model registry (MLflow): versions, aliases, the tracking server.", no_args_is_help=True
+)
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML config file (its registry section).")
+]
+Overrides = Annotated[
+    list[str] | None, typer.Argument(help="key=value overrides, e.g. registry.root=/data/registry")
+]
+Follow = Annotated[
+    str | None,
+    typer.Option(help="Ray address of a cluster running the Serve app: swap it to the new champion."),
+]
+
+
+def _registry(config: Path | None, overrides: list[str] | None):
+    from components.registry import ModelRegistry, RegistrySettings
+    from workflows.cli_config import build_config
+
+    cfg = build_config(config, overrides)
+    return ModelRegistry(RegistrySettings.from_config(cfg.get("registry"))), cfg
+
+
+def _follow(address: str | None, name: str) -> None:
+    """Connect to the cluster at ``address`` and swap its Serve app to ``models:/<name>@champion``."""
+    if not address:
+        return
+    import ray
+
+    from components.serving.deploy import follow_model
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    pinned = follow_model(f"models:/{name}@champion")
+    console.print(f"serving follows the champion: {pinned}")
+
+
+@registry_app.command("server")
+@guarded
+def server(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    host: Annotated[str, typer.Option(help="Bind address (0.0.0.0 inside a pod).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 5000,
+) -> None:
+    """Run an MLflow tracking server over the config's registry store (``mlflow server``)."""
+    reg, _ = _registry(config, overrides)
+    s = reg.settings
+    artifacts = s.artifact_root or os.path.abspath(os.path.join(s.root, "artifacts"))
+    argv = [
+        "mlflow", "server", "--backend-store-uri", s.resolved_uri, "--artifacts-destination", artifacts,
+        "--serve-artifacts", "--host", host, "--port", str(port),
+    ]  # fmt: skip
+    console.print("running: " + " ".join(argv))
+    exe = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
+    os.execv(exe, argv)
+
+
+@registry_app.command("list")
+@guarded
+def list_versions(
+    name: Annotated[str, typer.Argument(help="Registered model name, e.g. quickstart-bm25.")],
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+) -> None:
+    """Every version of a model with its aliases, decision tag and metrics (JSON lines)."""
+    reg, _ = _registry(config, overrides)
+    versions = reg.versions(name)
+    if not versions:
+        raise LookupError(f"model {name!r} has no versions in {reg.settings.resolved_uri}")
+    for v in versions:
+        row = {"version": v.number, "aliases": list(v.aliases), "decision": v.tags.get("toolscout.decision")}
+        print(json.dumps({**row, "metrics": v.metrics}))
+
+
+@registry_app.command("promote")
+@guarded
+def promote(
+    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    version: Annotated[
+        int, typer.Argument(help="The version to make champion (no gate: an operator's call).")
+    ],
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    follow: Follow = None,
+) -> None:
+    """Make a version the champion by hand; the old champion becomes ``previous``."""
+    reg, _ = _registry(config, overrides)
+    reg.promote(name, version)
+    console.print(f"{name}: champion -> v{version}; aliases {reg.aliases(name)}")
+    _follow(follow, name)
+
+
+@registry_app.command("rollback")
+@guarded
+def rollback(
+    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    follow: Follow = None,
+) -> None:
+    """Move the champion back to ``previous`` (a second rollback undoes the first)."""
+    reg, _ = _registry(config, overrides)
+    champion = reg.rollback(name)
+    console.print(f"{name}: champion -> v{champion.number}; aliases {reg.aliases(name)}")
+    _follow(follow, name)
+
+
+def retrain_command(
+    increment: Annotated[str, typer.Option("--increment", help="Increment dir or s3:// URL (BEIR layout).")],
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    data: Annotated[str | None, typer.Option(help="Base dataset dir or s3:// URL (raw BEIR).")] = None,
+    out: Annotated[str | None, typer.Option(help="Where the decision, rejects and merged data go.")] = None,
+) -> None:
+    """Merge an increment, train a challenger and promote it only if it beats the champion."""
+    from workflows.cli_config import build_config, require, start_ray
+    from workflows.retrain.job import retrain
+
+    cfg = build_config(config, overrides, data__path=data, retrain__out=out)
+    require(cfg, "data.path", "--data")
+    start_ray(cfg)
+    record = retrain(cfg, increment)
+    interval = record["interval"]
+    shown = f" [{interval['low']:+.4f}, {interval['high']:+.4f}]" if interval else ""
+    console.print(
+        f"{record['model']}: challenger v{record['challenger']['version']} {record['decision']}{shown}; "
+        f"rejects {record['increment']['rejects']}; aliases {record['aliases']}"
+    )
+    for reason in record["reasons"]:
+        console.print(f"  {reason}")
+    print(json.dumps(record, default=str))

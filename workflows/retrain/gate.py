@@ -1,0 +1,158 @@
+"""The champion / challenger gate: promote only a challenger that is better on the same holdout.
+
+Both models are measured on one holdout (the merged data's ``valid`` split, which neither trained
+on; its no-tool part for detection). The challenger must win on the selection metric by a paired
+bootstrap over queries (:func:`components.metrics.paired_bootstrap`: the interval of the mean
+per-query difference lies above 0 at ``level``), and break no guardrail:
+
+- detection accuracy: no more than ``max_detect_drop`` below the champion's (methods with detect);
+- hallucination rate: the share of returned tool ids that are not in the catalog, at most
+  ``max_hallucination_rate``;
+- latency: the challenger's p50 over single-query calls within ``latency_budget_ms``;
+- coverage: at least ``min_new_tool_coverage`` of the increment's new tools in its index.
+
+The first model of a name has nothing to beat and is promoted as such.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from components.data.types import Qrels
+from components.methods.base import Method
+from components.metrics import detection_metrics, evaluate_retrieval, paired_bootstrap, per_query
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """The ``retrain.gate`` config section."""
+
+    metric: str = "ndcg@3"
+    level: float = 0.95
+    samples: int = 2000
+    seed: int = 0
+    max_detect_drop: float = 0.01
+    max_hallucination_rate: float = 0.0
+    latency_budget_ms: float = 50.0
+    latency_queries: int = 100
+    min_new_tool_coverage: float = 1.0
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any] | None) -> GateSettings:
+        section = dict(section or {})
+        unknown = sorted(set(section) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(
+                f"retrain.gate: unknown keys {unknown}; expected some of {sorted(cls.__dataclass_fields__)}"
+            )
+        return cls(**section)
+
+
+@dataclass
+class Measurement:
+    """One model on the holdout: summary metrics and the per-query values the bootstrap pairs."""
+
+    metrics: dict[str, float]
+    per_query: dict[str, float] = field(repr=False)
+
+    def summary(self) -> dict[str, float]:
+        return dict(self.metrics)
+
+
+def measure(
+    method: Method,
+    holdout: Qrels,
+    queries: dict[str, str],
+    negatives: list[str],
+    catalog: set[str],
+    new_tools: list[str],
+    settings: GateSettings,
+    k: int = 10,
+) -> Measurement:
+    """Score ``method`` on the holdout: retrieval, per-query metric, detection, hallucination,
+    single-query latency and new-tool coverage."""
+    texts = {q: queries[q] for q in holdout}
+    results = method.retrieve(texts, k)
+    metrics = evaluate_retrieval(holdout, results, (3, 5, 10))
+    returned = [t for ranking in results.values() for t in ranking]
+    metrics["hallucination_rate"] = float(np.mean([t not in catalog for t in returned])) if returned else 0.0
+    if "detect" in method.capabilities and negatives:
+        pos = list(texts.values())
+        probs = method.detect({str(i): t for i, t in enumerate(pos + negatives)})
+        labels = np.array([1] * len(pos) + [0] * len(negatives))
+        scores = np.array([probs[str(i)] for i in range(len(labels))])
+        metrics["detect_accuracy"] = detection_metrics(labels, scores, float(method.detect_threshold))[
+            "accuracy"
+        ]
+    timings = []
+    for qid in list(texts)[: settings.latency_queries]:
+        started = time.perf_counter()
+        method.retrieve({qid: texts[qid]}, k)
+        timings.append((time.perf_counter() - started) * 1000.0)
+    metrics["p50_ms"] = float(np.percentile(timings, 50)) if timings else 0.0
+    metrics["p99_ms"] = float(np.percentile(timings, 99)) if timings else 0.0
+    indexed = set(method.tool_ids)
+    metrics["new_tool_coverage"] = float(np.mean([t in indexed for t in new_tools])) if new_tools else 1.0
+    return Measurement(metrics, per_query(holdout, results, settings.metric))
+
+
+@dataclass
+class Decision:
+    """What the gate decided, and why."""
+
+    decision: str  # "promoted" | "kept"
+    reasons: list[str]
+    interval: dict[str, float] | None
+    guardrails: dict[str, dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide(champion: Measurement | None, challenger: Measurement, settings: GateSettings) -> Decision:
+    """Promote the challenger only if it wins by the bootstrap and passes every guardrail."""
+    c = challenger.metrics
+    checks: dict[str, dict[str, Any]] = {
+        "hallucination_rate": {
+            "value": c["hallucination_rate"],
+            "limit": settings.max_hallucination_rate,
+            "ok": c["hallucination_rate"] <= settings.max_hallucination_rate,
+        },
+        "p50_ms": {
+            "value": c["p50_ms"],
+            "limit": settings.latency_budget_ms,
+            "ok": c["p50_ms"] <= settings.latency_budget_ms,
+        },
+        "new_tool_coverage": {
+            "value": c["new_tool_coverage"],
+            "limit": settings.min_new_tool_coverage,
+            "ok": c["new_tool_coverage"] >= settings.min_new_tool_coverage,
+        },
+    }
+    if champion is not None and "detect_accuracy" in champion.metrics:
+        floor = champion.metrics["detect_accuracy"] - settings.max_detect_drop
+        value = c.get("detect_accuracy", 0.0)  # a challenger that lost its detector fails here
+        checks["detect_accuracy"] = {"value": value, "limit": floor, "ok": value >= floor}
+    broken = [
+        f"guardrail {name}: {v['value']:.4f} vs limit {v['limit']:.4f}"
+        for name, v in checks.items()
+        if not v["ok"]
+    ]
+    if champion is None:
+        reasons = ["no champion yet: the first model is promoted", *broken]
+        return Decision("kept" if broken else "promoted", reasons, None, checks)
+    interval = paired_bootstrap(
+        champion.per_query, challenger.per_query, settings.level, settings.samples, settings.seed
+    )
+    better = interval["low"] > 0.0
+    verdict = (
+        f"{settings.metric}: challenger - champion = {interval['mean']:+.4f}, "
+        f"{settings.level:.0%} interval [{interval['low']:+.4f}, {interval['high']:+.4f}] over "
+        f"{int(interval['queries'])} queries: {'above 0' if better else 'not above 0'}"
+    )
+    reasons = [verdict, *broken]
+    return Decision("promoted" if better and not broken else "kept", reasons, interval, checks)

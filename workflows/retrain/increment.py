@@ -1,0 +1,144 @@
+"""An increment of new data, validated on Ray Data and merged into the base dataset.
+
+An increment is a directory (local or s3://) in the BEIR layout holding only what is new:
+
+    corpus.jsonl                new tools, or new versions of existing ones (same ``_id``)
+    queries.jsonl               new queries: logged requests
+    qrels/<split>.tsv           the tools each new query used (``train``, or ``valid`` to grow the
+                                holdout); ``test`` is fixed for final reports and not accepted
+    tooldet/neg_queries.jsonl   new requests that needed no tool
+
+Every file is optional, but an increment must bring something. Each file is parsed in parallel by
+the same row rules as ``toolscout preprocess`` (:func:`workflows.ray_ingest.ingest`); rows that
+break them, qrels naming a query or tool that neither the base nor the increment has, and queries
+whose ids the base already uses (they would leak between splits) are rejected with file, line
+and reason. The merged dataset is the base with the increment on top: new tools added, changed
+tools replaced, new queries and judgements appended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from components.data import io
+from components.data.loader import NEG_QUERIES, SourceFile, list_splits
+from components.data.rejects import DatasetError, RejectLog
+from components.data.resolve import resolve_qrels, resolve_records
+from components.data.types import Dataset, Qrels
+from workflows.ray_ingest import ingest
+
+ACCEPTED_SPLITS = ("train", "valid")
+
+
+@dataclass
+class Increment:
+    """What an increment adds, after validation."""
+
+    tools: dict[str, dict] = field(default_factory=dict)
+    queries: dict[str, str] = field(default_factory=dict)
+    qrels: dict[str, Qrels] = field(default_factory=dict)
+    neg_queries: list[str] = field(default_factory=list)
+
+    def counts(self, base: Dataset) -> dict[str, int]:
+        new_tools = [t for t in self.tools if t not in base.corpus]
+        return {
+            "new_tools": len(new_tools),
+            "updated_tools": len(self.tools) - len(new_tools),
+            "new_queries": len(self.queries),
+            **{f"{s}_judged_queries": len(q) for s, q in self.qrels.items()},
+            "neg_queries": len(self.neg_queries),
+        }
+
+    def new_tools(self, base: Dataset) -> list[str]:
+        return [t for t in self.tools if t not in base.corpus]
+
+
+def sources(root: str, storage_options: dict[str, Any] | None = None) -> list[SourceFile]:
+    """The increment's files.
+
+    Raises:
+        DatasetError: the directory holds none of the accepted files, or a qrels split other than
+            ``train`` / ``valid``.
+    """
+    found = [
+        SourceFile(rel, kind)
+        for rel, kind in (("corpus.jsonl", "records"), ("queries.jsonl", "records"), (NEG_QUERIES, "neg"))
+        if io.exists(io.join(root, rel), storage_options)
+    ]
+    splits = list_splits(root, storage_options)
+    bad = [s for s in splits if s not in ACCEPTED_SPLITS]
+    if bad:
+        raise DatasetError(
+            f"{io.join(root, 'qrels')}: increment split(s) {bad} not accepted; expected "
+            f"{list(ACCEPTED_SPLITS)} (the test split is fixed for final reports)"
+        )
+    found += [SourceFile(f"qrels/{s}.tsv", "qrels") for s in splits]
+    if not found:
+        raise DatasetError(
+            f"{root}: no increment files; expected some of corpus.jsonl, queries.jsonl, "
+            f"qrels/<train|valid>.tsv, {NEG_QUERIES}"
+        )
+    return found
+
+
+def read_increment(
+    root: str,
+    base: Dataset,
+    log: RejectLog,
+    storage_options: dict[str, Any] | None = None,
+    parallelism: int = 4,
+) -> Increment:
+    """Parse and check the increment at ``root`` against ``base`` (as loaded, before splitting)."""
+    files = sources(root, storage_options)
+    rows, _ = ingest(root, files, log, storage_options, parallelism)
+    tools = resolve_records("corpus.jsonl", rows.get("corpus.jsonl", []), log)
+    records = resolve_records("queries.jsonl", rows.get("queries.jsonl", []), log)
+    queries: dict[str, str] = {}
+    line_of: dict[str, int] = {}
+    for number, rec in sorted(rows.get("queries.jsonl", []), key=lambda r: r[0]):
+        qid = rec["_id"]
+        if qid in base.queries:
+            log.add(
+                "queries.jsonl",
+                number,
+                f"query id {qid!r} is already in the base data; new queries need new ids",
+            )
+        elif records.get(qid) is rec:
+            queries[qid], line_of[qid] = rec["text"], number
+    corpus = {**base.corpus, **tools}
+    qrels: dict[str, Qrels] = {}
+    for f in files:
+        if f.kind == "qrels":
+            # Judgements may name only the increment's own queries: a base query's are fixed.
+            qrels[f.rel[len("qrels/") : -len(".tsv")]] = resolve_qrels(
+                f.rel, rows[f.rel], queries, corpus, log
+            )
+    judged = {q for split in qrels.values() for q in split}
+    for qid in sorted(set(queries) - judged, key=line_of.get):
+        log.add("queries.jsonl", line_of[qid], f"query {qid!r} has no judgement in the increment's qrels")
+        del queries[qid]
+    neg = sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0])
+    known_neg = set(base.neg_queries)
+    increment = Increment(tools, queries, qrels, [text for _, text in neg if text not in known_neg])
+    if not (increment.tools or increment.qrels or increment.neg_queries):
+        raise DatasetError(f"{root}: the increment adds nothing usable ({len(log)} row(s) rejected)")
+    return increment
+
+
+def merge(base: Dataset, increment: Increment, name: str | None = None) -> Dataset:
+    """``base`` with ``increment`` on top (a new :class:`Dataset`; ``base`` is unchanged)."""
+    qrels = {split: dict(q) for split, q in base.qrels.items()}
+    for split, new in increment.qrels.items():
+        qrels.setdefault(split, {}).update(new)
+    queries = {**base.queries, **increment.queries}
+    return replace(
+        base,
+        name=name or base.name,
+        corpus={**base.corpus, **increment.tools},
+        queries=queries,
+        qrels=qrels,
+        neg_queries=list(base.neg_queries) + increment.neg_queries,
+        neg_split={},
+        graphs={},
+    )

@@ -1,0 +1,156 @@
+"""``toolscout retrain``: merge an increment, train a challenger, gate it against the champion.
+
+One round, in order (every registry write comes last, so an interrupted round leaves the
+registry as it was):
+
+1. take the retrain lock (:class:`components.registry.RetrainLock`; one round at a time);
+2. read the base dataset (``data.path``) and the increment (``--increment``, validated on Ray
+   Data; rejects written with file, line and reason) and merge them;
+3. carve the splits of the merged data; its ``valid`` split is the holdout of both models;
+4. train the challenger on the merged data with the method's stages on Ray Train: a full
+   retrain (no current method can start from its champion: dense's ID head, MassTool's towers and
+   ToolGen's token table are all sized by the catalog, which an increment changes);
+5. measure champion and challenger on the holdout and decide (:mod:`.gate`);
+6. register the challenger (alias ``challenger``), promote it if the gate says so, write the
+   merged data for the next round, and, if asked, swap the serving app to the new champion;
+7. write the decision JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from components import methods
+from components.data import io
+from components.data.beir import write_beir
+from components.data.loader import load_dataset
+from components.data.prepared import is_prepared
+from components.data.rejects import DatasetError, RejectLog
+from components.data.splits import splits_from_config
+from components.registry import ModelRegistry, RegistrySettings, RetrainLock
+from workflows.retrain.gate import GateSettings, decide, measure
+from workflows.retrain.increment import merge, read_increment
+from workflows.train import fit_method, model_name, register, run_spec
+
+
+def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
+    """Run one retrain round; returns (and writes) the decision record.
+
+    Raises:
+        LockHeld: another retrain is running.
+        DatasetError: the base or the increment cannot be read, or ``data.strict`` and a row was
+            rejected (the rejects file is written first).
+    """
+    rcfg = cfg.get("retrain") or {}
+    data = cfg["data"]
+    settings = RegistrySettings.from_config(cfg.get("registry"))
+    gate = GateSettings.from_config(rcfg.get("gate"))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = rcfg.get("out") or os.path.join(settings.root, "retrains", stamp)
+    options = data.get("storage_options")
+    started = time.perf_counter()
+    with RetrainLock(os.path.join(settings.root, "retrain.lock")):
+        if is_prepared(data["path"], options):
+            raise DatasetError(
+                f"{data['path']}: retrain merges raw BEIR data; pass the dataset, not a prepared dir"
+            )
+        base = load_dataset(data["path"], storage_options=options, name=data.get("name"))
+        log = RejectLog()
+        inc = read_increment(increment, base, log, rcfg.get("increment_storage_options") or options)
+        log.write(io.join(out, "rejects.jsonl"))
+        if data.get("strict") and len(log):
+            raise DatasetError(
+                f"{increment}: {len(log)} row(s) rejected (see {io.join(out, 'rejects.jsonl')})"
+            )
+        merged = merge(base, inc)
+        dataset = splits_from_config(merged, cfg.get("splits"))
+        holdout = dataset.qrels["valid"]
+        negatives = dataset.neg_split.get("valid", [])
+        catalog, new_tools = set(dataset.corpus), inc.new_tools(base)
+
+        name = model_name(cfg, base.name)
+        registry = ModelRegistry(settings)
+        champion_version = registry.alias(name, "champion")
+        champion_dir = registry.local_dir(champion_version) if champion_version else None
+
+        challenger = methods.build(cfg["method"]["name"], cfg["method"].get("params"))
+        report = fit_method(challenger, dataset, run_spec(cfg, f"{name}-retrain-{stamp}"))
+
+        measured = {
+            "challenger": measure(challenger, holdout, dataset.queries, negatives, catalog, new_tools, gate)
+        }
+        if champion_dir is not None:
+            champion = methods.load(champion_dir)
+            measured["champion"] = measure(
+                champion, holdout, dataset.queries, negatives, catalog, new_tools, gate
+            )
+        decision = decide(measured.get("champion"), measured["challenger"], gate)
+
+        # Registry writes, last: nothing before this point changed what serving or an alias sees.
+        staging = tempfile.mkdtemp(prefix=f"{name}-", dir=_staging(settings))
+        try:
+            challenger.save(staging)
+            tags = {
+                "toolscout.retrain": stamp,
+                "toolscout.decision": decision.decision,
+                "toolscout.increment": increment,
+            }
+            version = register(cfg, staging, name, report, tags)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        registry.set_alias(name, "challenger", version.number)
+        if decision.decision == "promoted":
+            registry.promote(name, version.number)
+        data_out = rcfg.get("data_out") or io.join(out, "data")
+        write_beir(merged, data_out, rcfg.get("data_out_storage_options") or options)
+
+        serving = None
+        if rcfg.get("follow_serving") and decision.decision == "promoted":
+            serving = follow_serving(name, rcfg.get("serve_app"))
+        record = {
+            "model": name,
+            "decision": decision.decision,
+            "reasons": decision.reasons,
+            "interval": decision.interval,
+            "guardrails": decision.guardrails,
+            "champion": {"version": champion_version.number, **measured["champion"].summary()}
+            if champion_version
+            else None,
+            "challenger": {"version": version.number, **measured["challenger"].summary()},
+            "aliases": registry.aliases(name),
+            "increment": {
+                "path": increment,
+                **inc.counts(base),
+                "rejects": len(log),
+                "reject_reasons": log.reason_counts(),
+            },
+            "data_out": data_out,
+            "holdout_queries": len(holdout),
+            "train_seconds": report["train_seconds"],
+            "wall_seconds": time.perf_counter() - started,
+            "serving": serving,
+        }
+        io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode())
+        return record
+
+
+def follow_serving(name: str, app_name: str | None = None) -> dict[str, Any]:
+    """Swap the running Serve app (on the Ray cluster this job is connected to) to the champion."""
+    from components.serving.deploy import APP_NAME, follow_model
+
+    try:
+        pinned = follow_model(f"models:/{name}@champion", app_name or APP_NAME)
+    except Exception as e:  # no Serve on this cluster, or no such app: the promotion stands
+        return {"followed": False, "reason": f"{type(e).__name__}: {e}"}
+    return {"followed": True, "artifact": pinned}
+
+
+def _staging(settings: RegistrySettings) -> str:
+    root = os.path.join(settings.root, "staging")
+    os.makedirs(root, exist_ok=True)
+    return root
