@@ -151,3 +151,33 @@ def test_stage_inputs_travel_through_storage_not_the_driver_disk(
     copied = inputs.share(str(tmp_path / "model"), local_run, "n")
     assert copied == str(tmp_path / "store" / "inputs" / "n") and os.listdir(copied) == ["w"]
     assert inputs.share(copied, local_run, "m") == copied  # already inside the storage: as is
+
+
+def test_retrain_increment_is_read_from_s3(ray_session, s3_endpoint, tmp_path):
+    """An increment on s3:// goes through the same Ray Data validation as a local one."""
+    from conftest import QUERIES
+
+    from components.data.rejects import RejectLog
+    from workflows.retrain.increment import merge, read_increment
+
+    base = load_dataset(str(write_tiny_dataset(tmp_path / "base")))
+    inc = tmp_path / "inc"
+    (inc / "qrels").mkdir(parents=True)
+    (inc / "corpus.jsonl").write_text(
+        json.dumps({"_id": "9", "title": "", "text": "currency converter"}) + "\n"
+    )
+    new = {"n1": "convert 20 euros to dollars", "n2": "exchange rate yen"}
+    rows = [json.dumps({"_id": q, "text": t}) for q, t in new.items()]
+    rows.append(json.dumps({"_id": next(iter(QUERIES)), "text": "reused id"}))
+    (inc / "queries.jsonl").write_text("\n".join(rows) + "\n")
+    (inc / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nn1\t9\t1\nn2\t9\t1\nn2\tzzz\t1\n")
+    upload(s3_endpoint, "increments", inc, "day1")
+    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    log = RejectLog()
+    got = read_increment("s3://increments/day1", base, log, opts)
+    assert got.counts(base) == {
+        "new_tools": 1, "updated_tools": 0, "new_queries": 2, "train_judged_queries": 2, "neg_queries": 0
+    }  # fmt: skip
+    assert sorted((r.file, r.line) for r in log.rejects) == [("qrels/train.tsv", 4), ("queries.jsonl", 3)]
+    merged = merge(base, got)
+    assert merged.qrels["train"]["n1"] == {"9": 1} and "9" in merged.corpus
