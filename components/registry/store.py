@@ -25,6 +25,7 @@ import re
 import shutil
 import uuid
 from typing import Any
+from urllib.parse import urlparse
 
 from components.registry.settings import ALIASES, RegistrySettings, Version, is_model_uri, parse_model_uri
 
@@ -33,9 +34,11 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def quiet_mlflow() -> None:
-    """MLflow and its migrations log every table update at INFO; keep warnings only."""
+    """MLflow and its migrations log every table update at INFO, and a client talking to a server
+    prints a "View run" link on stdout per run (where commands print their report): warnings only."""
     for name in ("mlflow", "alembic", "alembic.runtime.migration"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 class ModelRegistry:
@@ -224,9 +227,9 @@ class ModelRegistry:
             return target
         os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-        source = version.source.removeprefix("file://")
-        if "://" not in source:
-            os.symlink(os.path.abspath(source), tmp)
+        source = urlparse(version.source)
+        if source.scheme in ("", "file"):  # on this disk: link (mlflow-artifacts:/ is the server's)
+            os.symlink(os.path.abspath(source.path), tmp)
         else:
             import mlflow.artifacts
 
