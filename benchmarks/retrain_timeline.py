@@ -180,43 +180,33 @@ def round_row(label: str, record: dict[str, Any], load: dict[str, Any] | None) -
     return {"method": "masstool", "config": config, "split": "valid", "metrics": metrics}
 
 
+def cell(value: float, fmt: str) -> str:
+    """A table cell: ``value`` formatted, or "-" where the round has no such figure (NaN)."""
+    return "-" if value != value else format(value, fmt)
+
+
 def markdown(report: dict[str, Any]) -> str:
-    head = [
-        "round",
-        "increment",
-        "champion N@3",
-        "challenger N@3",
-        "Δ N@3 [95% CI]",
-        "decision",
-        "wall s",
-        "requests",
-        "errors",
-        "served",
-    ]
+    head = ["round", "increment", "champion N@3", "challenger N@3", "Δ N@3 [95% CI]", "decision", "wall s"]
+    head += ["requests", "errors", "served"]
     rows = []
     for r in report["results"]:
         m, c = r["metrics"], r["config"]
         inc = c["increment"]
         what = "-" if not inc else f"+{inc.get('new_queries', 0)} queries, +{inc.get('new_tools', 0)} tools"
-        ci = (
-            "-"
-            if m["diff_mean"] != m["diff_mean"]
-            else f"{m['diff_mean']:+.4f} [{m['diff_low']:+.4f}, {m['diff_high']:+.4f}]"
-        )
-        champ = "-" if m["champion_ndcg@3"] != m["champion_ndcg@3"] else f"{m['champion_ndcg@3']:.4f}"
-        errors = "-" if m["errors"] != m["errors"] else f"{int(m['errors'])}"
-        requests_n = "-" if m["requests"] != m["requests"] else f"{int(m['requests'])}"
+        ci = "-"
+        if m["diff_mean"] == m["diff_mean"]:
+            ci = f"{m['diff_mean']:+.4f} [{m['diff_low']:+.4f}, {m['diff_high']:+.4f}]"
         rows.append(
             [
                 c["round"],
                 what,
-                champ,
-                f"{m['challenger_ndcg@3']:.4f}",
+                cell(m["champion_ndcg@3"], ".4f"),
+                cell(m["challenger_ndcg@3"], ".4f"),
                 ci,
                 c["decision"],
-                f"{m['wall_seconds']:.0f}",
-                requests_n,
-                errors,
+                cell(m["wall_seconds"], ".0f"),
+                cell(m["requests"], ".0f"),
+                cell(m["errors"], ".0f"),
                 " → ".join(c["served_versions"]) or "-",
             ]
         )
