@@ -22,13 +22,6 @@ def ray_session():
     from components.serving.deploy import apply_serve_env
     from workflows.ray_env import init_ray
 
-    # Under pytest-xdist each worker runs its own Ray on this machine; give each worker's Serve its
-    # own range of direct-ingress ports so two clusters never hand out the same one.
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    offset = 100 * int(worker.removeprefix("gw") or 0)
-    for kind, base in (("HTTP", 30000), ("GRPC", 40000)):
-        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MIN_{kind}_PORT", str(base + offset))
-        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MAX_{kind}_PORT", str(base + offset + 99))
     apply_serve_env()
     init_ray({"num_cpus": 2, "progress_bars": False})
     yield ray

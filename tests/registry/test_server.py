@@ -44,12 +44,14 @@ def server(tmp_path):
         except requests.RequestException:  # not listening yet, or busy starting
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"registry server did not come up (exit code {proc.poll()})")
         time.sleep(0.5)
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    try:
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def test_versions_through_the_server_resolve_by_download(server, tmp_path):

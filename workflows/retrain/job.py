@@ -7,9 +7,9 @@ registry as it was):
 2. read the base dataset (``data.path``) and the increment (``--increment``, validated on Ray
    Data; rejects written with file, line and reason) and merge them;
 3. carve the splits of the merged data; its ``valid`` split is the holdout of both models;
-4. train the challenger on the merged data with the method's stages on Ray Train: a full
-   retrain (no current method can start from its champion: dense's ID head, MassTool's towers and
-   ToolGen's token table are all sized by the catalog, which an increment changes);
+4. train the challenger on the merged data with the method's stages on Ray Train: a full retrain
+   (no warm start yet: encoders trained here build their tokenizer from the data, and dense's ID
+   head, MassTool's towers and ToolGen's token table are sized by the catalog; docs/retrain.md);
 5. measure champion and challenger on the holdout and decide (:mod:`.gate`);
 6. register the challenger (alias ``challenger``), promote it if the gate says so, write the
    merged data for the next round, and, if asked, swap the serving app to the new champion;
