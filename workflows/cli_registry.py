@@ -57,14 +57,19 @@ def server(
     overrides: Overrides = None,
     host: Annotated[str, typer.Option(help="Bind address (0.0.0.0 inside a pod).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 5000,
+    workers: Annotated[int, typer.Option(help="Server processes (MLflow's default is 4).")] = 1,
 ) -> None:
-    """Run an MLflow tracking server over the config's registry store (``mlflow server``)."""
+    """Run an MLflow tracking server over the config's registry store (``mlflow server``).
+
+    One process by default: a registry sees a few requests per training run, and each of
+    MLflow's default four workers imports all of MLflow.
+    """
     reg, _ = _registry(config, overrides)
     s = reg.settings
     artifacts = s.artifact_root or os.path.abspath(os.path.join(s.root, "artifacts"))
     argv = [
         "mlflow", "server", "--backend-store-uri", s.resolved_uri, "--artifacts-destination", artifacts,
-        "--serve-artifacts", "--host", host, "--port", str(port),
+        "--serve-artifacts", "--host", host, "--port", str(port), "--workers", str(workers),
     ]  # fmt: skip
     console.print("running: " + " ".join(argv))
     exe = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")

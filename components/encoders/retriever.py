@@ -11,21 +11,19 @@ scored by their text alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from components.data.tooltext import TOOL_FIELDS, tool_texts
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.encoders.bi_encoder import BiEncoder
 from components.encoders.text_encoder import TextEncoder, spec_from
+from components.encoders.vector_index import IndexSettings, VectorIndex
 from components.metrics import check_select_metric, evaluate_retrieval
 
 # (queries, k) -> (scores, indices), as faiss's Index.search returns them.
-Searcher = Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -45,14 +43,31 @@ class BiEncoderParams:
     tool_fields: tuple[str, ...] = TOOL_FIELDS
     tool_max_length: int = 96
     select_metric: str = "ndcg@3"
-    index_backend: str = "exact"  # "exact" (torch matmul) | "faiss" (inner-product index, large corpora)
+    # How tool vectors are searched (components/encoders/vector_index.py): "auto" = exact below
+    # index_exact_below tools, HNSW above; or "exact" (torch matmul), "faiss" (FAISS flat), "hnsw".
+    index_backend: str = "auto"
+    index_exact_below: int = 50_000
+    index_m: int = 32
+    index_ef_construction: int = 80
+    index_ef_search: int = 128
     progress: bool = False
 
     def __post_init__(self) -> None:
         check_select_metric("dense", self.select_metric)
+        self.index_settings()  # a bad index kind or size fails here, not at the first query
         if self.epochs < 0 or (self.epochs == 0 and self.id_head):
             # epochs 0 is the zero-shot row: an untrained ID head would only add noise to it.
             raise ValueError(f"epochs must be >= 1, or 0 (zero-shot) with id_head: false; got {self.epochs}")
+
+    def index_settings(self) -> IndexSettings:
+        """The ``index_*`` params as :class:`IndexSettings`."""
+        return IndexSettings(
+            kind=self.index_backend,
+            exact_below=self.index_exact_below,
+            m=self.index_m,
+            ef_construction=self.index_ef_construction,
+            ef_search=self.index_ef_search,
+        )
 
 
 def combined_tools(tools: torch.Tensor, ids: torch.Tensor | None, mix: float) -> torch.Tensor:
@@ -115,6 +130,8 @@ class BiEncoderRetriever:
         self.model = model
         self.tool_ids: list[str] = []
         self._tools: torch.Tensor | None = None
+        self._search: VectorIndex | None = None  # built from _tools (and _ids at mix) on demand
+        self._search_key: tuple[float, IndexSettings] | None = None
         self._ids: torch.Tensor | None = None
 
     def variants(self) -> dict[str, float]:
@@ -156,38 +173,37 @@ class BiEncoderRetriever:
         if self.model is None or self._tools is None:
             raise RuntimeError("dense: call index() before retrieve()")
         qids = list(queries)
-        matrix = combined_tools(self._tools, self._ids, self.mix)
-        search = self._faiss_search(matrix) if self.params.index_backend == "faiss" else None
+        search = self.searcher()
         out: Results = {}
         for i in range(0, len(qids), 1024):
             chunk = qids[i : i + 1024]
             q = self.model.embed_texts([queries[x] for x in chunk])
-            if search is None:
-                out |= top_k(q @ matrix.T, chunk, self.tool_ids, k)
-            else:
-                values, index = search(q, min(k, len(self.tool_ids)))
-                out |= {
-                    qid: {
-                        self.tool_ids[j]: float(v) for v, j in zip(values[r], index[r], strict=True) if j >= 0
-                    }
-                    for r, qid in enumerate(chunk)
+            values, index = search.search(q, k)
+            out |= {
+                qid: {
+                    self.tool_ids[j]: float(v)
+                    for v, j in zip(values[r].tolist(), index[r].tolist(), strict=True)
+                    if j >= 0
                 }
+                for r, qid in enumerate(chunk)
+            }
         return out
 
-    def _faiss_search(self, matrix: torch.Tensor) -> Searcher:
-        """An exact inner-product FAISS index over ``matrix`` (install the ``faiss`` extra)."""
-        try:
-            import faiss
-        except ImportError as e:
-            raise RuntimeError("index_backend=faiss needs faiss-cpu: pip install 'toolscout[faiss]'") from e
-        index = faiss.IndexFlatIP(matrix.shape[1])
-        index.add(matrix.numpy().astype(np.float32))
-        return lambda q, k: index.search(q.numpy().astype(np.float32), k)
+    def searcher(self) -> VectorIndex:
+        """The index over the tool vectors at the current ``mix``, built once per (vectors, mix,
+        index settings)."""
+        assert self._tools is not None
+        key = (self.mix, self.params.index_settings())
+        if self._search is None or self._search_key != key:
+            matrix = combined_tools(self._tools, self._ids, self.mix)
+            self._search, self._search_key = VectorIndex(matrix, key[1]), key
+        return self._search
 
     def index_ids(self) -> None:
         """Re-align the ID table to ``tool_ids`` (after load, without re-embedding tool texts)."""
         assert self.model is not None and self._tools is not None
         self._ids = None
+        self._search = None  # new vectors: the search index is built again
         if self.model.id_embeddings is not None:
             # On the CPU, beside the tool vectors (in a GPU worker's validation the table is on the GPU).
             table = torch.nn.functional.normalize(self.model.id_embeddings.weight.detach(), dim=-1).cpu()
@@ -197,3 +213,5 @@ class BiEncoderRetriever:
             if known:
                 cols, rows = zip(*known, strict=True)
                 self._ids[list(cols)] = table[list(rows)].to(self._ids.dtype)
+        if self.params.index_settings().resolved(len(self.tool_ids)) != "exact":
+            self.searcher()  # build a large index now (at index or load time), not on the first query

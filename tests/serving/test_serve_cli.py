@@ -13,6 +13,7 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 from serving_helpers import free_port
 from typer.testing import CliRunner
 
+from components.registry import resolve
 from components.serving.app import ServeArgs, build_app, deployment_options
 from components.serving.calibration import find_calibration
 from components.serving.deploy import ingress_urls
@@ -30,24 +31,28 @@ def test_calibrate_only_writes_the_detector_file(bm25_versions, serving_data, tm
         [
             "serve",
             "--model",
-            bm25_versions["root"],
+            "models:/bm25@champion",  # v2 (lucene) in the fixture's registry
             "--data",
             serving_data,
             "--detector",
             str(file),
             "--calibrate-only",
+            f"registry.root={bm25_versions['registry']['root']}",
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "calibrated" in result.output and find_calibration(str(file), bm25_versions["lucene"]) is not None
+    champion = resolve("models:/bm25@champion", bm25_versions["registry"])
+    assert "calibrated" in result.output and find_calibration(str(file), champion) is not None
+    assert find_calibration(str(file), bm25_versions["default"]) is None  # only the version it serves
 
 
 def test_uncalibrated_without_data_is_a_clear_error(bm25_versions, serving_data, tmp_path):
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({"applications": [{"args": {"catalog": serving_data}}]}))
     flags = [
+        f"registry.root={bm25_versions['registry']['root']}",
         "--model",
-        bm25_versions["root"],
+        "models:/bm25@champion",
         "--detector",
         str(tmp_path / "d.json"),
         "--serve-config",

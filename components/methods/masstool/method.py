@@ -109,7 +109,9 @@ class MassToolMethod:
         counts) means a different split seed or an edited dataset never reuses an encoder that was
         trained on what is now the validation split.
         """
-        settings = [SEMANTIC_CACHE_VERSION, asdict(self.params.dense_params()), data.name, seed]
+        # How the tool vectors are searched does not change what the stage trains: index_* stay out.
+        trained = {k: v for k, v in asdict(self.params.dense_params()).items() if not k.startswith("index_")}
+        settings = [SEMANTIC_CACHE_VERSION, trained, data.name, seed]
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
         for split in ("train", "valid"):
             for qid, rel in sorted(data.qrels.get(split, {}).items()):
