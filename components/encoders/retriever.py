@@ -49,7 +49,7 @@ class BiEncoderParams:
     index_exact_below: int = 50_000
     index_m: int = 32
     index_ef_construction: int = 80
-    index_ef_search: int = 128
+    index_ef_search: int = 256
     progress: bool = False
 
     def __post_init__(self) -> None:

@@ -39,7 +39,7 @@ class IndexSettings:
     exact_below: int = 50_000
     m: int = 32
     ef_construction: int = 80
-    ef_search: int = 128
+    ef_search: int = 256
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

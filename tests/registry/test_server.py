@@ -3,6 +3,7 @@ stored with proxied artifacts and resolve to local directories by download."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,16 +25,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path):
-    """The server on a free loopback port, over a store under tmp_path; stopped by its PID."""
+@contextlib.contextmanager
+def running_server(tmp_path, *overrides: str, env: dict[str, str] | None = None):
+    """`toolscout registry server` on a free loopback port over a store under tmp_path; stopped
+    (its whole process group) on the way out."""
     port = free_port()
     cli = Path(sys.executable).with_name("toolscout")
+    argv = [str(cli), "registry", "server", f"registry.root={tmp_path / 'store'}", *overrides]
     proc = subprocess.Popen(
-        [str(cli), "registry", "server", f"registry.root={tmp_path / 'store'}", "--port", str(port)],
+        [*argv, "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its gunicorn/uvicorn workers go with it
+        env={**os.environ, **(env or {})},
+        start_new_session=True,  # its uvicorn workers go with it
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -52,6 +56,12 @@ def server(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    with running_server(tmp_path) as url:
+        yield url
 
 
 def test_versions_through_the_server_resolve_by_download(server, tmp_path):
@@ -73,3 +83,38 @@ def test_versions_through_the_server_resolve_by_download(server, tmp_path):
     # The server's artifact store holds the files (what a cluster would keep on s3://).
     stored = [p.name for p in (tmp_path / "store" / "artifacts").rglob("*") if p.is_file()]
     assert sorted(stored) == ["config.json", "index.npy"]
+
+
+def test_a_server_with_its_artifacts_on_s3(tmp_path):
+    """The cluster set-up: clients talk to the server only; the server keeps the files on s3://."""
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is needed for the S3 test")
+    boto3 = pytest.importorskip("boto3")
+    s3 = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    s3.start()
+    try:
+        host, port = s3.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **keys)
+        client.create_bucket(Bucket="models")
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "MLFLOW_S3_ENDPOINT_URL": endpoint,  # the server's S3 client talks to moto
+        }
+        with running_server(tmp_path, "registry.artifact_root=s3://models/registry", env=env) as url:
+            artifact = tmp_path / "artifact"
+            artifact.mkdir()
+            (artifact / "config.json").write_text(json.dumps({"method": "bm25"}))
+            settings = RegistrySettings(tracking_uri=url, root=str(tmp_path / "client"))
+            registry = ModelRegistry(settings)
+            registry.promote("s3model", registry.log_version("s3model", str(artifact)).number)
+            local = resolve("models:/s3model@champion", settings)
+            assert os.listdir(local) == ["config.json"]
+        listed = client.list_objects_v2(Bucket="models", Prefix="registry/")
+        stored = [o["Key"] for o in listed.get("Contents", [])]
+        assert len(stored) == 1 and stored[0].endswith("/artifacts/model/config.json"), stored
+        assert not (tmp_path / "store" / "artifacts").exists()  # nothing kept on the server's disk
+    finally:
+        s3.stop()
