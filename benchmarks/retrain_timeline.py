@@ -139,18 +139,14 @@ class PacedLoad:
 
 
 def start_serving(name: str, cfg: dict[str, Any], catalog: str, port: int) -> str:
-    """Serve ``models:/<name>@champion`` (MassTool detects and retrieves) on 127.0.0.1:``port``."""
-    from ray import serve
-
-    from components.serving.deploy import deploy_config, serve_config
-    from workflows.serve import app_args, read_serve_config
+    """Serve ``models:/<name>@champion`` (MassTool detects and retrieves) on 127.0.0.1:``port``,
+    as ``toolscout serve`` does."""
+    from workflows.serve import app_args, read_serve_config, run_server
 
     file = read_serve_config(None)
     args = app_args(file, {"artifact": f"models:/{name}@champion", "catalog": catalog}, [])
     args["registry"] = RegistrySettings.from_config(cfg.get("registry")).as_config()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    deploy_config(serve_config(args, file))
-    return f"http://127.0.0.1:{port}"
+    return run_server(args, "127.0.0.1", port, file, blocking=False)
 
 
 def round_row(label: str, record: dict[str, Any], load: dict[str, Any] | None) -> dict[str, Any]:

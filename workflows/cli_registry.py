@@ -7,11 +7,14 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from workflows.cli_guard import console, guarded
+
+if TYPE_CHECKING:
+    from components.registry import ModelRegistry
 
 registry_app = typer.Typer(
     help="The model registry (MLflow): versions, aliases, the tracking server.", no_args_is_help=True
@@ -29,12 +32,15 @@ Follow = Annotated[
 ]
 
 
-def _registry(config: Path | None, overrides: list[str] | None):
+ModelName = Annotated[str, typer.Argument(help="Registered model name, e.g. quickstart-bm25.")]
+
+
+def _registry(config: Path | None, overrides: list[str] | None) -> ModelRegistry:
+    """The registry the config's ``registry`` section names."""
     from components.registry import ModelRegistry, RegistrySettings
     from workflows.cli_config import build_config
 
-    cfg = build_config(config, overrides)
-    return ModelRegistry(RegistrySettings.from_config(cfg.get("registry"))), cfg
+    return ModelRegistry(RegistrySettings.from_config(build_config(config, overrides).get("registry")))
 
 
 def _follow(address: str | None, name: str) -> None:
@@ -64,7 +70,7 @@ def server(
     One process by default: a registry sees a few requests per training run, and each of
     MLflow's default four workers imports all of MLflow.
     """
-    reg, _ = _registry(config, overrides)
+    reg = _registry(config, overrides)
     s = reg.settings
     artifacts = s.artifact_root or os.path.abspath(os.path.join(s.root, "artifacts"))
     argv = [
@@ -79,12 +85,12 @@ def server(
 @registry_app.command("list")
 @guarded
 def list_versions(
-    name: Annotated[str, typer.Argument(help="Registered model name, e.g. quickstart-bm25.")],
+    name: ModelName,
     config: ConfigOpt = None,
     overrides: Overrides = None,
 ) -> None:
     """Every version of a model with its aliases, decision tag and metrics (JSON lines)."""
-    reg, _ = _registry(config, overrides)
+    reg = _registry(config, overrides)
     versions = reg.versions(name)
     if not versions:
         raise LookupError(f"model {name!r} has no versions in {reg.settings.resolved_uri}")
@@ -96,7 +102,7 @@ def list_versions(
 @registry_app.command("promote")
 @guarded
 def promote(
-    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    name: ModelName,
     version: Annotated[
         int, typer.Argument(help="The version to make champion (no gate: an operator's call).")
     ],
@@ -105,7 +111,7 @@ def promote(
     follow: Follow = None,
 ) -> None:
     """Make a version the champion by hand; the old champion becomes ``previous``."""
-    reg, _ = _registry(config, overrides)
+    reg = _registry(config, overrides)
     reg.promote(name, version)
     console.print(f"{name}: champion -> v{version}; aliases {reg.aliases(name)}")
     _follow(follow, name)
@@ -114,13 +120,13 @@ def promote(
 @registry_app.command("rollback")
 @guarded
 def rollback(
-    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    name: ModelName,
     config: ConfigOpt = None,
     overrides: Overrides = None,
     follow: Follow = None,
 ) -> None:
     """Move the champion back to ``previous`` (a second rollback undoes the first)."""
-    reg, _ = _registry(config, overrides)
+    reg = _registry(config, overrides)
     champion = reg.rollback(name)
     console.print(f"{name}: champion -> v{champion.number}; aliases {reg.aliases(name)}")
     _follow(follow, name)

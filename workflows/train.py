@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -74,18 +72,16 @@ def model_name(cfg: dict[str, Any], dataset_name: str) -> str:
 
 
 def register(
+    registry: ModelRegistry,
     cfg: dict[str, Any],
-    artifact_dir: str,
+    method: Method,
     name: str,
     report: dict[str, Any],
     tags: dict[str, str] | None = None,
 ) -> Version:
-    """Log a saved artifact as an MLflow run and register it as a new version of ``name``.
-
-    Params are the method's config and the training settings; metrics are each stage's last
-    reported numbers (``<stage>/<metric>``) and the training time.
-    """
-    registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
+    """Save ``method`` and register it as a new version of ``name`` (an MLflow run: params are the
+    method section, data path and splits; metrics each stage's reported numbers, ``<stage>/<metric>``,
+    and the training time). A failure part-way leaves no version."""
     metrics = {"train_seconds": float(report.get("train_seconds", 0.0))}
     for stage, values in (report.get("stages") or {}).items():
         for key, value in (values or {}).items():
@@ -96,39 +92,31 @@ def register(
         "data": {"path": (cfg.get("data") or {}).get("path")},
         "splits": cfg.get("splits"),
     }
-    return registry.log_version(name, artifact_dir, params=params, metrics=metrics, tags=tags)
+    return registry.log_saved(name, method.save, params=params, metrics=metrics, tags=tags)
 
 
-def train(
-    cfg: dict[str, Any], dataset: Dataset | None = None, tags: dict[str, str] | None = None
-) -> dict[str, Any]:
+def train(cfg: dict[str, Any]) -> dict[str, Any]:
     """Train the method named in ``cfg["method"]`` and register the artifact as a new model version.
 
-    The artifact is saved to a private staging directory, logged to the registry (MLflow), and
-    only then registered: a failed run leaves no version. The first version of a model becomes its
-    ``champion`` (there is nothing to compare it with); later ones are promoted by the retrain
-    gate (``toolscout retrain``) or by hand (``toolscout registry promote``).
+    The first version of a model becomes its ``champion`` (there is nothing to compare it with);
+    later ones are promoted by the retrain gate (``toolscout retrain``) or by hand
+    (``toolscout registry promote``).
 
     Returns:
         ``{"artifact": local dir of the version, "model_uri": "models:/<name>/<N>", "version": N,
         "model": name, "stages": {...}, "train_seconds": ...}``.
     """
     mcfg = cfg["method"]
-    dataset = dataset if dataset is not None else dataset_from_config(cfg)
+    dataset = dataset_from_config(cfg)
     method = methods.build(mcfg["name"], mcfg.get("params"))
     name = model_name(cfg, dataset.name)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # The default run name adds a time stamp so that two trainings never resume each other's Ray
     # Train runs; resuming is what an explicit train.run_name is for.
     report = fit_method(method, dataset, run_spec(cfg, f"{name}-{stamp}"))
-    staging = tempfile.mkdtemp(prefix=f"{name}-", dir=_staging_root(cfg))
-    try:
-        method.save(staging)
-        version = register(cfg, staging, name, report, tags)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
-    if registry.alias(name, "champion") is None:
+    version = register(registry, cfg, method, name, report)
+    if "champion" not in registry.aliases(name):
         registry.promote(name, version.number)
     return {
         "artifact": registry.local_dir(version),
@@ -137,9 +125,3 @@ def train(
         "model": name,
         **report,
     }
-
-
-def _staging_root(cfg: dict[str, Any]) -> str:
-    root = os.path.join(RegistrySettings.from_config(cfg.get("registry")).root, "staging")
-    os.makedirs(root, exist_ok=True)
-    return root

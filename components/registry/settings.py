@@ -41,14 +41,14 @@ class RegistrySettings:
     @property
     def resolved_uri(self) -> str:
         """The tracking URI in effect (the embedded sqlite store as an absolute path)."""
-        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        return uri or f"sqlite:///{os.path.abspath(os.path.join(self.root, 'mlflow.db'))}"
+        if self.embedded:
+            return f"sqlite:///{os.path.abspath(os.path.join(self.root, 'mlflow.db'))}"
+        return self.tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
 
     @property
     def embedded(self) -> bool:
-        return self.resolved_uri.startswith("sqlite:///") and not (
-            self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        )
+        """Whether this is the sqlite store under ``root`` (no URI given, none in the environment)."""
+        return not (self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
 
     def as_config(self) -> dict[str, Any]:
         """Absolute and explicit: what a process with another working directory (a Serve build

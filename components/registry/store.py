@@ -23,13 +23,13 @@ import logging
 import os
 import re
 import shutil
-import uuid
+import tempfile
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlparse
 
+from components.registry.local import MODEL_PATH, materialise
 from components.registry.settings import ALIASES, RegistrySettings, Version, is_model_uri, parse_model_uri
 
-MODEL_PATH = "model"  # where a run's artifact directory is logged
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -101,21 +101,38 @@ class ModelRegistry:
             self.client.set_terminated(run_id, "FAILED")
             raise
         self.client.set_terminated(run_id, "FINISHED")
-        try:
-            self.client.get_registered_model(name)
-        except Exception:
+        if not self.client.search_registered_models(f"name = '{name}'"):
             self.client.create_registered_model(name)
         mv = self.client.create_model_version(
             name, f"{run.info.artifact_uri}/{MODEL_PATH}", run_id=run_id, tags=dict(tags or {})
         )
         return self.version(name, int(mv.version))
 
+    def log_saved(
+        self,
+        name: str,
+        save: Callable[[str], None],
+        params: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> Version:
+        """:meth:`log_version` of what ``save(dir)`` writes into a private staging directory
+        under ``root`` (removed afterwards, whatever happens)."""
+        staging_root = os.path.join(self.settings.root, "staging")
+        os.makedirs(staging_root, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f"{name}-", dir=staging_root)
+        try:
+            save(staging)
+            return self.log_version(name, staging, params, metrics, tags)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
     def set_alias(self, name: str, alias: str, number: int | None) -> None:
         """Point ``alias`` at version ``number`` (``None`` removes the alias)."""
         if alias not in ALIASES:
             raise ValueError(f"unknown alias {alias!r}; toolscout uses {ALIASES}")
         if number is None:
-            if self.alias(name, alias) is not None:
+            if alias in self.aliases(name):
                 self.client.delete_registered_model_alias(name, alias)
             return
         self.client.set_registered_model_alias(name, alias, str(number))
@@ -125,17 +142,17 @@ class ModelRegistry:
 
         Returns the replaced champion (``None`` if there was none or it is the same version).
         """
-        self.version(name, number)  # raises for an unknown version before anything moves
-        old = self.alias(name, "champion")
-        if old is not None and old.number == number:
+        self.client.get_model_version(name, str(number))  # raises for an unknown version first
+        aliases = self.aliases(name)
+        old = aliases.get("champion")
+        if old == number:
             return None
         if old is not None:
-            self.set_alias(name, "previous", old.number)
+            self.set_alias(name, "previous", old)
         self.set_alias(name, "champion", number)
-        challenger = self.alias(name, "challenger")
-        if challenger is not None and challenger.number == number:
+        if aliases.get("challenger") == number:
             self.set_alias(name, "challenger", None)
-        return old
+        return self.version(name, old) if old is not None else None
 
     def rollback(self, name: str) -> Version:
         """Move ``champion`` back to ``previous``; the demoted version becomes ``previous``, so a
@@ -144,24 +161,26 @@ class ModelRegistry:
         Raises:
             LookupError: the model has no ``previous`` version.
         """
-        previous = self.alias(name, "previous")
-        if previous is None:
+        aliases = self.aliases(name)
+        if "previous" not in aliases:
             raise LookupError(f"model {name!r} has no 'previous' version to roll back to")
-        champion = self.alias(name, "champion")
-        self.set_alias(name, "champion", previous.number)
-        self.set_alias(name, "previous", champion.number if champion else None)
-        return self.version(name, previous.number)
+        self.set_alias(name, "champion", aliases["previous"])
+        self.set_alias(name, "previous", aliases.get("champion"))
+        return self.version(name, aliases["previous"])
 
     # -- reading ------------------------------------------------------------------------------
     def version(self, name: str, number: int) -> Version:
-        mv = self.client.get_model_version(name, str(number))
+        return self._version(self.client.get_model_version(name, str(number)))
+
+    def _version(self, mv: Any, aliases: tuple[str, ...] | None = None) -> Version:
+        """A :class:`Version` from an MLflow ``ModelVersion`` (plus its run's metrics)."""
         run = self.client.get_run(mv.run_id) if mv.run_id else None
         return Version(
-            name=name,
+            name=mv.name,
             number=int(mv.version),
             run_id=mv.run_id or "",
             source=mv.source,
-            aliases=tuple(sorted(getattr(mv, "aliases", []) or [])),
+            aliases=aliases if aliases is not None else tuple(sorted(mv.aliases or [])),
             metrics=dict(run.data.metrics) if run else {},
             tags=dict(mv.tags or {}),
         )
@@ -171,24 +190,28 @@ class ModelRegistry:
         from mlflow.exceptions import MlflowException
 
         try:
-            mv = self.client.get_model_version_by_alias(name, alias)
+            return self._version(self.client.get_model_version_by_alias(name, alias))
         except MlflowException:
             return None
-        return self.version(name, int(mv.version))
 
     def versions(self, name: str) -> list[Version]:
         """Every version of ``name``, oldest first (empty for an unknown model)."""
-        found = self.client.search_model_versions(f"name = '{name}'")
-        return [self.version(name, n) for n in sorted(int(mv.version) for mv in found)]
+        found = sorted(self.client.search_model_versions(f"name = '{name}'"), key=lambda mv: int(mv.version))
+        # Search results carry no aliases: they come from the registered model, in one read.
+        by_version: dict[int, list[str]] = {}
+        for alias, number in self.aliases(name).items():
+            by_version.setdefault(number, []).append(alias)
+        return [self._version(mv, tuple(sorted(by_version.get(int(mv.version), [])))) for mv in found]
 
     def aliases(self, name: str) -> dict[str, int]:
-        """``{alias: version}`` of the model's aliases that are set."""
-        out = {}
-        for alias in ALIASES:
-            v = self.alias(name, alias)
-            if v is not None:
-                out[alias] = v.number
-        return out
+        """``{alias: version}`` of the model's aliases that are set (empty for an unknown model)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = self.client.get_registered_model(name).aliases or {}
+        except MlflowException:
+            return {}
+        return {alias: int(found[alias]) for alias in ALIASES if alias in found}
 
     def lookup(self, ref: str) -> Version:
         """The version a ``models:/`` URI names.
@@ -215,41 +238,8 @@ class ModelRegistry:
             raise LookupError(f"{ref}: {e.message}") from e
 
     def local_dir(self, version: Version) -> str:
-        """``<root>/versions/<name>/v<N>``, holding the version's files (see module docstring).
-
-        Created once per version and machine, atomically: a link when the logged files are on a
-        local disk, a download into a hidden sibling renamed into place otherwise.
-        """
-        target = os.path.abspath(
-            os.path.join(self.settings.root, "versions", version.name, f"v{version.number}")
-        )
-        if os.path.exists(os.path.join(target, "config.json")):
-            return target
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-        source = urlparse(version.source)
-        if source.scheme in ("", "file"):  # on this disk: link (mlflow-artifacts:/ is the server's)
-            os.symlink(os.path.abspath(source.path), tmp)
-        else:
-            import mlflow.artifacts
-
-            os.makedirs(tmp)
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=version.source, dst_path=tmp, tracking_uri=self.settings.resolved_uri
-            )
-            inner = os.path.join(tmp, MODEL_PATH)  # the download keeps the last path part
-            if os.path.isdir(inner) and not os.path.exists(os.path.join(tmp, "config.json")):
-                for entry in os.listdir(inner):
-                    os.rename(os.path.join(inner, entry), os.path.join(tmp, entry))
-                os.rmdir(inner)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process materialised it first: keep theirs
-            if os.path.islink(tmp):
-                os.unlink(tmp)
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
-        return target
+        """``<root>/versions/<name>/v<N>`` with the version's files (:func:`.local.materialise`)."""
+        return materialise(version, self.settings)
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:

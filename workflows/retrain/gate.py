@@ -59,9 +59,6 @@ class Measurement:
     metrics: dict[str, float]
     per_query: dict[str, float] = field(repr=False)
 
-    def summary(self) -> dict[str, float]:
-        return dict(self.metrics)
-
 
 def measure(
     method: Method,

@@ -41,10 +41,10 @@ class Increment:
     neg_queries: list[str] = field(default_factory=list)
 
     def counts(self, base: Dataset) -> dict[str, int]:
-        new_tools = [t for t in self.tools if t not in base.corpus]
+        new_tools = len(self.new_tools(base))
         return {
-            "new_tools": len(new_tools),
-            "updated_tools": len(self.tools) - len(new_tools),
+            "new_tools": new_tools,
+            "updated_tools": len(self.tools) - new_tools,
             "new_queries": len(self.queries),
             **{f"{s}_judged_queries": len(q) for s, q in self.qrels.items()},
             "neg_queries": len(self.neg_queries),

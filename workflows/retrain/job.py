@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -92,17 +90,12 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         decision = decide(measured.get("champion"), measured["challenger"], gate)
 
         # Registry writes, last: nothing before this point changed what serving or an alias sees.
-        staging = tempfile.mkdtemp(prefix=f"{name}-", dir=_staging(settings))
-        try:
-            challenger.save(staging)
-            tags = {
-                "toolscout.retrain": stamp,
-                "toolscout.decision": decision.decision,
-                "toolscout.increment": increment,
-            }
-            version = register(cfg, staging, name, report, tags)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        tags = {
+            "toolscout.retrain": stamp,
+            "toolscout.decision": decision.decision,
+            "toolscout.increment": increment,
+        }
+        version = register(registry, cfg, challenger, name, report, tags)
         registry.set_alias(name, "challenger", version.number)
         if decision.decision == "promoted":
             registry.promote(name, version.number)
@@ -118,10 +111,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             "reasons": decision.reasons,
             "interval": decision.interval,
             "guardrails": decision.guardrails,
-            "champion": {"version": champion_version.number, **measured["champion"].summary()}
+            "champion": {"version": champion_version.number, **measured["champion"].metrics}
             if champion_version
             else None,
-            "challenger": {"version": version.number, **measured["challenger"].summary()},
+            "challenger": {"version": version.number, **measured["challenger"].metrics},
             "aliases": registry.aliases(name),
             "increment": {
                 "path": increment,
@@ -148,9 +141,3 @@ def follow_serving(name: str, app_name: str | None = None) -> dict[str, Any]:
     except Exception as e:  # no Serve on this cluster, or no such app: the promotion stands
         return {"followed": False, "reason": f"{type(e).__name__}: {e}"}
     return {"followed": True, "artifact": pinned}
-
-
-def _staging(settings: RegistrySettings) -> str:
-    root = os.path.join(settings.root, "staging")
-    os.makedirs(root, exist_ok=True)
-    return root
