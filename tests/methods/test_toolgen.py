@@ -13,11 +13,11 @@ from components.data import open_dataset
 from components.data.quickstart import generate_quickstart
 from components.data.splits import prepare_splits
 from components.data.tooltext import TOOL_FIELDS
+from components.generative import sequences as td
 from components.generative.hallucination import hallucination_rate
 from components.generative.lm import LMSpec, build_causal_lm, save_causal_lm
 from components.generative.tool_tokens import ToolCodebook, name_embedding_rows
 from components.methods import load
-from components.methods.toolgen import data as td
 from components.methods.toolgen.method import ToolGenMethod
 from components.methods.toolgen.task import STAGE_FILE, ToolGenTask
 from components.metrics import evaluate_retrieval

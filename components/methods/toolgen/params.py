@@ -2,79 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
-from components.data.tooltext import TOOL_FIELDS
-from components.metrics import check_select_metric
+from components.generative.params import LM_STAGES, CodeLMParams
 
-# Stage order: an LM warm-up on plain text (only when the LM is built here from scratch), then
-# ToolGen's three stages (arXiv 2410.03439, Sec. 3.2). Each is one Ray Train run.
-STAGES = ("warmup", "memorization", "retrieval", "agent")
-
-# Per-stage loop settings; ``max_examples`` caps the stage's examples (a seeded sample).
-DEFAULT_STAGES: dict[str, dict[str, Any]] = {
-    "warmup": {"epochs": 1, "lr": 1.0e-3, "batch_size": 64, "max_examples": 6000},
-    # A 4-layer, 256-wide Llama (constant AdamW lr): at 1e-3 memorization stayed at chance on ToolLens
-    # and 2e-3 broke retrieval; 2.5e-4-3e-4 learn both (valid split).
-    "memorization": {"epochs": 12, "lr": 3.0e-4, "batch_size": 16},
-    # Valid N@3 on ToolLens rose 0.80 -> 0.87 -> 0.91 over 3 epochs (benchmarks/results/toollens_toolgen*).
-    "retrieval": {"epochs": 6, "lr": 2.5e-4, "batch_size": 32},
-    "agent": {"epochs": 1, "lr": 1.0e-4, "batch_size": 32, "max_examples": 2000},
-}
-STAGE_KEYS = {"epochs", "lr", "batch_size", "weight_decay", "max_examples"}
+STAGES = LM_STAGES
 
 
 @dataclass
-class ToolGenParams:
-    """ToolGen settings.
+class ToolGenParams(CodeLMParams):
+    """ToolGen settings: exactly the shared code-LM settings (see :class:`CodeLMParams`); a tool's
+    code is one new vocabulary token."""
 
-    Attributes:
-        lm: :class:`components.generative.lm.LMSpec` fields; ``name_or_path`` loads a hub model
-            (``llama-3-8b`` as in the paper, ``qwen2.5-0.5b``...), else a small Llama is built here.
-        stages: Per-stage ``epochs``, ``lr``, ``batch_size``, ``weight_decay``, ``max_examples``,
-            merged over :data:`DEFAULT_STAGES`; ``epochs: 0`` skips a stage.
-        agent_replay: Retrieval examples mixed into agent tuning, per trajectory, so that the
-            query -> tool prompt is not forgotten while the agent format is learned (0 disables).
-        decoding: ``constrained`` (trie beam search, only real tools) or ``unconstrained``
-            (free beam search; outputs that name no tool are dropped and counted as hallucinations).
-        num_beams: Beams for retrieval (at least ``k`` are used).
-        valid_queries: Cap on valid queries scored per epoch for checkpoint choice (None = all).
-        perplexity_texts: Valid queries whose perplexity is reported before/after (0 skips it).
-    """
-
-    lm: dict[str, Any] = field(default_factory=dict)
-    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tool_fields: tuple[str, ...] = TOOL_FIELDS
-    document_max_length: int = 96
-    query_max_length: int = 48
-    trajectory_max_length: int = 160
-    agent_replay: float = 1.0
-    decoding: str = "constrained"
-    num_beams: int = 10
-    free_max_new_tokens: int = 4
-    eval_batch_size: int = 64
-    valid_queries: int | None = None
-    agent_valid_queries: int = 300
-    perplexity_texts: int = 500
-    select_metric: str = "ndcg@3"
-    progress: bool = False
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.stages) - set(STAGES))
-        if unknown:
-            raise ValueError(f"toolgen: unknown stages {unknown}; stages are {list(STAGES)}")
-        merged = {}
-        for stage in STAGES:
-            given = dict(self.stages.get(stage) or {})
-            bad = sorted(set(given) - STAGE_KEYS)
-            if bad:
-                raise ValueError(
-                    f"toolgen: unknown {stage} settings {bad}; expected some of {sorted(STAGE_KEYS)}"
-                )
-            merged[stage] = {**DEFAULT_STAGES[stage], **given}
-        self.stages = merged
-        self.tool_fields = tuple(self.tool_fields)
-        check_select_metric("toolgen", self.select_metric)
-        if self.decoding not in ("constrained", "unconstrained"):
-            raise ValueError(f"toolgen: decoding must be constrained or unconstrained, got {self.decoding!r}")
+    method: ClassVar[str] = "toolgen"

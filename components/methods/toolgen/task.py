@@ -1,166 +1,25 @@
-"""ToolGen's training stages, built inside each Ray Train worker (see ``StageTask``).
+"""ToolGen's LM stages: the shared code-LM task, with each tool's one token added in the worker.
 
-Every stage starts from the previous stage's output directory (``init_dir``): the warm-up from
-the LM built by the driver (or a hub checkpoint), memorization from the warm-up, and so on. From
-memorization on, ``build_model`` gives every known tool its token (ToolGen's tool virtualisation,
-arXiv 2410.03439, Sec. 3.1); the step is idempotent, so later stages find the tokens in place.
+From memorization on, ``build_model`` gives every known tool its token (ToolGen's tool
+virtualisation, arXiv 2410.03439, Sec. 3.1); the step is idempotent, so later stages find the
+tokens in place.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import random
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-import ray
-import torch
+from components.generative import sequences as td
+from components.generative.task import STAGE_FILE, CodeLMTask
+from components.generative.tool_tokens import ToolCodebook, add_tool_tokens
 
-from components.data import io
-from components.data.types import Dataset
-from components.generative.bundle import load_bundle, save_bundle
-from components.generative.constrained import constrained_top_k
-from components.generative.lm import lm_spec_from
-from components.generative.perplexity import perplexity
-from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
-from components.generative.tool_tokens import add_tool_tokens
-from components.methods.toolgen import data as td
-from components.methods.toolgen.params import ToolGenParams
-from components.metrics import EPOCH_METRICS, evaluate_retrieval
-from components.training.spec import StageConfig
-from components.training.task import StageTask
-
-STAGE_FILE = "toolgen_stage.json"
+__all__ = ["STAGE_FILE", "ToolGenTask"]
 
 
-class ToolGenTask(StageTask):
-    """One ToolGen stage (``config.stage``): data, loss, validation and the saved output."""
+class ToolGenTask(CodeLMTask):
+    """One ToolGen stage (``config.stage``): the shared LM stage with atomic tool tokens."""
 
-    def __init__(self, config: StageConfig) -> None:
-        self.config = config
-        self.stage: str = config.stage
-        self.params: ToolGenParams = config.params
-        self.settings = self.params.stages[self.stage]
-        data = config.inputs.dataset
-        self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
-        self.seed = int(config.seed)
-        self.tools = td.known_tools(self.data)
-        self.examples: list[LMExample] = []
-
-    def build_model(self) -> TargetedLM:
-        dtype = lm_spec_from(self.params.lm).dtype
-        assert self.config.inputs.init_dir is not None, "every ToolGen stage starts from a saved LM"
-        source = io.fetch(self.config.inputs.init_dir, self.config.storage_options)
-        lm, self.tokenizer, self.codebook = load_bundle(source, dtype)
-        if self.stage != "warmup":
-            add_tool_tokens(lm, self.tokenizer, td.tool_names(self.data.corpus, self.tools), self.codebook)
-        self.prompter = td.Prompter(self.tokenizer)
-        self.pad_id = self.tokenizer.pad_token_id
-        # Examples need the tokenizer (and the tool tokens), so they are built here, once.
-        self.examples = self._examples()
-        return TargetedLM(lm)
-
-    def _sample(self, items: list, limit: int | None) -> list:
-        if limit is None or len(items) <= limit:
-            return items
-        return random.Random(self.seed).sample(items, limit)
-
-    def _examples(self) -> list[LMExample]:
-        p, limit = self.params, self.settings.get("max_examples")
-        if self.stage == "warmup":
-            texts = td.warmup_texts(self.data, self.tools, p.tool_fields, limit, self.seed)
-            encoded = self.tokenizer(texts, truncation=True, max_length=p.document_max_length)["input_ids"]
-            return [LMExample.language_model(ids) for ids in encoded if len(ids) > 1]
-        if self.stage == "memorization":
-            docs = td.tool_documents(self.data.corpus, self.tools, p.tool_fields)
-            return self._sample(
-                td.memorization_examples(self.prompter, docs, self.codebook, p.document_max_length), limit
-            )
-        retrieval = td.retrieval_examples(
-            self.prompter, self.data.queries, self.data.qrels["train"], self.codebook, p.query_max_length
-        )
-        if self.stage == "retrieval":
-            return self._sample(retrieval, limit)
-        trajectories = td.agent_examples(
-            self.prompter, self.data, "train", self.codebook, p.trajectory_max_length, limit, self.seed
-        )
-        agent = [e for e, _, _ in trajectories]
-        replay = self._sample(retrieval, round(p.agent_replay * len(trajectories)))
-        # A trajectory has ~20x the targets of a retrieval example; weigh each replayed query as
-        # much as one trajectory, or the replay barely counts in the per-target mean loss.
-        per_trajectory = sum(len(e.targets) for e in agent) / max(len(agent), 1)
-        for example in replay:
-            example.weight = per_trajectory / len(example.targets)
-        return agent + replay
-
-    def train_data(self) -> list[LMExample]:
-        return self.examples
-
-    def collate(self, items: list[LMExample]) -> dict[str, torch.Tensor]:
-        return collate_examples(items, self.pad_id)
-
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return targets_loss(model, batch)
-
-    def validate(self, model: torch.nn.Module) -> dict[str, float]:
-        """Valid-split metrics; ``score`` ranks the stage's checkpoints (higher is better)."""
-        p = self.params
-        if self.stage == "warmup":
-            ppl = perplexity(
-                model.lm, self.tokenizer, self._valid_texts(), p.query_max_length, p.eval_batch_size
-            )
-            return {"perplexity": ppl, "score": -ppl}
-        if self.stage == "memorization":
-            accuracy = self.memorization_accuracy(model)
-            return {"memorization_acc": accuracy, "score": accuracy}
-        out = self.retrieval_metrics(model)
-        if self.stage == "retrieval":
-            return {**out, "score": out[p.select_metric]}
-        out["agent_tool_acc"] = self.agent_accuracy(model)
-        # Agent tuning serves both uses of the model, so its checkpoints are ranked by both.
-        return {**out, "score": (out["agent_tool_acc"] + out[p.select_metric]) / 2}
-
-    def _valid_texts(self) -> list[str]:
-        qids = list(self.data.qrels["valid"])[: self.params.perplexity_texts or None]
-        return [self.data.queries[q] for q in qids]
-
-    def memorization_accuracy(self, model: TargetedLM) -> float:
-        """Share of tool documents whose constrained top-1 tool is their own tool."""
-        docs = td.tool_documents(self.data.corpus, self.tools, self.params.tool_fields)
-        prompts = [self.prompter.memorization(d, self.params.document_max_length) for d in docs.values()]
-        hits = constrained_top_k(model, prompts, self.codebook.trie(self.tools), 1, self.pad_id)
-        return sum(bool(h) and h[0][0] == t for t, h in zip(docs, hits, strict=True)) / max(len(docs), 1)
-
-    def retrieval_metrics(self, model: TargetedLM) -> dict[str, float]:
-        """Constrained retrieval on (a prefix of) the valid queries: recall@3/5, ndcg@3."""
-        qrels = dict(list(self.data.qrels["valid"].items())[: self.params.valid_queries])
-        qids = list(qrels)
-        prompts = [self.prompter.retrieval(self.data.queries[q], self.params.query_max_length) for q in qids]
-        hits = constrained_top_k(
-            model,
-            prompts,
-            self.codebook.trie(self.tools),
-            5,
-            self.pad_id,
-            batch_size=self.params.eval_batch_size,
-        )
-        metrics = evaluate_retrieval(qrels, {q: dict(h) for q, h in zip(qids, hits, strict=True)}, (3, 5))
-        return {m: metrics[m] for m in EPOCH_METRICS}
-
-    def agent_accuracy(self, model: TargetedLM) -> float:
-        """Teacher-forced agent steps: share of ``Action:`` positions whose top-1 tool is the gold one."""
-        p = self.params
-        trajectories = td.agent_examples(
-            self.prompter, self.data, "valid", self.codebook, p.trajectory_max_length, p.agent_valid_queries
-        )
-        prompts, gold = [], []
-        for example, positions, tools in trajectories:
-            prompts += [example.ids[: pos + 1] for pos in positions]
-            gold += tools
-        hits = constrained_top_k(model, prompts, self.codebook.trie(self.tools), 1, self.pad_id)
-        return sum(bool(h) and h[0][0] == g for g, h in zip(gold, hits, strict=True)) / max(len(gold), 1)
-
-    def save_model(self, model: torch.nn.Module, path: str) -> None:
-        save_bundle(model.lm, self.tokenizer, self.codebook, path)
-        # Provenance: which stage wrote this and what it started from (the previous stage's output).
-        with open(os.path.join(path, STAGE_FILE), "w") as f:
-            json.dump({"stage": self.stage, "init_dir": self.config.inputs.init_dir}, f)
+    def add_codes(
+        self, lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, codebook: ToolCodebook
+    ) -> None:
+        add_tool_tokens(lm, tokenizer, td.tool_names(self.data.corpus, self.tools), codebook)

@@ -1,4 +1,4 @@
-"""ToolGen's training sequences: warm-up text, memorization, retrieval and agent trajectories.
+"""Training sequences of code-generating LMs: warm-up text, memorization, retrieval, agent steps.
 
 ToolGen (arXiv 2410.03439, Sec. 3.2) fine-tunes in three stages: *memorization* (tool document ->
 its tool token), *retrieval* (query -> the tokens of the tools it needs) and *end-to-end agent
@@ -13,7 +13,8 @@ so they are built here from each training query's tools and their parameter sche
     Thought: I have what I need.
     Action: Finish</s>
 
-Prompts are built by one function per format, used both in training and at inference, so the
+ToolWeaver (arXiv 2601.21947) trains on the same sequences with a multi-token code in place of
+the tool token. Prompts are built by one function per format, used both in training and at inference, so the
 model always sees the same cue before a tool position.
 """
 

@@ -1,0 +1,95 @@
+"""Settings every code-generating retriever shares (ToolGen, ToolWeaver): the LM, its stages, prompts.
+
+Both methods fine-tune a causal LM through the same stages (ToolGen, arXiv 2410.03439, Sec. 3.2:
+memorization, retrieval, agent tuning; ToolWeaver, arXiv 2601.21947, keeps them with multi-token
+codes), after a plain-text warm-up when the LM is built here from scratch. A method's own params
+dataclass subclasses :class:`CodeLMParams`, naming itself (``method``) and adding its own fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from components.data.tooltext import TOOL_FIELDS
+from components.metrics import check_select_metric
+
+# Stage order: an LM warm-up on plain text (only when the LM is built here from scratch), then
+# the three fine-tuning stages. Each is one Ray Train run.
+LM_STAGES = ("warmup", "memorization", "retrieval", "agent")
+
+# Per-stage loop settings; ``max_examples`` caps the stage's examples (a seeded sample).
+DEFAULT_STAGES: dict[str, dict[str, Any]] = {
+    "warmup": {"epochs": 1, "lr": 1.0e-3, "batch_size": 64, "max_examples": 6000},
+    # A 4-layer, 256-wide Llama (constant AdamW lr): at 1e-3 memorization stayed at chance on ToolLens
+    # and 2e-3 broke retrieval; 2.5e-4-3e-4 learn both (valid split).
+    "memorization": {"epochs": 12, "lr": 3.0e-4, "batch_size": 16},
+    # Valid N@3 on ToolLens rose 0.80 -> 0.87 -> 0.91 over 3 epochs (benchmarks/results/toollens_toolgen*).
+    "retrieval": {"epochs": 6, "lr": 2.5e-4, "batch_size": 32},
+    "agent": {"epochs": 1, "lr": 1.0e-4, "batch_size": 32, "max_examples": 2000},
+}
+STAGE_KEYS = {"epochs", "lr", "batch_size", "weight_decay", "max_examples"}
+
+
+@dataclass
+class CodeLMParams:
+    """Settings of an LM that retrieves tools by generating their codes.
+
+    Attributes:
+        lm: :class:`components.generative.lm.LMSpec` fields; ``name_or_path`` loads a hub model
+            (``llama-3-8b`` as in the paper, ``smollm2-135m``...), else a small Llama is built here.
+        stages: Per-stage ``epochs``, ``lr``, ``batch_size``, ``weight_decay``, ``max_examples``,
+            merged over the class's ``DEFAULT_STAGES``; ``epochs: 0`` skips a stage.
+        agent_replay: Retrieval examples mixed into agent tuning, per trajectory, so that the
+            query -> tool prompt is not forgotten while the agent format is learned (0 disables).
+        decoding: ``constrained`` (trie beam search, only real tools) or ``unconstrained``
+            (free beam search; outputs that name no tool are dropped and counted as hallucinations).
+        num_beams: Beams for retrieval (at least ``k`` are used).
+        free_max_new_tokens: Longest free (unconstrained) output, in tokens.
+        valid_queries: Cap on valid queries scored per epoch for checkpoint choice (None = all).
+        perplexity_texts: Valid queries whose perplexity is reported before/after (0 skips it).
+    """
+
+    method: ClassVar[str] = "codelm"
+    STAGES: ClassVar[tuple[str, ...]] = LM_STAGES
+    DEFAULT_STAGES: ClassVar[dict[str, dict[str, Any]]] = DEFAULT_STAGES
+    STAGE_KEYS: ClassVar[set[str]] = STAGE_KEYS
+
+    lm: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tool_fields: tuple[str, ...] = TOOL_FIELDS
+    document_max_length: int = 96
+    query_max_length: int = 48
+    trajectory_max_length: int = 160
+    agent_replay: float = 1.0
+    decoding: str = "constrained"
+    num_beams: int = 10
+    free_max_new_tokens: int = 4
+    eval_batch_size: int = 64
+    valid_queries: int | None = None
+    agent_valid_queries: int = 300
+    perplexity_texts: int = 500
+    select_metric: str = "ndcg@3"
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.stages) - set(self.STAGES))
+        if unknown:
+            raise ValueError(f"{self.method}: unknown stages {unknown}; stages are {list(self.STAGES)}")
+        merged = {}
+        for stage in self.STAGES:
+            given = dict(self.stages.get(stage) or {})
+            bad = sorted(set(given) - self.STAGE_KEYS)
+            if bad:
+                raise ValueError(
+                    f"{self.method}: unknown {stage} settings {bad}; "
+                    f"expected some of {sorted(self.STAGE_KEYS)}"
+                )
+            merged[stage] = {**self.DEFAULT_STAGES[stage], **given}
+        self.stages = merged
+        self.tool_fields = tuple(self.tool_fields)
+        check_select_metric(self.method, self.select_metric)
+        if self.decoding not in ("constrained", "unconstrained"):
+            raise ValueError(
+                f"{self.method}: decoding must be constrained or unconstrained, got {self.decoding!r}"
+            )
