@@ -1,13 +1,16 @@
-"""ToolGen on ToolLens: the bench rows plus what the paper's questions need (arXiv 2410.03439).
+"""ToolGen or ToolWeaver on ToolLens: the bench rows plus what the papers' questions need.
 
-For each split mode (standard, cold start) ToolGen is trained once, every stage a Ray Train run
-whose checkpoints are chosen on valid, then these rows are scored on valid / test (/ test_unseen):
+ToolGen (arXiv 2410.03439) and ToolWeaver (arXiv 2601.21947) share the LM stages; the config's
+entry names which (``--entry``; its ``method``, else the entry name). For each split mode (standard,
+cold start) the method is trained once, every stage a Ray Train run whose checkpoints are chosen on
+valid, then these rows are scored on valid / test (/ test_unseen), ``<m>`` the method's name:
 
-* ``toolgen``: all stages, constrained beam search (what ``retrieve`` does);
-* ``toolgen_unconstrained``: all stages, free beam search through ``generate`` (outputs naming no
+* ``<m>``: all stages, constrained beam search (what ``retrieve`` does);
+* ``<m>_unconstrained``: all stages, free beam search through ``generate`` (outputs naming no
   tool are dropped from the ranking and counted in ``hallucination``);
-* ``toolgen_retrieval_stage``: the model after the retrieval stage alone (before agent tuning);
-* ``toolgen_untrained``: the warmed-up LM with tool tokens initialised from names, no ToolGen stage.
+* ``<m>_retrieval_stage``: the model after the retrieval stage alone (before agent tuning);
+* ``<m>_untrained``: the warmed-up LM with codes added but no tool stage (ToolGen's tool tokens
+  initialised from names; ToolWeaver's code tokens from the mean row).
 
 ``hallucination`` is the share of generated beams that name no real tool; on the constrained row it
 is measured through the same ``generate`` call with the trie constraint. Perplexity of held-out
@@ -16,6 +19,7 @@ notes. Dense rows from ``toollens_dense*.json`` are copied in for comparison whe
 
     python benchmarks/toolgen.py [--config workflows/configs/toollens_toolgen.yaml] \\
         [--modes standard cold_start] [--entry toolgen]
+    python benchmarks/toolgen.py --config workflows/configs/toollens_toolweaver.yaml --entry toolweaver
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from components import methods
-from components.config import load_yaml, merge
+from components.config import load_file, load_yaml, merge
 from components.data import Dataset, dataset_from_config
 from components.generative.hallucination import hallucination_rate, outputs_to_results
-from components.methods.toolgen.method import ToolGenMethod
+from components.methods.codelm import CodeLMMethod
 from components.metrics import DEFAULT_KS, evaluate_retrieval
 from workflows.bench import report_splits, split_rows
 from workflows.ray_env import init_ray
@@ -48,7 +52,7 @@ DENSE = {"standard": "toollens_dense.json", "cold_start": "toollens_dense_cold_s
 LOAD_START = os.getloadavg()[0]  # other jobs on the machine inflate the stage timings
 
 
-def free_rows(method: ToolGenMethod, data: Dataset, label: str, constrained: bool) -> list[dict[str, Any]]:
+def free_rows(method: CodeLMMethod, data: Dataset, label: str, constrained: bool) -> list[dict[str, Any]]:
     """Rows from ``generate`` beams: retrieval metrics of the real tools named, and the hallucination rate."""
     rows = []
     for split in report_splits(data):
@@ -69,26 +73,30 @@ def free_rows(method: ToolGenMethod, data: Dataset, label: str, constrained: boo
 
 
 def run_mode(cfg: dict[str, Any], mode: str, name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Train the ToolGen entry ``name`` on one split mode; every row and the diagnostics."""
+    """Train the entry ``name`` on one split mode; every row and the diagnostics."""
     cfg = merge(cfg, {"splits": {"mode": mode}})
     data = dataset_from_config(cfg)
     entry = cfg["bench"]["methods"][name]
-    method = methods.build("toolgen", entry.get("params"))
-    assert isinstance(method, ToolGenMethod)
-    run = run_spec(cfg, f"{data.name}-toolgen-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
+    kind = entry.get("method", name)
+    method = methods.build(kind, entry.get("params"))
+    assert isinstance(method, CodeLMMethod), f"{kind} does not retrieve by generating codes"
+    run = run_spec(cfg, f"{data.name}-{kind}-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
     trained = fit_method(method, data, run)
     suffix = "" if mode == "standard" else f" [{mode}]"
-    rows = split_rows(method, data, f"toolgen{suffix}")
+    rows = split_rows(method, data, f"{kind}{suffix}")
     # The constrained row's hallucination rate: the same generate call as below, plus the trie.
     for row, free in zip(rows, free_rows(method, data, "", constrained=True), strict=True):
         row["metrics"]["hallucination_rate"] = free["metrics"]["hallucination_rate"]
         row["metrics"]["generate_recall@3"] = free["metrics"]["recall@3"]
-    rows += free_rows(method, data, f"toolgen_unconstrained{suffix}", constrained=False)
+    rows += free_rows(method, data, f"{kind}_unconstrained{suffix}", constrained=False)
     params = entry.get("params") or {}
-    for label, stage_dir in (("toolgen_retrieval_stage", "retrieval"), ("toolgen_untrained", "warmup")):
-        other = ToolGenMethod.from_dir(method.stage_dirs[stage_dir], params)
-        other.index(data.corpus)  # the untrained one gets every tool token here, from names
-        rows += split_rows(other, data, f"{label}{suffix}")
+    # ToolWeaver's untrained row starts from the bundle with its code tokens (before memorization).
+    untrained = getattr(method, "coded_dir", None) or method.stage_dirs["warmup"]
+    for label, stage_dir in (("retrieval_stage", method.stage_dirs["retrieval"]), ("untrained", untrained)):
+        other = type(method).from_dir(stage_dir, params)
+        other.share_codes(method)
+        other.index(data.corpus)  # tools without a code get one here (ToolGen: from their names)
+        rows += split_rows(other, data, f"{kind}_{label}{suffix}")
     for row in rows:
         row["train_seconds"] = trained["train_seconds"]
         row["config"] = method.config()  # the stage-only rows are stages of this configuration
@@ -97,6 +105,8 @@ def run_mode(cfg: dict[str, Any], mode: str, name: str) -> tuple[list[dict[str, 
         "train_seconds": trained["train_seconds"],
         "known_tools": len(method.codebook) - len(method.added_after_training),
         "added_after_training": len(method.added_after_training),
+        "added_tokens": method.added_tokens(),
+        **({"cold_start": dict(method.cold_start)} if hasattr(method, "cold_start") else {}),
     }
     return rows, diagnostics
 
@@ -114,6 +124,41 @@ def dense_rows(mode: str) -> list[dict[str, Any]]:
         for r in report["results"]
         if r["method"].startswith("dense") and r["split"] != "valid"
     ]
+
+
+def codes_notes(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
+    """ToolWeaver's code statistics per split mode (nothing for ToolGen)."""
+    rows = []
+    for mode, d in diagnostics.items():
+        codes = d["stages"].get("codes")
+        if not codes:
+            continue
+        cold = d.get("cold_start", {})
+        rows.append(
+            [
+                mode,
+                f"{codes['tools']:.0f}",
+                f"{codes['collision_rate_before_pass']:.4f}",
+                f"{codes['collision_rate_after_pass']:.4f}",
+                f"{codes['first_level_codes_used']:.0f}",
+                f"{codes['co_used_first_level_shared']:.4f}",
+                f"{cold.get('tools', 0):.0f}",
+                f"{cold.get('collided_before_pass', 0):.0f}",
+            ]
+        )
+    if not rows:
+        return []
+    header = [
+        "split mode",
+        "tools coded",
+        "collision rate before pass",
+        "after pass",
+        "first-level codes used",
+        "co-used pairs sharing first code (weighted)",
+        "tools coded after training",
+        "of which collided before the pass",
+    ]
+    return ["", *md_table(header, rows)]
 
 
 def notes(diagnostics: dict[str, dict[str, Any]]) -> str:
@@ -137,6 +182,7 @@ def notes(diagnostics: dict[str, dict[str, Any]]) -> str:
             f"{d['stages']['agent'].get('perplexity_after', nan):.2f}",
             f"{d['stages']['warmup'].get('vocab_before', 0):.0f}",
             f"{d['stages']['agent'].get('vocab_size', 0):.0f}",
+            str(d.get("added_tokens", "")),
             str(d["added_after_training"]),
             f"{d['train_seconds']:.0f}",
         ]
@@ -157,6 +203,7 @@ def notes(diagnostics: dict[str, dict[str, Any]]) -> str:
                 "perplexity after",
                 "vocab before",
                 "vocab after",
+                "tokens added",
                 "tools added after training",
                 "train seconds",
             ],
@@ -164,7 +211,8 @@ def notes(diagnostics: dict[str, dict[str, Any]]) -> str:
         ),
         "",
         "Perplexity: valid query text under the LM after the plain-text warm-up (before tool tokens)",
-        "and after all ToolGen stages (tool tokens in the softmax), over the first 500 valid queries.",
+        "and after all stages (tool or code tokens in the softmax), over the first 500 valid queries.",
+        *codes_notes(diagnostics),
     ]
     return "\n".join(lines) + "\n"
 
@@ -182,7 +230,7 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    cfg = merge(load_yaml(os.path.join(ROOT, "workflows", "configs", "default.yaml")), load_yaml(args.config))
+    cfg = merge(load_yaml(os.path.join(ROOT, "workflows", "configs", "default.yaml")), load_file(args.config))
     init_ray({**(cfg.get("ray") or {}), "num_cpus": 2, "progress_bars": False})
     started = time.perf_counter()
     results, diagnostics = [], {}

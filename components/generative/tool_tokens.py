@@ -6,7 +6,7 @@ per tool. Each new row starts as the mean of the embeddings of the tokens that s
 name, so a freshly added tool already sits near the words that describe it; this is also how tools
 added after training become usable without retraining.
 
-A tool's *code* is the token-id sequence that names it; here codes have length 1. ToolWeaver's
+A tool's *code* is the token-id sequence that names it: length 1 here; ToolWeaver's
 multi-token codes reuse :class:`ToolCodebook` with longer sequences.
 """
 
@@ -134,3 +134,44 @@ def add_tool_tokens(
     for t, i in zip(new, ids, strict=True):
         codebook.add(t, (i,))
     return codebook
+
+
+def code_token(level: int, code: int) -> str:
+    """The token of code ``code`` at level ``level`` (0-based), ``<T1_17>`` style as in ToolWeaver."""
+    return f"<T{level + 1}_{code}>"
+
+
+@torch.no_grad()
+def add_code_tokens(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, levels: int, size: int
+) -> list[list[int]]:
+    """Add ``levels`` × ``size`` shared code tokens (ToolWeaver, arXiv 2601.21947); idempotent.
+
+    A tool is then spelled by one token per level, so the vocabulary grows by L×K rows however many
+    tools there are. The new rows have no name to start from, so they are sampled around the mean
+    of the existing rows with each coordinate's spread (the idea of Hugging Face's
+    ``mean_resizing``, with a diagonal covariance): every code starts as an ordinary, equally likely
+    token, and the stages tell them apart. Seed torch for reproducible rows.
+
+    Returns:
+        ``ids[level][code]``: the token id of each code.
+    """
+    tokens = [code_token(level, code) for level in range(levels) for code in range(size)]
+    missing = [t for t in tokens if t not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_tokens(missing)
+        tables = [model.get_input_embeddings().weight]
+        output_layer = model.get_output_embeddings()
+        if output_layer is not None and output_layer.weight is not tables[0]:
+            tables.append(output_layer.weight)
+        stats = [(t.detach().mean(0), t.detach().std(0)) for t in tables]
+        old = tables[0].shape[0]
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        tables = [model.get_input_embeddings().weight] + (
+            [model.get_output_embeddings().weight] if len(stats) > 1 else []
+        )
+        for table, (mean, std) in zip(tables, stats, strict=True):
+            rows = table.shape[0] - old
+            table[old:] = mean + std * torch.randn(rows, table.shape[1], dtype=table.dtype)
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    return [ids[level * size : (level + 1) * size] for level in range(levels)]

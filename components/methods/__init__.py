@@ -17,6 +17,7 @@ REGISTRY: dict[str, str] = {
     "dense": "components.methods.dense.method:DenseMethod",
     "masstool": "components.methods.masstool.method:MassToolMethod",
     "toolgen": "components.methods.toolgen.method:ToolGenMethod",
+    "toolweaver": "components.methods.toolweaver.method:ToolWeaverMethod",
 }
 
 __all__ = ["CAPABILITIES", "REGISTRY", "Method", "artifact_method", "build", "load", "method_class"]

@@ -84,6 +84,17 @@ class CodeLMMethod:
         """How many tokens the method added to the LM's vocabulary."""
         raise NotImplementedError
 
+    def share_codes(self, trained: CodeLMMethod) -> None:
+        """Take what ``trained`` (the same method after its stages) uses to code new tools, so that
+        a model from one of its stage directories can index tools added later; a no-op here."""
+
+    def save_extra(self, path: str) -> dict[str, Any]:
+        """Write what the method keeps besides the LM bundle; returns extra ``config.json`` keys."""
+        return {}
+
+    def load_extra(self, path: str, config: dict[str, Any]) -> None:
+        """The inverse of :meth:`save_extra`."""
+
     def before_stage(
         self, stage: str, init: str, source: str, data: Dataset, run: RunSpec
     ) -> tuple[str, str]:
@@ -263,6 +274,7 @@ class CodeLMMethod:
                 "tool_names": self._names,
                 "added_after_training": self.added_after_training,
                 "report": self.report,
+                **self.save_extra(path),
             },
         )
         save_bundle(self._lm, self._tokenizer, self.codebook, os.path.join(path, "lm"))
@@ -275,5 +287,6 @@ class CodeLMMethod:
         method._names = config["tool_names"]
         method.added_after_training = config.get("added_after_training", [])
         method.report = config.get("report", {})
+        method.load_extra(path, config)
         method._trie = method.codebook.trie(method.tool_ids)
         return method

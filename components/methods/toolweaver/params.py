@@ -1,0 +1,86 @@
+"""Hyper-parameters of ToolWeaver (the ``method.params`` config section), shared by driver and workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from components.encoders.text_encoder import EncoderSpec, spec_from
+from components.generative.params import DEFAULT_STAGES, LM_STAGES, CodeLMParams
+
+# The quantizer stage ("codes") runs first; the LM stages are ToolGen's (see CodeLMParams).
+STAGES = ("codes", *LM_STAGES)
+# One quantizer "epoch" is ``passes_per_epoch`` passes over the tools: a few hundred tools make a
+# couple of batches, and a checkpoint plus validation per couple of steps would cost more than them.
+TOOLWEAVER_STAGES: dict[str, dict[str, Any]] = {
+    "codes": {"epochs": 8, "lr": 1.0e-3, "batch_size": 256},
+    **DEFAULT_STAGES,
+}
+NORMALISATIONS = ("symmetric", "row", "none")
+
+
+@dataclass
+class ToolWeaverParams(CodeLMParams):
+    """ToolWeaver settings: the shared code-LM settings plus the tool vectors and the quantizer.
+
+    Attributes:
+        encoder: The pretrained text encoder that embeds each tool's text (``minilm``: the paper
+            uses all-mpnet-base-v2; any ``from_pretrained`` name or local directory).
+        encoder_max_length: Tokens of tool text the encoder reads.
+        embed_actors: Ray Data actors embedding the catalog in parallel.
+        levels: L, codebooks (code length in tokens).
+        codebook_size: K, codes per codebook; L×K new tokens, K^L addresses.
+        hidden_dims / latent_dim: The quantizer's MLP encoder (mirrored by its decoder).
+        beta: Commitment weight of the residual quantizer.
+        collab_weight: λ, weight of the co-occurrence term Σ A_uv ‖ẑ_u − ẑ_v‖².
+        cooccurrence_norm: How the tool–tool counts A are normalised: ``symmetric``
+            (D^-1/2 A D^-1/2, the normalised-Laplacian weights), ``row`` (D^-1 A) or ``none``.
+        sinkhorn_epsilon: ε, entropy of Sinkhorn–Knopp balancing at the last level (0 disables:
+            plain nearest-code assignment).
+        sinkhorn_iters: Sinkhorn–Knopp iterations.
+        kmeans_iters: k-means iterations of the codebook initialisation on the first batch.
+        passes_per_epoch: Passes over the tools per quantizer epoch (see ``TOOLWEAVER_STAGES``).
+    """
+
+    method: ClassVar[str] = "toolweaver"
+    STAGES: ClassVar[tuple[str, ...]] = STAGES
+    DEFAULT_STAGES: ClassVar[dict[str, dict[str, Any]]] = TOOLWEAVER_STAGES
+
+    encoder: dict[str, Any] | str = field(default_factory=lambda: {"name_or_path": "minilm"})
+    encoder_max_length: int = 128
+    embed_actors: int = 1
+    levels: int = 2
+    codebook_size: int = 32
+    hidden_dims: tuple[int, ...] = (256, 128)
+    latent_dim: int = 64
+    beta: float = 0.25
+    collab_weight: float = 0.1
+    cooccurrence_norm: str = "symmetric"
+    sinkhorn_epsilon: float = 0.03
+    sinkhorn_iters: int = 50
+    kmeans_iters: int = 20
+    passes_per_epoch: int = 50
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.hidden_dims = tuple(int(h) for h in self.hidden_dims)
+        spec = self.encoder_spec()  # validates the encoder section on the driver
+        if not spec.name_or_path:
+            raise ValueError("toolweaver: encoder.name_or_path is required (e.g. 'minilm')")
+        if self.levels < 1 or self.codebook_size < 2:
+            raise ValueError(
+                "toolweaver: levels must be >= 1 and codebook_size >= 2, "
+                f"got {self.levels}, {self.codebook_size}"
+            )
+        if self.collab_weight < 0 or self.sinkhorn_epsilon < 0 or self.beta < 0:
+            raise ValueError("toolweaver: collab_weight, sinkhorn_epsilon and beta must be >= 0")
+        if self.cooccurrence_norm not in NORMALISATIONS:
+            raise ValueError(
+                f"toolweaver: cooccurrence_norm must be one of {NORMALISATIONS}, "
+                f"got {self.cooccurrence_norm!r}"
+            )
+
+    def encoder_spec(self) -> EncoderSpec:
+        spec = spec_from(self.encoder)
+        spec.max_length = self.encoder_max_length
+        return spec

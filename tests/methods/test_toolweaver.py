@@ -1,0 +1,297 @@
+"""ToolWeaver: the collaborative RQ-VAE, Sinkhorn balancing, the collision pass, the code tokens,
+Ray Train stages end to end, constrained retrieval, cold start and save/load."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from components.data import open_dataset
+from components.data.quickstart import generate_quickstart
+from components.encoders.batch_embed import embed_local, load_encoder
+from components.generative import sequences as td
+from components.generative.constrained import constrained_top_k
+from components.generative.hallucination import hallucination_rate
+from components.generative.lm import train_bpe
+from components.generative.targeted import TargetedLM
+from components.generative.tool_tokens import ToolCodebook, add_code_tokens, code_token
+from components.methods import load
+from components.methods.toolweaver.codes import assign, collision_rate, resolve_collisions
+from components.methods.toolweaver.method import QUANTIZER_TASK, ToolWeaverMethod, normalise
+from components.methods.toolweaver.model import RQVAE, QuantizerConfig
+from components.methods.toolweaver.params import ToolWeaverParams
+from components.methods.toolweaver.task import COOCCURRENCE, TOOLS, VECTORS
+from components.metrics import evaluate_retrieval
+from components.training.checkpoints import STAGE_OUTPUT
+from components.training.loop import train_in_process
+from components.training.spec import RunSpec, StageConfig, StageInputs
+from workflows.train import fit_method
+
+# --- the quantizer, trained in process by the same task Ray Train runs -------------------------
+
+
+def hierarchical_vectors(groups: int, members: int, dim: int = 32, seed: int = 0) -> np.ndarray:
+    """Unit vectors in ``groups`` clusters of ``members`` sub-clusters of 3 points each: structure
+    that a coarse-then-fine code fits and a flat codebook of the same size cannot."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(groups):
+        centre = rng.normal(size=dim) * 3
+        for _ in range(members):
+            sub = centre + rng.normal(size=dim)
+            rows += [sub + 0.05 * rng.normal(size=dim) for _ in range(3)]
+    x = np.asarray(rows, dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def train_quantizer(tmp_path, vectors: np.ndarray, weights: sp.spmatrix | None = None, **params) -> tuple:
+    """(model, last epoch's metrics) of the codes stage on ``vectors`` with co-occurrence ``weights``."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir(parents=True)
+    np.save(inputs / VECTORS, vectors)
+    n = len(vectors)
+    sp.save_npz(inputs / COOCCURRENCE, sp.csr_matrix(weights if weights is not None else (n, n)))
+    (inputs / TOOLS).write_text(json.dumps([str(i) for i in range(n)]))
+    p = ToolWeaverParams(**{"passes_per_epoch": 20, "hidden_dims": (32,), "latent_dim": 16, **params})
+    config = StageConfig(
+        task=QUANTIZER_TASK,
+        stage="codes",
+        params=p,
+        inputs=StageInputs(dataset=None, init_dir=str(inputs)),
+        epochs=4,
+        lr=3e-3,
+        batch_size=64,
+        score="valid_score",
+    )
+    history = train_in_process(config, str(tmp_path / "ckpt"))
+    return RQVAE.load(str(tmp_path / "ckpt" / "epoch_3" / STAGE_OUTPUT)), history[-1]
+
+
+def test_residual_codes_reconstruct_better_than_one_codebook_of_the_same_size(tmp_path):
+    x = hierarchical_vectors(groups=6, members=6)
+    _, residual = train_quantizer(tmp_path / "rq", x, levels=2, codebook_size=8)  # 16 code vectors
+    _, flat = train_quantizer(tmp_path / "flat", x, levels=1, codebook_size=16)  # 16 code vectors
+    assert residual["valid_reconstruction"] < 0.8 * flat["valid_reconstruction"], (residual, flat)
+
+
+def test_collaborative_weight_makes_co_used_tools_share_first_level_codes(tmp_path):
+    # 96 tools in 12 text clusters; each planted pair couples tools of two *different* clusters,
+    # so text alone would give them different first-level codes.
+    x = hierarchical_vectors(groups=12, members=4, seed=1)
+    n = len(x)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(n)
+    pairs = [(a, b) for a, b in zip(order[: n // 2], order[n // 2 :], strict=True) if a // 12 != b // 12]
+    counts = sp.coo_matrix(([5.0] * len(pairs), tuple(np.array(pairs).T)), shape=(n, n)).tocsr()
+    weights = normalise(counts + counts.T, "symmetric")
+    common = {"levels": 2, "codebook_size": 12}
+    _, plain = train_quantizer(tmp_path / "l0", x, weights, collab_weight=0.0, **common)
+    _, collab = train_quantizer(tmp_path / "l10", x, weights, collab_weight=10.0, **common)
+    shared0, shared10 = plain["valid_co_used_first_level_shared"], collab["valid_co_used_first_level_shared"]
+    assert shared10 > shared0 + 0.2, (shared0, shared10)
+
+
+def test_sinkhorn_balancing_lowers_collisions_and_the_pass_removes_them(tmp_path):
+    # 100 tools on 16 x 16 addresses: nearest-code assignment gives ~40 % of them a shared code.
+    x = np.random.default_rng(0).normal(size=(100, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    model, _ = train_quantizer(tmp_path, x, levels=2, codebook_size=16, sinkhorn_epsilon=0.0)
+    nearest = assign(model, x, sinkhorn_epsilon=0.0)
+    balanced = assign(model, x, sinkhorn_epsilon=0.03)
+    rates = collision_rate(balanced), collision_rate(nearest)
+    assert rates[0] < rates[1] / 2, rates
+    unique = resolve_collisions(model, x, nearest)
+    assert collision_rate(nearest) > 0 and collision_rate(unique) == 0.0
+    assert len({tuple(c) for c in unique}) == len(x)
+    # Tools keep their code where they can: only members of a shared code move.
+    kept = (unique == nearest).all(1)
+    _, inverse, counts = np.unique(nearest, axis=0, return_inverse=True, return_counts=True)
+    assert kept[counts[inverse.reshape(-1)] == 1].all()
+    # Against codes already taken (a catalog indexed before): none of them is handed out again.
+    taken = {tuple(int(c) for c in code) for code in unique[:50]}
+    later = resolve_collisions(model, x[50:60], assign(model, x[50:60]), taken)
+    assert not {tuple(int(c) for c in code) for code in later} & taken and collision_rate(later) == 0.0
+
+
+def test_the_collision_pass_says_when_codebooks_are_too_small(tmp_path):
+    x = hierarchical_vectors(groups=2, members=4, seed=3)  # 24 tools
+    model = RQVAE(QuantizerConfig(x.shape[1], (8,), 4, levels=2, codebook_size=4))  # 16 addresses
+    model.fit_scaling(torch.as_tensor(x))
+    with pytest.raises(ValueError, match="raise codebook_size or levels"):
+        resolve_collisions(model, x, assign(model, x))
+
+
+def test_quantizer_save_load_round_trip(tmp_path):
+    x = hierarchical_vectors(groups=3, members=3, seed=4)
+    model, _ = train_quantizer(tmp_path, x, levels=2, codebook_size=8)
+    model.save(str(tmp_path / "q"))
+    again = RQVAE.load(str(tmp_path / "q"))
+    assert (assign(model, x, 0.003) == assign(again, x, 0.003)).all()
+    assert {f.suffix for f in (tmp_path / "q").iterdir()} == {".json", ".safetensors"}
+
+
+def test_cooccurrence_normalisations():
+    counts = sp.csr_matrix(np.array([[3.0, 2, 0], [2, 1, 4], [0, 4, 0]]))
+    sym = normalise(counts, "symmetric").toarray()
+    assert np.allclose(np.diag(sym), 0) and np.allclose(sym, sym.T)
+    assert sym[0, 1] == pytest.approx(2 / np.sqrt(2 * 6))  # degrees without the diagonal: 2, 6, 4
+    assert np.allclose(normalise(counts, "row").toarray().sum(1), 1)
+    assert normalise(counts, "none")[1, 2] == 4
+
+
+# --- code tokens and constrained decoding -------------------------------------------------------
+
+
+def test_code_tokens_are_added_once_and_decoding_stays_in_the_trie():
+    tokenizer = train_bpe(["weather in paris", "flights to rome", "book a table"] * 20, vocab_size=300)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )  # fmt: skip
+    lm = LlamaForCausalLM(config)
+    before = len(tokenizer)
+    ids = add_code_tokens(lm, tokenizer, levels=2, size=6)
+    assert len(tokenizer) == before + 12 and lm.get_input_embeddings().weight.shape[0] == before + 12
+    assert tokenizer.convert_ids_to_tokens(ids[1][5]) == code_token(1, 5) == "<T2_5>"
+    assert add_code_tokens(lm, tokenizer, levels=2, size=6) == ids and len(tokenizer) == before + 12
+    # Seven tools on 36 addresses: two share a first-level code, so the trie branches at level 2.
+    codes = {f"t{i}": (i % 6, i // 6) for i in range(7)}
+    codebook = ToolCodebook({t: [ids[0][a], ids[1][b]] for t, (a, b) in codes.items()})
+    prompts = [tokenizer("weather in paris")["input_ids"], tokenizer("book a table")["input_ids"]]
+    hits = constrained_top_k(TargetedLM(lm), prompts, codebook.trie(), 7, tokenizer.pad_token_id, num_beams=7)
+    assert all(sorted(t for t, _ in h) == sorted(codes) for h in hits)  # all 7, no invented code
+
+
+# --- the method end to end through Ray Train ----------------------------------------------------
+
+TINY_LM = {"vocab_size": 600, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
+           "max_length": 192}  # fmt: skip
+TINY_PARAMS = {
+    "lm": TINY_LM,
+    "levels": 2,
+    "codebook_size": 16,  # 100 tools on 256 addresses, 32 new tokens
+    "passes_per_epoch": 20,
+    "stages": {
+        "codes": {"epochs": 2, "batch_size": 64},
+        "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
+        "memorization": {"epochs": 2, "batch_size": 16, "lr": 3.0e-3},
+        "retrieval": {"epochs": 4, "batch_size": 16, "lr": 2.0e-3},
+        "agent": {"epochs": 0},
+    },
+    "agent_valid_queries": 60,
+    "perplexity_texts": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def quickstart_1200(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qs1200") / "data"
+    generate_quickstart(str(root), seed=3, n_queries=1200, n_neg=20)
+    return open_dataset(str(root))
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, quickstart_1200, tmp_path_factory):
+    root = tmp_path_factory.mktemp("toolweaver")
+    method = ToolWeaverMethod(**TINY_PARAMS)
+    run = RunSpec(name="tw-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    return method, fit_method(method, quickstart_1200, run)
+
+
+def test_codes_stage_gives_every_tool_a_unique_l_token_code(trained, quickstart_1200):
+    method, report = trained
+    codes = report["stages"]["codes"]
+    assert list(report["stages"]) == ["codes", "warmup", "memorization", "retrieval", "agent"]
+    assert codes["tools"] == 100 and codes["collision_rate_after_pass"] == 0.0
+    assert "valid_reconstruction" in codes and codes["stage_seconds"] > 0  # a Ray Train run
+    assert set(method.codebook.codes) == set(quickstart_1200.corpus)
+    assert all(len(c) == 2 for c in method.codebook.codes.values())
+    assert len(set(method.codebook.codes.values())) == 100
+    assert report["stages"]["agent"]["vocab_added"] == 32  # L x K, not one token per tool
+    # Each level draws from its own K tokens.
+    first = {c[0] for c in method.codebook.codes.values()}
+    second = {c[1] for c in method.codebook.codes.values()}
+    assert not first & second and len(first) <= 16 and len(second) <= 16
+
+
+def test_trained_model_beats_untrained_and_never_names_a_missing_tool(trained, quickstart_1200):
+    method, _ = trained
+    data = quickstart_1200
+    queries = data.split_queries("test")
+    untrained = ToolWeaverMethod.from_dir(method.coded_dir, TINY_PARAMS)
+    untrained.share_codes(method)
+    untrained.index(data.corpus)
+    before = evaluate_retrieval(data.qrels["test"], untrained.retrieve(queries, 10))
+    after = evaluate_retrieval(data.qrels["test"], method.retrieve(queries, 10))
+    assert after["ndcg@3"] > before["ndcg@3"] + 0.2, (before["ndcg@3"], after["ndcg@3"])
+    some = dict(list(queries.items())[:30])
+    constrained = method.generate(some, 5, constrained=True)
+    assert hallucination_rate(constrained) == 0.0
+    assert all(o.tool in data.corpus for beams in constrained for o in beams)
+    assert all(set(r) <= set(data.corpus) for r in method.retrieve(some, 10).values())
+
+
+def test_save_load_round_trip(trained, quickstart_1200, tmp_path):
+    method, _ = trained
+    method.save(str(tmp_path / "a"))
+    files = [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert not any(f.endswith((".pt", ".pkl", ".bin")) for f in files)
+    loaded = load(str(tmp_path / "a"))
+    assert isinstance(loaded, ToolWeaverMethod) and loaded.quantizer is not None
+    queries = dict(list(quickstart_1200.split_queries("test").items())[:20])
+    a, b = method.retrieve(queries, 5), loaded.retrieve(queries, 5)
+    assert {q: list(r) for q, r in a.items()} == {q: list(r) for q, r in b.items()}
+    assert loaded.tool_codes == method.tool_codes
+
+
+def test_a_new_tool_gets_a_code_from_the_quantizer_without_retraining(trained, quickstart_1200):
+    method, _ = trained
+    data = quickstart_1200
+    fields = method.params.tool_fields
+    encoder = load_encoder(method.params.encoder_spec())
+    tools = list(method.tool_codes)
+    vectors = embed_local(encoder, list(td.tool_documents(data.corpus, tools, fields).values()))
+    codes = assign(method.quantizer, vectors)
+    nearest = {t: tuple(int(c) for c in code) for t, code in zip(tools, codes, strict=True)}
+    taken = set(method.tool_codes.values())
+    qid = next(iter(data.qrels["test"]))
+    twin = next(iter(data.qrels["test"][qid]))
+    corpus = {**data.corpus, "new-tool": {**data.corpus[twin], "_id": "new-tool"}}  # the twin's text
+    weights = method._lm.get_input_embeddings().weight.detach().clone()
+    collided = method.cold_start["collided_before_pass"]
+    try:
+        method.index(corpus)
+        assert method.added_after_training[-1] == "new-tool"
+        new = method.tool_codes["new-tool"]
+        assert new not in taken  # a code of its own
+        # Same text, same latent, same nearest code as the twin's; a clash counts, and the pass
+        # keeps the nearest prefix while it has a free last-level code.
+        assert method.cold_start["collided_before_pass"] - collided == int(nearest[twin] in taken)
+        prefix_free = any((*nearest[twin][:-1], c) not in taken for c in range(method.params.codebook_size))
+        assert (new[:-1] == nearest[twin][:-1]) == prefix_free
+        assert torch.equal(method._lm.get_input_embeddings().weight, weights)  # the LM is unchanged
+        scores = method.retrieve({qid: data.queries[qid]}, 101)[qid]
+        assert "new-tool" in scores and len(scores) == 101
+    finally:
+        method.index(data.corpus)
+
+
+def test_bad_params_fail_on_the_driver(quickstart_1200, tmp_path):
+    with pytest.raises(ValueError, match="levels must be >= 1"):
+        ToolWeaverMethod(levels=0)
+    with pytest.raises(ValueError, match="cooccurrence_norm"):
+        ToolWeaverMethod(cooccurrence_norm="l2")
+    with pytest.raises(ValueError, match="unknown codes settings"):
+        ToolWeaverMethod(stages={"codes": {"epoch": 3}})
+    method = ToolWeaverMethod(levels=2, codebook_size=8)  # 64 addresses for 100 tools
+    with pytest.raises(ValueError, match="do not fit"):
+        method.fit("codes", quickstart_1200, RunSpec(local_dir=str(tmp_path)))
+    with pytest.raises(RuntimeError, match="codes stage before"):
+        ToolWeaverMethod().fit("retrieval", quickstart_1200, RunSpec(local_dir=str(tmp_path)))
