@@ -75,9 +75,12 @@ def train_quantizer(tmp_path, vectors: np.ndarray, weights: sp.spmatrix | None =
 
 def test_residual_codes_reconstruct_better_than_one_codebook_of_the_same_size(tmp_path):
     x = hierarchical_vectors(groups=6, members=6)
-    _, residual = train_quantizer(tmp_path / "rq", x, levels=2, codebook_size=8)  # 16 code vectors
-    _, flat = train_quantizer(tmp_path / "flat", x, levels=1, codebook_size=16)  # 16 code vectors
-    assert residual["valid_reconstruction"] < 0.8 * flat["valid_reconstruction"], (residual, flat)
+    # Nearest-code assignment in both (balancing would trade reconstruction for spread codes).
+    common = {"sinkhorn_epsilon": 0.0, "passes_per_epoch": 60}
+    _, residual = train_quantizer(tmp_path / "rq", x, levels=2, codebook_size=8, **common)
+    _, flat = train_quantizer(tmp_path / "flat", x, levels=1, codebook_size=16, **common)
+    # Measured 0.096 against 0.124: 64 addresses for 36 sub-clusters against 16.
+    assert residual["valid_reconstruction"] < 0.9 * flat["valid_reconstruction"], (residual, flat)
 
 
 def test_collaborative_weight_makes_co_used_tools_share_first_level_codes(tmp_path):
