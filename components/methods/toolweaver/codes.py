@@ -3,7 +3,7 @@
 Quantisation alone may give two tools the same full code (c_1, ..., c_L); a generated code must name
 one tool, so after assignment every group of tools sharing a code keeps its best-fitting member
 and moves the others to the nearest free address: another last-level code under the same prefix,
-else (when all K are taken) a nearby code one level up with its nearest free last-level code. New
+else (when all K are taken) the nearest code one level up with a free last-level code. New
 tools (cold start) are assigned the same way against the codes already taken.
 """
 
@@ -57,13 +57,14 @@ def resolve_collisions(
     vectors: np.ndarray,
     codes: np.ndarray,
     taken: Iterable[tuple[int, ...]] = (),
-    fallback_prefixes: int = 16,
+    fallback_prefixes: int | None = None,
 ) -> np.ndarray:
     """``codes`` with every full code unique (also against ``taken``, the codes already in use).
 
     In each group sharing a code the tool nearest its last-level code keeps it; the others, and
     any tool whose code is in ``taken``, move to their nearest free last-level code under the same
-    prefix, else under one of the ``fallback_prefixes`` nearest codes of the level above.
+    prefix, else under the nearest code of the level above that has a free one (the
+    ``fallback_prefixes`` nearest, or all of them by default).
 
     Raises:
         ValueError: A tool found no free address (the codebooks are too small for the catalog).

@@ -82,19 +82,45 @@ def balanced_last_level(
     spreads code usage globally but left collisions within a prefix nearly unchanged: measured
     on clustered fixtures.) With one level, the whole batch is one group.
 
-    All groups are balanced at once: rows are laid out as a (groups × largest group × K) tensor
-    whose padding rows are held at -inf, so 47k tools under 1k prefixes cost one batched loop.
+    Groups are balanced together in chunks (:func:`_balance_groups`), so 47k tools under 1k
+    prefixes cost a few batched loops rather than one per prefix.
     """
     if not prefixes:
         return sinkhorn(distances, epsilon, iters).argmax(1)
     _, group = torch.unique(torch.stack(prefixes, 1), dim=0, return_inverse=True)
+    cost = (distances - distances.mean()) / distances.std().clamp_min(1e-8)
+    index = torch.empty(len(group), dtype=torch.long)
+    for rows in _group_chunks(group, distances.shape[1]):
+        index[rows] = _balance_groups(cost[rows], group[rows], epsilon, iters)
+    return index
+
+
+def _group_chunks(group: torch.Tensor, k: int, limit: int = 1 << 25) -> list[torch.Tensor]:
+    """Row indices in chunks of whole groups whose padded tensor stays under ``limit`` floats."""
+    sizes = torch.bincount(group)
+    chunks, current, widest = [], [], 0
+    for g in torch.argsort(sizes).tolist():  # small groups together, so padding stays small
+        size = int(sizes[g])
+        if current and (len(current) + 1) * max(widest, size) * k > limit:
+            chunks.append(torch.cat(current))
+            current, widest = [], 0
+        current.append((group == g).nonzero().squeeze(1))
+        widest = max(widest, size)
+    if current:
+        chunks.append(torch.cat(current))
+    return chunks
+
+
+def _balance_groups(cost: torch.Tensor, group: torch.Tensor, epsilon: float, iters: int) -> torch.Tensor:
+    """Sinkhorn–Knopp in every group at once, rows padded to a (groups × largest × K) tensor whose
+    padding rows stay at -inf."""
+    _, group = torch.unique(group, return_inverse=True)
     sizes = torch.bincount(group)
     order = torch.argsort(group, stable=True)
     starts = torch.cumsum(sizes, 0) - sizes
     position = torch.empty_like(group)
     position[order] = torch.arange(len(group)) - starts[group[order]]
-    cost = (distances - distances.mean()) / distances.std().clamp_min(1e-8)
-    log_q = torch.full((len(sizes), int(sizes.max()), distances.shape[1]), float("-inf"))
+    log_q = torch.full((len(sizes), int(sizes.max()), cost.shape[1]), float("-inf"))
     log_q[group, position] = -cost / epsilon
     real = torch.zeros(log_q.shape[:2], dtype=torch.bool)
     real[group, position] = True
