@@ -131,6 +131,11 @@ def latency(model: TargetedLM, prompts: list[list[int]], codebook: ToolCodebook,
     return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))}
 
 
+def cell(value: float) -> str:
+    """Counts as integers with thousands separators, everything else to 4 significant digits."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.4g}"
+
+
 def embedding_mb(rows: int, hidden: int, tied: bool, bytes_per: int = 4) -> float:
     return rows * hidden * bytes_per * (1 if tied else 2) / 2**20
 
@@ -143,6 +148,10 @@ def main() -> None:
     parser.add_argument("--levels", type=int, default=2)
     parser.add_argument("--codebook-size", type=int, default=1024)
     parser.add_argument("--encoder-max-length", type=int, default=64, help="tool-text tokens MiniLM reads")
+    parser.add_argument(
+        "--epochs", type=int, default=3, help="quantizer epochs (one pass over the tools each)"
+    )
+    parser.add_argument("--sinkhorn-iters", type=int, default=20)
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     import transformers
@@ -164,7 +173,8 @@ def main() -> None:
         embed_actors=2,
         encoder_max_length=args.encoder_max_length,
         passes_per_epoch=1,
-        stages={"codes": {"epochs": 6, "batch_size": 1024, "lr": 1.0e-3}},
+        sinkhorn_iters=args.sinkhorn_iters,
+        stages={"codes": {"epochs": args.epochs, "batch_size": 1024, "lr": 1.0e-3}},
     )
     work = tempfile.mkdtemp(prefix="tw-scale-")
     run = RunSpec(
@@ -240,14 +250,15 @@ def main() -> None:
         "how it is built: the docstring of `benchmarks/toolweaver_scale.py`.\n\n"
         "ToolWeaver's codes stage ran as `toolscout train` runs it "
         f"(MiniLM reading {args.encoder_max_length} "
-        "tokens of each tool text, Ray Data embedding with 2 actors, "
+        f"tokens of each tool text, Ray Data embedding with 2 actors, {args.epochs} quantizer epochs of "
+        f"batch 1,024, {args.sinkhorn_iters} Sinkhorn iterations, "
         "one Ray Train worker, 2-core machine). Latency: one query per call, 10 beams, top 10, on the "
         "same untrained 4-layer 256-wide scratch Llama for both (the weights do not change the cost), "
         f"{args.queries} ToolLens test queries. Embedding growth: new rows x hidden x 4 bytes (fp32), "
         "twice where input and output embeddings are not tied.\n"
     )
     columns = list(dict.fromkeys(k for r in rows for k in r["metrics"]))
-    body = [[c, *(f"{r['metrics'][c]:,.4g}" if c in r["metrics"] else "" for r in rows)] for c in columns]
+    body = [[c, *(cell(r["metrics"][c]) if c in r["metrics"] else "" for r in rows)] for c in columns]
     report = {
         "dataset": "scale47k (ToolLens + LiveMCPBench, x providers)",
         "results": rows,
