@@ -72,7 +72,9 @@ def free_rows(method: CodeLMMethod, data: Dataset, label: str, constrained: bool
     return rows
 
 
-def run_mode(cfg: dict[str, Any], mode: str, name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_mode(
+    cfg: dict[str, Any], mode: str, name: str, stamp: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Train the entry ``name`` on one split mode; every row and the diagnostics."""
     cfg = merge(cfg, {"splits": {"mode": mode}})
     data = dataset_from_config(cfg)
@@ -80,7 +82,8 @@ def run_mode(cfg: dict[str, Any], mode: str, name: str) -> tuple[list[dict[str, 
     kind = entry.get("method", name)
     method = methods.build(kind, entry.get("params"))
     assert isinstance(method, CodeLMMethod), f"{kind} does not retrieve by generating codes"
-    run = run_spec(cfg, f"{data.name}-{kind}-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
+    # The same stamp resumes the mode's Ray Train runs: finished stages load their best checkpoint.
+    run = run_spec(cfg, f"{data.name}-{kind}-{mode}-{stamp or time.strftime('%Y%m%d-%H%M%S')}")
     trained = fit_method(method, data, run)
     suffix = "" if mode == "standard" else f" [{mode}]"
     rows = split_rows(method, data, f"{kind}{suffix}")
@@ -225,6 +228,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["standard", "cold_start"])
     parser.add_argument("--entry", default="toolgen", help="bench.methods entry of the config")
     parser.add_argument("--out", default=None, help="results JSON (default: the config's bench.out)")
+    parser.add_argument(
+        "--resume", default=None, metavar="STAMP", help="resume the runs of this time stamp (YYYYmmdd-HHMMSS)"
+    )
     args = parser.parse_args()
     import transformers
 
@@ -235,7 +241,7 @@ def main() -> None:
     started = time.perf_counter()
     results, diagnostics = [], {}
     for mode in args.modes:
-        rows, diagnostics[mode] = run_mode(cfg, mode, args.entry)
+        rows, diagnostics[mode] = run_mode(cfg, mode, args.entry, args.resume)
         diagnostics[mode]["config_stages"] = rows[0]["config"]["stages"]
         results += rows + dense_rows(mode)
     report = {
