@@ -93,9 +93,8 @@ def run_mode(
         row["metrics"]["generate_recall@3"] = free["metrics"]["recall@3"]
     rows += free_rows(method, data, f"{kind}_unconstrained{suffix}", constrained=False)
     params = entry.get("params") or {}
-    # ToolWeaver's untrained row starts from the bundle with its code tokens (before memorization).
-    untrained = getattr(method, "coded_dir", None) or method.stage_dirs["warmup"]
-    for label, stage_dir in (("retrieval_stage", method.stage_dirs["retrieval"]), ("untrained", untrained)):
+    stage_dirs = (("retrieval_stage", method.stage_dirs["retrieval"]), ("untrained", method.untrained_dir()))
+    for label, stage_dir in stage_dirs:
         other = type(method).from_dir(stage_dir, params)
         other.share_codes(method)
         other.index(data.corpus)  # tools without a code get one here (ToolGen: from their names)

@@ -182,7 +182,7 @@ def main() -> None:
     )
     codes = method.fit("codes", data, run)
     print({k: round(v, 4) for k, v in codes.items()}, flush=True)
-    code_rows = {(c[0],) for c in method.tool_codes.values()} | set(method.tool_codes.values())
+    code_rows = {code[:i] for code in method.tool_codes.values() for i in range(1, L + 1)}  # trie nodes
 
     # LMs: the scratch Llama of workflows/configs/toollens_toolgen.yaml, and SmolLM2-135M's sizes.
     toollens = load_dataset(os.path.join(SHARED, "toollens"))

@@ -107,12 +107,24 @@ TINY_ENCODER = {
 }
 
 
-@pytest.fixture(scope="session")
-def small_quickstart(tmp_path_factory):
-    """A 300-query generated dataset with train / valid / test splits (loaded in-process)."""
+def generated_quickstart(tmp_path_factory, n_queries: int):
+    """A generated quickstart dataset of ``n_queries`` (seed 3) with train / valid / test, loaded."""
     from components.data import open_dataset
     from components.data.quickstart import generate_quickstart
 
-    root = tmp_path_factory.mktemp("qs") / "data"
-    generate_quickstart(str(root), seed=3, n_queries=300, n_neg=20)
+    root = tmp_path_factory.mktemp(f"qs{n_queries}") / "data"
+    generate_quickstart(str(root), seed=3, n_queries=n_queries, n_neg=20)
     return open_dataset(str(root))
+
+
+@pytest.fixture(scope="session")
+def small_quickstart(tmp_path_factory):
+    """A 300-query generated dataset with train / valid / test splits (loaded in-process)."""
+    return generated_quickstart(tmp_path_factory, 300)
+
+
+@pytest.fixture(scope="session")
+def quickstart_1200(tmp_path_factory):
+    """1,200 generated queries over 100 tools: enough for a tiny LM to learn retrieval in seconds
+    (the generative methods' tests share it)."""
+    return generated_quickstart(tmp_path_factory, 1200)

@@ -92,6 +92,15 @@ def name_embedding_rows(
     return torch.stack(rows) if rows else table.new_zeros(0, table.shape[1])
 
 
+def embedding_tables(model: PreTrainedModel) -> list[torch.Tensor]:
+    """The input embedding table, and the output one when it is a separate (untied) table."""
+    tables = [model.get_input_embeddings().weight]
+    output_layer = model.get_output_embeddings()
+    if output_layer is not None and output_layer.weight is not tables[0]:
+        tables.append(output_layer.weight)
+    return tables
+
+
 @torch.no_grad()
 def add_tool_tokens(
     model: PreTrainedModel,
@@ -120,17 +129,13 @@ def add_tool_tokens(
         taken.add(strings[t])
     # "tool / api" is spoken as "tool api": the separator would add the same row to every mean.
     spoken = [" ".join(names[t].split(" / ")) for t in new]
-    inputs = name_embedding_rows(model.get_input_embeddings().weight.detach(), tokenizer, spoken)
-    output_layer = model.get_output_embeddings()
-    tied = output_layer is None or output_layer.weight is model.get_input_embeddings().weight
-    outputs = None if tied else name_embedding_rows(output_layer.weight.detach(), tokenizer, spoken)
+    rows = [name_embedding_rows(t.detach(), tokenizer, spoken) for t in embedding_tables(model)]
     tokenizer.add_tokens(list(strings.values()))
     ids = tokenizer.convert_tokens_to_ids(list(strings.values()))
     # mean_resizing=False: the rows are overwritten just below, so skip HF's covariance sampling.
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    model.get_input_embeddings().weight[ids] = inputs
-    if outputs is not None:
-        model.get_output_embeddings().weight[ids] = outputs
+    for table, new_rows in zip(embedding_tables(model), rows, strict=True):
+        table[ids] = new_rows
     for t, i in zip(new, ids, strict=True):
         codebook.add(t, (i,))
     return codebook
@@ -157,20 +162,14 @@ def add_code_tokens(
         ``ids[level][code]``: the token id of each code.
     """
     tokens = [code_token(level, code) for level in range(levels) for code in range(size)]
-    missing = [t for t in tokens if t not in tokenizer.get_vocab()]
+    vocab = tokenizer.get_vocab()  # builds a dict: once, not once per token
+    missing = [t for t in tokens if t not in vocab]
     if missing:
         tokenizer.add_tokens(missing)
-        tables = [model.get_input_embeddings().weight]
-        output_layer = model.get_output_embeddings()
-        if output_layer is not None and output_layer.weight is not tables[0]:
-            tables.append(output_layer.weight)
-        stats = [(t.detach().mean(0), t.detach().std(0)) for t in tables]
-        old = tables[0].shape[0]
+        stats = [(t.detach().mean(0), t.detach().std(0)) for t in embedding_tables(model)]
+        old = model.get_input_embeddings().weight.shape[0]
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        tables = [model.get_input_embeddings().weight] + (
-            [model.get_output_embeddings().weight] if len(stats) > 1 else []
-        )
-        for table, (mean, std) in zip(tables, stats, strict=True):
+        for table, (mean, std) in zip(embedding_tables(model), stats, strict=True):
             rows = table.shape[0] - old
             table[old:] = mean + std * torch.randn(rows, table.shape[1], dtype=table.dtype)
     ids = tokenizer.convert_tokens_to_ids(tokens)

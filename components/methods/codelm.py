@@ -84,6 +84,10 @@ class CodeLMMethod:
         """How many tokens the method added to the LM's vocabulary."""
         raise NotImplementedError
 
+    def untrained_dir(self) -> str:
+        """The LM before any tool stage (after the warm-up), for an untrained baseline."""
+        return self.stage_dirs["warmup"]
+
     def share_codes(self, trained: CodeLMMethod) -> None:
         """Take what ``trained`` (the same method after its stages) uses to code new tools, so that
         a model from one of its stage directories can index tools added later; a no-op here."""

@@ -9,8 +9,6 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from components.data import open_dataset
-from components.data.quickstart import generate_quickstart
 from components.data.splits import prepare_splits
 from components.data.tooltext import TOOL_FIELDS
 from components.generative import sequences as td
@@ -39,14 +37,6 @@ TINY_STAGES = {
     "agent": {"epochs": 1, "batch_size": 16, "lr": 3.0e-4, "max_examples": 300},
 }
 TINY_PARAMS = {"lm": TINY_LM, "stages": TINY_STAGES, "agent_valid_queries": 60, "perplexity_texts": 60}
-
-
-@pytest.fixture(scope="module")
-def quickstart_1200(tmp_path_factory):
-    """1,200 generated queries over 100 tools: enough for a tiny LM to learn retrieval in seconds."""
-    root = tmp_path_factory.mktemp("qs1200") / "data"
-    generate_quickstart(str(root), seed=3, n_queries=1200, n_neg=20)
-    return open_dataset(str(root))
 
 
 @pytest.fixture(scope="module")

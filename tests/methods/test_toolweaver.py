@@ -12,8 +12,6 @@ import scipy.sparse as sp
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from components.data import open_dataset
-from components.data.quickstart import generate_quickstart
 from components.encoders.batch_embed import embed_local, load_encoder
 from components.generative import sequences as td
 from components.generative.constrained import constrained_top_k
@@ -194,13 +192,6 @@ TINY_PARAMS = {
 
 
 @pytest.fixture(scope="module")
-def quickstart_1200(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qs1200") / "data"
-    generate_quickstart(str(root), seed=3, n_queries=1200, n_neg=20)
-    return open_dataset(str(root))
-
-
-@pytest.fixture(scope="module")
 def trained(ray_session, quickstart_1200, tmp_path_factory):
     root = tmp_path_factory.mktemp("toolweaver")
     method = ToolWeaverMethod(**TINY_PARAMS)
@@ -228,7 +219,7 @@ def test_trained_model_beats_untrained_and_never_names_a_missing_tool(trained, q
     method, _ = trained
     data = quickstart_1200
     queries = data.split_queries("test")
-    untrained = ToolWeaverMethod.from_dir(method.coded_dir, TINY_PARAMS)
+    untrained = ToolWeaverMethod.from_dir(method.untrained_dir(), TINY_PARAMS)
     untrained.share_codes(method)
     untrained.index(data.corpus)
     before = evaluate_retrieval(data.qrels["test"], untrained.retrieve(queries, 10))

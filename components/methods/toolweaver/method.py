@@ -219,6 +219,11 @@ class ToolWeaverMethod(CodeLMMethod):
         self.cold_start["collided_before_pass"] += clashes
         return new
 
+    def untrained_dir(self) -> str:
+        """The LM with its code tokens added, before memorization."""
+        assert self.coded_dir is not None, "toolweaver: no LM stage has run"
+        return self.coded_dir
+
     def share_codes(self, trained: CodeLMMethod) -> None:
         assert isinstance(trained, ToolWeaverMethod)
         self.quantizer, self._encoder = trained.quantizer, trained._encoder

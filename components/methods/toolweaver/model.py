@@ -98,13 +98,14 @@ def balanced_last_level(
 def _group_chunks(group: torch.Tensor, k: int, limit: int = 1 << 25) -> list[torch.Tensor]:
     """Row indices in chunks of whole groups whose padded tensor stays under ``limit`` floats."""
     sizes = torch.bincount(group)
+    members = torch.split(torch.argsort(group, stable=True), sizes.tolist())  # rows of each group
     chunks, current, widest = [], [], 0
     for g in torch.argsort(sizes).tolist():  # small groups together, so padding stays small
         size = int(sizes[g])
         if current and (len(current) + 1) * max(widest, size) * k > limit:
             chunks.append(torch.cat(current))
             current, widest = [], 0
-        current.append((group == g).nonzero().squeeze(1))
+        current.append(members[g])
         widest = max(widest, size)
     if current:
         chunks.append(torch.cat(current))
