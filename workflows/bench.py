@@ -8,15 +8,18 @@ Model selection never sees test: every candidate setting of a method is scored o
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from components import methods
 from components.config import merge
 from components.data import Dataset, dataset_from_config
 from components.metrics import DEFAULT_KS
+from components.training.spec import RunSpec
 from workflows.evaluate import score
 from workflows.report import write_report
 from workflows.train import fit_method, run_spec
@@ -58,9 +61,22 @@ def bench_entry(
         if mix is not None:
             method.mix = mix
         rows += split_rows(method, dataset, f"{name}_{mode}" if mode else name)
+    # Training's peak memory (the largest over the stages this entry trained; a reused cached
+    # stage reports none) and where it trained.
+    peaks = [s["peak_memory_mb"] for s in trained["stages"].values() if "peak_memory_mb" in s]
     for row in rows:
         row["train_seconds"] = trained["train_seconds"]
+        row["device"] = device_name(run)
+        if peaks:
+            row["peak_memory_mb"] = round(max(peaks), 1)
     return rows
+
+
+def device_name(run: RunSpec) -> str:
+    """The accelerator a run trained on, by name, or the CPU and its core count."""
+    if run.use_gpu and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({os.cpu_count()} cores)"
 
 
 def report_splits(dataset: Dataset) -> list[str]:
@@ -102,16 +118,30 @@ def bench(cfg: dict[str, Any]) -> dict[str, Any]:
     unknown = [w for w in wanted if w not in entries]
     if unknown:
         raise KeyError(f"bench: unknown method entries {unknown}; configured: {sorted(entries)}")
-    results = []
-    for name in tqdm(wanted, desc="methods"):
+    results: list[dict[str, Any]] = []
+
+    def report(done: int) -> dict[str, Any]:
+        left = len(wanted) - done
+        partial = {"notes": f"Partial: {done} of {len(wanted)} entries finished.\n"} if left else {}
+        return partial | {
+            "dataset": dataset.name,
+            "split_mode": (cfg.get("splits") or {}).get("mode", "standard"),
+            "select_metric": bcfg.get("select_metric", "ndcg@3"),
+            "results": results,
+            "seconds": time.perf_counter() - started,
+            # Written after every entry, so a long run that is interrupted keeps what it finished.
+            "entries_done": wanted[:done],
+            "complete": done == len(wanted),
+        }
+
+    for done, name in enumerate(tqdm(wanted, desc="methods"), start=1):
         results += bench_entry(name, entries[name], dataset, cfg)
-    report = {
-        "dataset": dataset.name,
-        "split_mode": (cfg.get("splits") or {}).get("mode", "standard"),
-        "select_metric": bcfg.get("select_metric", "ndcg@3"),
-        "results": results,
-        "seconds": time.perf_counter() - started,
-    }
-    if bcfg.get("out"):
-        write_report(report, bcfg["out"], title=bcfg.get("title", ""), plot=bool(bcfg.get("plot", True)))
-    return report
+        if bcfg.get("out"):
+            last = done == len(wanted)
+            write_report(
+                report(done),
+                bcfg["out"],
+                title=bcfg.get("title", ""),
+                plot=last and bool(bcfg.get("plot", True)),
+            )
+    return report(len(wanted))

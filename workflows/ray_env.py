@@ -37,7 +37,10 @@ def init_ray(cfg: dict[str, Any] | None = None) -> None:
     os.environ.setdefault(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)
     ray.init(
         num_cpus=cfg.get("num_cpus"),
-        include_dashboard=True,
+        num_gpus=cfg.get("num_gpus"),  # None: the GPUs Ray detects
+        # ``ray.include_dashboard: false`` for a minimal Ray install (no ``ray[default]`` packages):
+        # training and benchmarks run without it; Tune sweeps with ASHA want it (see above).
+        include_dashboard=bool(cfg.get("include_dashboard", True)),
         dashboard_host="127.0.0.1",
         dashboard_port=int(cfg.get("dashboard_port") or 0) or None,  # None: 8265, or the next free port
         logging_level=logging.WARNING,

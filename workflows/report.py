@@ -47,17 +47,28 @@ def metrics_table(rows: list[dict[str, Any]], labels: Sequence[str], columns: Se
 def markdown_table(report: dict[str, Any], columns: tuple[str, ...] = COLUMNS) -> str:
     """A markdown table with one row per (method, split) and the chosen metric columns."""
     present = [c for c in columns if any(c in r["metrics"] for r in report["results"])]
-    extra = [c for c in ("train_seconds", "eval_seconds") if any(c in r for r in report["results"])]
+    extra = [
+        c
+        for c in ("train_seconds", "eval_seconds", "peak_memory_mb", "device")
+        if any(c in r for r in report["results"])
+    ]
     rows = [
         [
             r["method"],
             r["split"],
             *(f"{r['metrics'][c]:.4f}" if c in r["metrics"] else "" for c in present),
-            *(f"{r[c]:.1f}" if c in r else "" for c in extra),
+            *(extra_cell(r.get(c)) for c in extra),
         ]
         for r in report["results"]
     ]
     return "\n".join(md_table(["method", "split", *present, *extra], rows)) + "\n"
+
+
+def extra_cell(value: Any) -> str:
+    """A non-metric column's cell: seconds and MiB to one decimal, names as they are, blank if absent."""
+    if value is None:
+        return ""
+    return f"{value:.1f}" if isinstance(value, float | int) else str(value)
 
 
 def recall_plot(report: dict[str, Any], path: str, split: str = "test") -> None:

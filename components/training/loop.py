@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import tempfile
 import time
 from collections.abc import Iterator
@@ -150,7 +151,16 @@ def run_epoch(
         "epoch": epoch,
         "train_loss": sum(losses) / len(losses),
         "epoch_seconds": time.perf_counter() - started,
+        "peak_memory_mb": peak_memory_mb(config.device),
     }
+
+
+def peak_memory_mb(device: str) -> float:
+    """Peak memory of this worker so far, in MiB: allocated GPU memory on CUDA (what the model,
+    activations and optimizer state took), the process's peak resident set on CPU."""
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def warm_up(optimizer: torch.optim.Optimizer, step: int, config: StageConfig) -> None:
