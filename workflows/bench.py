@@ -54,6 +54,9 @@ def bench_entry(
             best = (valid[metric], method, trained)
     assert best is not None
     _, method, trained = best
+    if cfg["bench"].get("save_models"):
+        # The selected model, reloadable by name (e.g. benchmarks/toollens_novelty.py --model).
+        method.save(os.path.join(cfg["bench"]["save_models"], name))
     rows = []
     # A method with several scoring modes (dense: text tower, ID head, their mix) gets a row each.
     variants = method.variants() if "variants" in method.capabilities else {"": None}
