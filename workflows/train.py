@@ -12,12 +12,18 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import fields
 from typing import Any
 
 from components import methods
+from components.config import ConfigError
 from components.data import Dataset, dataset_from_config
 from components.methods.base import Method, RunSpec
 from components.registry import ModelRegistry, RegistrySettings, Version
+
+# The ``train`` section's keys: RunSpec's fields (``name`` comes from the job; ``run_name`` sets it, and
+# ``report_to_tune`` is set by ``toolscout tune``).
+TRAIN_KEYS = {f.name for f in fields(RunSpec)} - {"name", "report_to_tune"} | {"run_name"}
 
 
 def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpec:
@@ -29,6 +35,11 @@ def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpe
             to ``train.run_name``, so that two trainings never share, and resume, one run.
     """
     t = cfg.get("train", {})
+    unknown = sorted(set(t) - TRAIN_KEYS)
+    if unknown:
+        # A misspelt or unsupported key must not be dropped silently (a run would train otherwise
+        # than its config says).
+        raise ConfigError(f"train.{unknown[0]}: unknown setting; known: {', '.join(sorted(TRAIN_KEYS))}")
     storage = t.get("storage_path", "runs/train")
     if t.get("run_name"):
         name = f"{t['run_name']}-{scope}" if scope else t["run_name"]
@@ -45,6 +56,10 @@ def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpe
         storage_options=dict(t.get("storage_options") or {}),
         seed=int(t.get("seed", 0)),
         deterministic=bool(t.get("deterministic", True)),
+        precision=str(t.get("precision", "fp32")),
+        grad_accumulation=int(t.get("grad_accumulation", 1)),
+        gradient_checkpointing=bool(t.get("gradient_checkpointing", False)),
+        parallel_strategy=str(t.get("parallel_strategy", "ddp")),
     )
 
 

@@ -9,6 +9,7 @@ one over (a retry after a worker failure, or a restarted run with the same name 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import resource
@@ -21,6 +22,7 @@ import ray.train
 import ray.train.torch
 import torch
 from safetensors.torch import load_model, save_model
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -47,8 +49,58 @@ def make_task(config: StageConfig) -> StageTask:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DDP wrapper."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    """The module inside a DDP or FSDP wrapper."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDP) else model
+
+
+class WholeModel:
+    """The whole, unsharded model for validation and checkpoints, whatever wraps the one training.
+
+    Under DDP (or one worker) that is the module inside the wrapper. FSDP shards the parameters,
+    so a CPU copy taken before wrapping is filled with the gathered full state each time it is
+    asked for (a collective: every rank asks). Its tensors are its own, which safetensors and
+    ``save_pretrained`` need (FSDP's unsharded views share one flat storage).
+    """
+
+    def __init__(self, model: torch.nn.Module, fsdp: bool) -> None:
+        self.copy = copy.deepcopy(model).cpu() if fsdp else None
+
+    def __call__(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.copy is None:
+            return unwrap(model)
+        with FSDP.summon_full_params(model, writeback=False):
+            state = {k: v.detach().clone().cpu() for k, v in unwrap(model).state_dict().items()}
+        self.copy.load_state_dict(state)
+        return self.copy
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on activation recomputation in every Hugging Face model inside ``model``."""
+    backbones = [m for m in model.modules() if getattr(m, "supports_gradient_checkpointing", False)]
+    if not backbones:
+        raise ValueError(
+            f"gradient_checkpointing: {type(model).__name__} holds no model that supports it "
+            "(a Hugging Face PreTrainedModel with supports_gradient_checkpointing)"
+        )
+    for backbone in backbones:
+        # Non-reentrant: works with inputs that need no grad (frozen embeddings) and with DDP.
+        # Transformers 5.x renamed the switch (the old name warns, and goes in v6).
+        if hasattr(backbone, "activation_checkpointing_enable"):
+            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def prepare(model: torch.nn.Module, config: StageConfig, world: int) -> torch.nn.Module:
+    """Move to the worker's device and wrap for ``config.parallel_strategy`` when there are several
+    workers (Ray Train's ``prepare_model``). Ray Train offers FSDP on GPU workers only; on CPU
+    workers (gloo) the same wrapper is built here, so the sharded path also runs, and is tested, on
+    a CPU cluster."""
+    if config.parallel_strategy == "fsdp" and config.device == "cpu" and world > 1:
+        return FSDP(
+            ray.train.torch.prepare_model(model, parallel_strategy=None), device_id=torch.device("cpu")
+        )
+    return ray.train.torch.prepare_model(model, parallel_strategy=config.parallel_strategy)
 
 
 def _chaos(config: StageConfig, epoch: int) -> None:
@@ -124,20 +176,31 @@ def run_epoch(
     config: StageConfig,
     epoch: int,
     show_bar: bool,
+    whole: WholeModel | None = None,
 ) -> dict[str, float]:
-    """Train one epoch, then validate; returns the epoch's metrics (``valid_*``, loss, seconds)."""
+    """Train one epoch, then validate (``whole``'s model: see :class:`WholeModel`); returns the
+    epoch's metrics (``valid_*``, loss, seconds)."""
     started = time.perf_counter()
     task.start_epoch(unwrap(model), epoch)  # e.g. refresh embeddings the task caches (MassTool's pool)
     model.train()
     losses = []
+    accumulate = int(config.grad_accumulation)
+    steps_per_epoch = -(-len(loader) // accumulate)
+    optimizer.zero_grad(set_to_none=True)
     for step, batch in enumerate(tqdm(loader, desc=f"{config.stage} epoch {epoch}", disable=not show_bar)):
-        warm_up(optimizer, epoch * len(loader) + step, config)
-        with autocast(config):
-            loss = task.loss(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.max_grad_norm))
-        optimizer.step()
+        # The optimizer steps after every ``accumulate`` batches and after the epoch's last one.
+        last = (step + 1) % accumulate == 0 or step + 1 == len(loader)
+        warm_up(optimizer, epoch * steps_per_epoch + step // accumulate, config)
+        # DDP would all-reduce gradients after every backward; between steps that is wasted.
+        sync = model.no_sync() if not last and hasattr(model, "no_sync") else contextlib.nullcontext()
+        with sync:
+            with autocast(config):
+                loss = task.loss(model, batch)
+            (loss / accumulate).backward()
+        if last:
+            clip_gradients(model, float(config.max_grad_norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     if not losses:
         # drop_last with fewer examples than a batch: a silent no-op epoch would report loss 0.
@@ -146,7 +209,8 @@ def run_epoch(
             "lower batch_size or add training data"
         )
     model.eval()
-    metrics = {f"valid_{k}": float(v) for k, v in task.validate(unwrap(model)).items()}
+    validated = whole(model) if whole is not None else unwrap(model)
+    metrics = {f"valid_{k}": float(v) for k, v in task.validate(validated).items()}
     return metrics | {
         "epoch": epoch,
         "train_loss": sum(losses) / len(losses),
@@ -161,6 +225,14 @@ def peak_memory_mb(device: str) -> float:
     if device == "cuda" and torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:
+    """Clip the global gradient norm (FSDP computes it across its shards)."""
+    if isinstance(model, FSDP):
+        model.clip_grad_norm_(max_norm)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
 def warm_up(optimizer: torch.optim.Optimizer, step: int, config: StageConfig) -> None:
@@ -192,7 +264,13 @@ def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
     torch.manual_seed(int(config.seed))
     task = make_task(config)
     model = task.build_model()
-    optimizer = build_optimizer(model, config, task)
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    fsdp = config.parallel_strategy == "fsdp" and world > 1
+    # FSDP flattens and shards the parameters when it wraps the model, so its optimizer must be
+    # built on the wrapped model; DDP keeps the same parameters, built before (as ever).
+    optimizer = None if fsdp else build_optimizer(model, config, task)
+    whole = WholeModel(model, fsdp)
     settings = settings_fingerprint(config)
     start, history = 0, []
     checkpoint = resume_checkpoint(config)
@@ -205,9 +283,16 @@ def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
             start, history = state["epoch"] + 1, state["history"]
         # Move to the worker's device (and wrap in DDP) first: the optimizer's load_state_dict
         # then casts its saved state to the device of the parameters it belongs to.
-        model = ray.train.torch.prepare_model(model)
+        model = prepare(model, config, world)
+        if optimizer is None:
+            optimizer = build_optimizer(model, config, task)
         if path is not None:
-            load_optimizer(optimizer, path)
+            if fsdp:
+                # The saved optimizer state is one rank's shard of flat parameters: the weights
+                # resume exactly, the AdamW moments start afresh.
+                print(f"{config.stage}: FSDP resume restores the model; optimizer state starts afresh")
+            else:
+                load_optimizer(optimizer, path)
             load_rng_state(path)
     generator = torch.Generator()
     loader = ray.train.torch.prepare_data_loader(
@@ -219,13 +304,14 @@ def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
             loader.sampler.set_epoch(epoch)
         _chaos(config, epoch)
         metrics = run_epoch(
-            task, model, optimizer, loader, config, epoch, rank == 0 and bool(config.progress)
+            task, model, optimizer, loader, config, epoch, rank == 0 and bool(config.progress), whole
         )
         history.append(metrics)
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
+            saved = whole(model)  # every rank: gathering FSDP's shards is a collective
             if rank == 0:
-                _save_checkpoint(tmp, unwrap(model), optimizer, task, epoch, history, settings)
+                _save_checkpoint(tmp, saved, optimizer, task, epoch, history, settings)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
             ray.train.report(metrics, checkpoint=ckpt)
@@ -258,6 +344,8 @@ def _train_in_process(config: StageConfig, checkpoint_root: str) -> list[dict[st
     torch.manual_seed(int(config.seed))
     task = make_task(config)
     model = task.build_model()
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     optimizer = build_optimizer(model, config, task)
     generator = torch.Generator()
     loader = make_loader(task, config, 1, generator)

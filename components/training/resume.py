@@ -33,6 +33,10 @@ def resume_checkpoint(config: StageConfig) -> ray.train.Checkpoint | None:
 
 _SKIP = object()  # what settings_fingerprint leaves out
 
+# Settings added after checkpoints were already written: at their default they leave the hash as it
+# was, so those checkpoints stay resumable; any other value is a change of what is trained.
+OMITTED_AT_DEFAULT = {"grad_accumulation": 1}
+
 # Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs,
 # deterministic kernels, and where and how its storage is reached (credentials rotate).
 RESUMABLE_KEYS = frozenset(
@@ -42,6 +46,9 @@ RESUMABLE_KEYS = frozenset(
         "report_log",
         "device",
         "chaos",
+        # How the same computation is laid out in memory: recomputed activations, sharded weights.
+        "gradient_checkpointing",
+        "parallel_strategy",
         "deterministic",
         "storage_options",
         "storage_path",
@@ -64,7 +71,11 @@ def settings_fingerprint(config: StageConfig | dict[str, Any]) -> str:
         if is_dataclass(value) and not isinstance(value, type):
             value = {f.name: getattr(value, f.name) for f in fields(value)}
         if isinstance(value, dict):
-            kept = ((str(k), plain(v)) for k, v in value.items() if k not in RESUMABLE_KEYS)
+            kept = (
+                (str(k), plain(v))
+                for k, v in value.items()
+                if k not in RESUMABLE_KEYS and not (k in OMITTED_AT_DEFAULT and v == OMITTED_AT_DEFAULT[k])
+            )
             return {k: v for k, v in kept if v is not _SKIP}
         if isinstance(value, list | tuple):
             return [v for v in map(plain, value) if v is not _SKIP]

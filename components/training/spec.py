@@ -35,6 +35,15 @@ class RunSpec:
     # one config differed in the 6th digit of every weight.
     deterministic: bool = True
     precision: str = "fp32"  # "fp32" | "bf16" (autocast in the forward and loss)
+    # Optimizer step every N batches (the loss of each is divided by N): an effective batch N times
+    # the one that fits in memory.
+    grad_accumulation: int = 1
+    # Recompute activations in the backward pass instead of keeping them (the Hugging Face models'
+    # gradient_checkpointing_enable): less memory, about a third more compute.
+    gradient_checkpointing: bool = False
+    # How several workers share the model: "ddp" (a replica each) or "fsdp" (parameters, gradients
+    # and optimizer state sharded, for models that do not fit one GPU), through Ray Train's prepare_model.
+    parallel_strategy: str = "ddp"
     # Inside a Ray Tune trial: every epoch's report also goes to Tune (its scheduler stops a trial
     # on them), through Ray Train's TuneReportCallback.
     report_to_tune: bool = False
@@ -65,6 +74,7 @@ class Chaos:
 
 
 PRECISIONS = ("fp32", "bf16")
+PARALLEL_STRATEGIES = ("ddp", "fsdp")
 
 
 class TrainParams(Protocol):
@@ -114,6 +124,9 @@ class StageConfig:
     warmup_steps: int = 0
     score: str = "valid_ndcg@3"
     precision: str = "fp32"
+    grad_accumulation: int = 1
+    gradient_checkpointing: bool = False
+    parallel_strategy: str = "ddp"
     device: str = "cpu"
     seed: int = 0
     deterministic: bool = True
@@ -129,6 +142,12 @@ class StageConfig:
             raise ValueError(f"StageConfig.task {self.task!r}: expected an import string 'module:Class'")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}: expected one of {PRECISIONS}")
+        if self.parallel_strategy not in PARALLEL_STRATEGIES:
+            raise ValueError(
+                f"parallel_strategy {self.parallel_strategy!r}: expected one of {PARALLEL_STRATEGIES}"
+            )
+        if int(self.grad_accumulation) < 1:
+            raise ValueError(f"grad_accumulation must be >= 1, got {self.grad_accumulation}")
         if int(self.epochs) < 1 or int(self.batch_size) < 1 or float(self.lr) <= 0:
             raise ValueError(
                 f"stage {self.stage!r}: epochs and batch_size must be >= 1 and lr > 0 "
@@ -153,7 +172,7 @@ class StageConfig:
         )
 
     def for_run(self, run: RunSpec) -> StageConfig:
-        """This stage inside ``run``: its run name, storage, seed, device and precision."""
+        """This stage inside ``run``: its run name, storage, seed, device, precision and memory settings."""
         return replace(
             self,
             run_name=f"{run.name}-{self.stage}",
@@ -163,6 +182,9 @@ class StageConfig:
             deterministic=run.deterministic,
             device="cuda" if run.use_gpu else "cpu",
             precision=run.precision if self.precision == "fp32" else self.precision,
+            grad_accumulation=run.grad_accumulation,
+            gradient_checkpointing=run.gradient_checkpointing,
+            parallel_strategy=run.parallel_strategy,
         )
 
 

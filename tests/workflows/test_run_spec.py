@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from components.config import ConfigError
 from workflows.train import model_name, run_spec
 
 
@@ -17,3 +20,23 @@ def test_model_names_default_to_dataset_and_method_in_registry_characters():
     assert model_name({"method": {"name": "dense"}}, "ToolLens v2") == "ToolLens-v2-dense"
     named = {"method": {"name": "dense"}, "registry": {"model_name": "prod-retriever"}}
     assert model_name(named, "toollens") == "prod-retriever"
+
+
+def test_every_train_setting_reaches_the_run_and_unknown_ones_are_errors():
+    cfg = {
+        "train": {
+            "precision": "bf16",
+            "grad_accumulation": 4,
+            "gradient_checkpointing": True,
+            "parallel_strategy": "fsdp",
+        }
+    }
+    run = run_spec(cfg, "r")
+    assert (run.precision, run.grad_accumulation, run.gradient_checkpointing, run.parallel_strategy) == (
+        "bf16",
+        4,
+        True,
+        "fsdp",
+    )
+    with pytest.raises(ConfigError, match=r"train\.precison: unknown setting"):
+        run_spec({"train": {"precison": "bf16"}}, "r")
