@@ -11,10 +11,15 @@ whole fine-tuned model.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
 from transformers import PreTrainedModel
+
+# Where a stage output keeps its adapter (beside the merged LM).
+ADAPTER_DIR = "adapter"
 
 # Llama-family projection names (SmolLM2, Llama 3, Qwen2.5 all use them).
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -63,3 +68,16 @@ def load_adapter(base: PreTrainedModel, path: str, trainable: bool = False) -> P
     from peft import PeftModel
 
     return PeftModel.from_pretrained(base, path, is_trainable=trainable)
+
+
+def is_adapted(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is wrapped in a peft adapter."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def merged_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A plain LM with the adapter folded into its weights (the trained code rows included); the
+    adapted model itself is left as it is, so training can go on."""
+    return copy.deepcopy(model).merge_and_unload()

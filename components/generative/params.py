@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.data.tooltext import TOOL_FIELDS
+from components.generative.lora import LoraSpec
 from components.metrics import check_select_metric
 
 # Stage order: an LM warm-up on plain text (only when the LM is built here from scratch), then
@@ -56,6 +57,9 @@ class CodeLMParams:
     STAGE_KEYS: ClassVar[set[str]] = STAGE_KEYS
 
     lm: dict[str, Any] = field(default_factory=dict)
+    # LoRA (``components.generative.lora.LoraSpec`` fields: r, alpha, dropout, targets) in every tool
+    # stage, the code-token rows trainable beside it; empty: the whole LM fine-tunes (the paper).
+    lora: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     tool_fields: tuple[str, ...] = TOOL_FIELDS
     document_max_length: int = 96
@@ -89,7 +93,21 @@ class CodeLMParams:
         self.stages = merged
         self.tool_fields = tuple(self.tool_fields)
         check_select_metric(self.method, self.select_metric)
+        if self.lora:
+            self.lora_spec()  # a bad adapter setting fails on the driver, not in a worker
         if self.decoding not in ("constrained", "unconstrained"):
             raise ValueError(
                 f"{self.method}: decoding must be constrained or unconstrained, got {self.decoding!r}"
             )
+
+    def lora_spec(self) -> LoraSpec | None:
+        """The adapter of the tool stages, or None for full fine-tuning."""
+        if not self.lora:
+            return None
+        given = dict(self.lora)
+        if "targets" in given:
+            given["targets"] = tuple(given["targets"])
+        try:
+            return LoraSpec(**given)
+        except TypeError as e:
+            raise ValueError(f"{self.method}: lora: {e}; expected some of r, alpha, dropout, targets") from e

@@ -95,7 +95,9 @@ class TargetedLM(nn.Module):
         positions: torch.Tensor,
     ) -> torch.Tensor:
         """``(N, vocab)`` logits at ``(rows[i], positions[i])``."""
-        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # The transformer without its LM head (``get_decoder`` also reaches through a peft adapter,
+        # whose ``base_model`` is the adapter wrapper, not the transformer).
+        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.lm.get_output_embeddings()(hidden[rows, positions])
 
 

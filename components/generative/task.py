@@ -30,6 +30,7 @@ from components.generative import sequences as td
 from components.generative.bundle import load_bundle, save_bundle
 from components.generative.constrained import constrained_top_k
 from components.generative.lm import lm_spec_from
+from components.generative.lora import ADAPTER_DIR, add_lora, is_adapted, merged_copy, save_adapter
 from components.generative.params import CodeLMParams
 from components.generative.perplexity import perplexity
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
@@ -69,6 +70,10 @@ class CodeLMTask:
                     f"{self.params.method} {self.stage}: {len(missing)} known tools have no code in "
                     f"{self.config.inputs.init_dir} (e.g. {missing[:3]})"
                 )
+            spec = self.params.lora_spec()
+            if spec is not None:
+                # Only the adapter and the code-token rows train; the base LM stays as it was.
+                lm = add_lora(lm, spec, trainable_tokens=self.codebook.token_ids())
         self.prompter = td.Prompter(self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
         # Examples need the tokenizer (and the tool tokens), so they are built here, once.
@@ -134,6 +139,9 @@ class CodeLMTask:
             accuracy = self.memorization_accuracy(model)
             return {"memorization_acc": accuracy, "score": accuracy}
         out = self.retrieval_metrics(model)
+        if is_adapted(model.lm):
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            out["trainable_fraction"] = trainable / sum(p.numel() for p in model.parameters())
         if self.stage == "retrieval":
             return {**out, "score": out[p.select_metric]}
         out["agent_tool_acc"] = self.agent_accuracy(model)
@@ -181,7 +189,13 @@ class CodeLMTask:
         return sum(bool(h) and h[0][0] == g for g, h in zip(gold, hits, strict=True)) / max(len(gold), 1)
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:
-        save_bundle(model.lm, self.tokenizer, self.codebook, path)
+        lm = model.lm
+        if is_adapted(lm):
+            # The adapter alone (LoRA matrices + trained code rows), for serving over one base model,
+            # and the merged LM, which the next stage, decoding and ``load`` read like any bundle.
+            save_adapter(lm, os.path.join(path, ADAPTER_DIR))
+            lm = merged_copy(lm)
+        save_bundle(lm, self.tokenizer, self.codebook, path)
         # Provenance: which stage wrote this and what it started from (the previous stage's output).
         with open(os.path.join(path, STAGE_FILE), "w") as f:
             json.dump({"stage": self.stage, "init_dir": self.config.inputs.init_dir}, f)

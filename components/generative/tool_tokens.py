@@ -66,6 +66,10 @@ class ToolCodebook:
         tools = self.codes if candidates is None else [t for t in candidates if t in self.codes]
         return TokenTrie((self.codes[t], t) for t in tools)
 
+    def token_ids(self) -> list[int]:
+        """Every token id used by some code, sorted (the rows a tool stage must train)."""
+        return sorted({i for code in self.codes.values() for i in code})
+
     @property
     def max_length(self) -> int:
         return max((len(c) for c in self.codes.values()), default=0)
