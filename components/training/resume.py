@@ -35,7 +35,7 @@ _SKIP = object()  # what settings_fingerprint leaves out
 
 # Settings added after checkpoints were already written: at their default they leave the hash as it
 # was, so those checkpoints stay resumable; any other value is a change of what is trained.
-OMITTED_AT_DEFAULT = {"grad_accumulation": 1}
+OMITTED_AT_DEFAULT: dict[str, Any] = {"grad_accumulation": 1, "lora": {}}
 
 # Settings a run may change when it resumes: more epochs ("train longer"), progress bars, logs,
 # deterministic kernels, and where and how its storage is reached (credentials rotate).

@@ -90,3 +90,15 @@ def test_persisted_skips_truncated_or_partial_checkpoints(tmp_path):
     write_checkpoint(tmp_path, "checkpoint_c", 2, model_files=())  # model dir still empty
     found = persisted(str(tmp_path), "run")
     assert [os.path.basename(p) for p, _ in found] == ["checkpoint_a"]
+
+
+def test_settings_added_later_keep_old_checkpoints_resumable_at_their_default():
+    # A run written before `lora` and `grad_accumulation` existed hashed neither key.
+    old = settings_fingerprint({"lr": 1e-3, "params": {"r": 1}})
+    assert settings_fingerprint({"lr": 1e-3, "grad_accumulation": 1, "params": {"r": 1, "lora": {}}}) == old
+    assert settings_fingerprint({"lr": 1e-3, "grad_accumulation": 2, "params": {"r": 1}}) != old
+    assert settings_fingerprint({"lr": 1e-3, "params": {"r": 1, "lora": {"r": 8}}}) != old
+    # Memory layout is not what is trained: a run may resume with checkpointing or FSDP switched on.
+    assert settings_fingerprint(stage(gradient_checkpointing=True, parallel_strategy="fsdp")) == (
+        settings_fingerprint(stage())
+    )
