@@ -18,8 +18,8 @@ from workflows.train import fit_method
 
 LORA_STAGES = {
     "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
-    "memorization": {"epochs": 2, "batch_size": 16, "lr": 5.0e-3},
-    "retrieval": {"epochs": 2, "batch_size": 16, "lr": 5.0e-3},
+    "memorization": {"epochs": 1, "batch_size": 16, "lr": 5.0e-3},
+    "retrieval": {"epochs": 1, "batch_size": 16, "lr": 5.0e-3},
     "agent": {"epochs": 0},
 }
 

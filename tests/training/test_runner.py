@@ -109,13 +109,11 @@ def test_two_gloo_workers_match_one_worker(ray_session, small_quickstart, tmp_pa
 
 
 def test_two_fsdp_workers_train_and_checkpoint_the_whole_model(ray_session, small_quickstart, tmp_path):
-    one, _ = launch(small_quickstart, tmp_path, "one", epochs=4, workers=1)
-    two, _ = launch(small_quickstart, tmp_path, "fsdp", epochs=4, workers=2, parallel_strategy="fsdp")
-    a, b = one.metrics["valid_ndcg@3"], two.metrics["valid_ndcg@3"]
-    assert b == pytest.approx(a, abs=0.1), (a, b)
-    assert b > 0.2, (a, b)  # an untrained model scores about 0.1 here
+    two, _ = launch(small_quickstart, tmp_path, "fsdp", epochs=3, workers=2, parallel_strategy="fsdp")
+    b = two.metrics["valid_ndcg@3"]
+    assert b > 0.2, b  # an untrained model scores about 0.1 here
     # The checkpoint holds the full (unsharded) model: reloaded, it scores what the run reported.
-    params = DenseMethod(encoder=TINY_ENCODER, epochs=4, batch_size=32, lr=2e-3).params
+    params = DenseMethod(encoder=TINY_ENCODER, epochs=3, batch_size=32, lr=2e-3).params
     method = BiEncoderRetriever(params, BiEncoder.load(two.model_dir))
     method.index(small_quickstart.corpus)
     queries, best = small_quickstart.split_queries("valid"), 0.0
