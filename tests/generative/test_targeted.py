@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_lm import tiny_lm
 
-from components.generative.perplexity import perplexity
+from components.generative.perplexity import document_perplexity, perplexity
 from components.generative.targeted import (
     LMExample,
     TargetedLM,
@@ -71,3 +71,22 @@ def test_perplexity_is_exp_of_the_mean_token_loss(lm):
     assert perplexity(model, tokenizer, texts, batch_size=2) == pytest.approx(
         math.exp(total / count), rel=1e-4
     )
+
+
+def test_document_perplexity_scores_every_window_of_a_long_text(lm):
+    model, tokenizer, _ = lm
+    text = " ".join(["find cheap flights to rome and a hotel near the station"] * 6)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    window = 16
+    total, count = 0.0, 0
+    for i in range(0, len(ids), window):
+        chunk = torch.tensor([ids[i : i + window]])
+        if chunk.shape[1] < 2:
+            continue
+        with torch.no_grad():
+            total += float(model(input_ids=chunk, labels=chunk).loss) * (chunk.shape[1] - 1)
+        count += chunk.shape[1] - 1
+    got, scored = document_perplexity(model, tokenizer, text, window=window, batch_size=3)
+    assert scored == count and got == pytest.approx(math.exp(total / count), rel=1e-4)
+    with pytest.raises(ValueError, match="window must be >= 2"):
+        document_perplexity(model, tokenizer, text, window=1)
