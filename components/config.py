@@ -52,7 +52,7 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.epochs=3")
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.num_workers=2")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:

@@ -9,10 +9,8 @@ one over (a retry after a worker failure, or a restarted run with the same name 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
-import resource
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,11 +20,18 @@ import ray.train
 import ray.train.torch
 import torch
 from safetensors.torch import load_model, save_model
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT
+from components.training.parallel import (
+    WholeModel,
+    clip_gradients,
+    enable_gradient_checkpointing,
+    peak_memory_mb,
+    prepare,
+    unwrap,
+)
 from components.training.resume import resume_checkpoint, settings_fingerprint
 from components.training.spec import StageConfig, import_object
 from components.training.state import (
@@ -46,61 +51,6 @@ def make_task(config: StageConfig) -> StageTask:
     if not isinstance(task, StageTask):
         raise TypeError(f"{config.task} built a {type(task).__name__}, not a StageTask")
     return task
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DDP or FSDP wrapper."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDP) else model
-
-
-class WholeModel:
-    """The whole, unsharded model for validation and checkpoints, whatever wraps the one training.
-
-    Under DDP (or one worker) that is the module inside the wrapper. FSDP shards the parameters,
-    so a CPU copy taken before wrapping is filled with the gathered full state each time it is
-    asked for (a collective: every rank asks). Its tensors are its own, which safetensors and
-    ``save_pretrained`` need (FSDP's unsharded views share one flat storage).
-    """
-
-    def __init__(self, model: torch.nn.Module, fsdp: bool) -> None:
-        self.copy = copy.deepcopy(model).cpu() if fsdp else None
-
-    def __call__(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.copy is None:
-            return unwrap(model)
-        with FSDP.summon_full_params(model, writeback=False):
-            state = {k: v.detach().clone().cpu() for k, v in unwrap(model).state_dict().items()}
-        self.copy.load_state_dict(state)
-        return self.copy
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Turn on activation recomputation in every Hugging Face model inside ``model``."""
-    backbones = [m for m in model.modules() if getattr(m, "supports_gradient_checkpointing", False)]
-    if not backbones:
-        raise ValueError(
-            f"gradient_checkpointing: {type(model).__name__} holds no model that supports it "
-            "(a Hugging Face PreTrainedModel with supports_gradient_checkpointing)"
-        )
-    for backbone in backbones:
-        # Non-reentrant: works with inputs that need no grad (frozen embeddings) and with DDP.
-        # Transformers 5.x renamed the switch (the old name warns, and goes in v6).
-        if hasattr(backbone, "activation_checkpointing_enable"):
-            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def prepare(model: torch.nn.Module, config: StageConfig, world: int) -> torch.nn.Module:
-    """Move to the worker's device and wrap for ``config.parallel_strategy`` when there are several
-    workers (Ray Train's ``prepare_model``). Ray Train offers FSDP on GPU workers only; on CPU
-    workers (gloo) the same wrapper is built here, so the sharded path also runs, and is tested, on
-    a CPU cluster."""
-    if config.parallel_strategy == "fsdp" and config.device == "cpu" and world > 1:
-        return FSDP(
-            ray.train.torch.prepare_model(model, parallel_strategy=None), device_id=torch.device("cpu")
-        )
-    return ray.train.torch.prepare_model(model, parallel_strategy=config.parallel_strategy)
 
 
 def _chaos(config: StageConfig, epoch: int) -> None:
@@ -217,22 +167,6 @@ def run_epoch(
         "epoch_seconds": time.perf_counter() - started,
         "peak_memory_mb": peak_memory_mb(config.device),
     }
-
-
-def peak_memory_mb(device: str) -> float:
-    """Peak memory of this worker so far, in MiB: allocated GPU memory on CUDA (what the model,
-    activations and optimizer state took), the process's peak resident set on CPU."""
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:
-    """Clip the global gradient norm (FSDP computes it across its shards)."""
-    if isinstance(model, FSDP):
-        model.clip_grad_norm_(max_norm)
-    else:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
 def warm_up(optimizer: torch.optim.Optimizer, step: int, config: StageConfig) -> None:

@@ -14,7 +14,8 @@ import torch
 from conftest import TINY_ENCODER
 
 from components.encoders.text_encoder import EncoderSpec, TextEncoder
-from components.training.loop import enable_gradient_checkpointing, run_epoch
+from components.training.loop import run_epoch
+from components.training.parallel import enable_gradient_checkpointing
 from components.training.spec import StageConfig, StageInputs
 from components.training.task import StageTask
 

@@ -28,7 +28,6 @@ def config(data: str, root: Path, method: dict, **tune_section) -> dict:
             "train": {
                 "storage_path": str(root / "train"),
                 "local_dir": str(root / "ckpt"),
-                "output": str(root / "models"),
             },
             "tune": {
                 "storage_path": str(root / "tune"),
@@ -152,7 +151,7 @@ def test_the_best_yaml_trains_unchanged_with_the_selected_setting(dense_sweep):
     assert best["method"]["params"]["lr"] == 3e-3 and best["bench"]["run"] == ["dense_tuned"]
     assert best["bench"]["methods"]["dense_tuned"]["params"] == best["method"]["params"]
     cfg = merge(packaged_config("default"), best)
-    out = train(merge(cfg, {"train": {"output": str(root / "from_best")}}))
+    out = train(cfg)
     saved = json.loads((Path(out["artifact"]) / "config.json").read_text())
     assert saved["lr"] == 3e-3
     assert "&id" not in (root / "out" / "planted_best.yaml").read_text()  # plain YAML, no anchors

@@ -27,7 +27,7 @@ from components.methods.masstool.method import MassToolMethod
 from components.methods.masstool.model import MassToolModel
 from components.methods.masstool.params import MassToolParams
 from components.metrics import detection_metrics, evaluate_retrieval
-from components.training.loop import unwrap
+from components.training.parallel import unwrap
 from components.training.spec import StageConfig
 from components.training.task import StageTask
 

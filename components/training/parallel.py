@@ -1,0 +1,87 @@
+"""How a stage's model is laid out across workers and memory: the DDP or FSDP wrapper, activation
+recomputation, gradient clipping across shards, and the whole (unsharded) model that validation and
+checkpoints read. The loop (:mod:`components.training.loop`) calls these; none of them changes what
+is learned, only where it is held.
+"""
+
+from __future__ import annotations
+
+import copy
+import resource
+
+import ray.train.torch
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from components.training.spec import StageConfig
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP or FSDP wrapper."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDP) else model
+
+
+class WholeModel:
+    """The whole, unsharded model for validation and checkpoints, whatever wraps the one training.
+
+    Under DDP (or one worker) that is the module inside the wrapper. FSDP shards the parameters,
+    so a CPU copy taken before wrapping is filled with the gathered full state each time it is
+    asked for (a collective: every rank asks). Its tensors are its own, which safetensors and
+    ``save_pretrained`` need (FSDP's unsharded views share one flat storage).
+    """
+
+    def __init__(self, model: torch.nn.Module, fsdp: bool) -> None:
+        self.copy = copy.deepcopy(model).cpu() if fsdp else None
+
+    def __call__(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.copy is None:
+            return unwrap(model)
+        with FSDP.summon_full_params(model, writeback=False):
+            state = {k: v.detach().clone().cpu() for k, v in unwrap(model).state_dict().items()}
+        self.copy.load_state_dict(state)
+        return self.copy
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on activation recomputation in every Hugging Face model inside ``model``."""
+    backbones = [m for m in model.modules() if getattr(m, "supports_gradient_checkpointing", False)]
+    if not backbones:
+        raise ValueError(
+            f"gradient_checkpointing: {type(model).__name__} holds no model that supports it "
+            "(a Hugging Face PreTrainedModel with supports_gradient_checkpointing)"
+        )
+    for backbone in backbones:
+        # Non-reentrant: works with inputs that need no grad (frozen embeddings) and with DDP.
+        # Transformers 5.x renamed the switch (the old name warns, and goes in v6).
+        if hasattr(backbone, "activation_checkpointing_enable"):
+            backbone.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def prepare(model: torch.nn.Module, config: StageConfig, world: int) -> torch.nn.Module:
+    """Move to the worker's device and wrap for ``config.parallel_strategy`` when there are several
+    workers (Ray Train's ``prepare_model``). Ray Train offers FSDP on GPU workers only; on CPU
+    workers (gloo) the same wrapper is built here, so the sharded path also runs, and is tested, on
+    a CPU cluster."""
+    if config.parallel_strategy == "fsdp" and config.device == "cpu" and world > 1:
+        return FSDP(
+            ray.train.torch.prepare_model(model, parallel_strategy=None), device_id=torch.device("cpu")
+        )
+    return ray.train.torch.prepare_model(model, parallel_strategy=config.parallel_strategy)
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:
+    """Clip the global gradient norm (FSDP computes it across its shards)."""
+    if isinstance(model, FSDP):
+        model.clip_grad_norm_(max_norm)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def peak_memory_mb(device: str) -> float:
+    """Peak memory of this worker so far, in MiB: allocated GPU memory on CUDA (what the model,
+    activations and optimizer state took), the process's peak resident set on CPU."""
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
