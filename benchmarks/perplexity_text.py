@@ -29,8 +29,9 @@ TEXT = os.path.join(ROOT, "benchmarks", "data", "sherlock_holmes_i_vi.txt")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "perplexity_text.json")
 
 
-def score(name: str, path: str, text: str, window: int) -> dict:
-    """One row: the model's perplexity of ``text`` in windows of at most ``window`` tokens."""
+def score(name: str, path: str, text: str, label: str, window: int) -> dict:
+    """One row: the model's perplexity of ``text`` (called ``label``) in windows of at most ``window``
+    tokens."""
     lm, tokenizer, codebook = load_bundle(path)
     window = min(window, int(getattr(lm.config, "max_position_embeddings", window)))
     started = time.perf_counter()
@@ -43,7 +44,7 @@ def score(name: str, path: str, text: str, window: int) -> dict:
             "vocab_size": len(tokenizer),
             "tool_codes": len(codebook),
         },
-        "split": os.path.splitext(os.path.basename(TEXT))[0],
+        "split": label,
         "metrics": {"perplexity": ppl, "tokens": tokens, "seconds": time.perf_counter() - started},
     }
 
@@ -62,12 +63,13 @@ def main() -> None:
     transformers.logging.disable_progress_bar()
     with open(args.text) as f:
         text = f.read()
+    label = os.path.splitext(os.path.basename(args.text))[0]
     rows = []
     for spec in args.model:
         name, sep, path = spec.partition("=")
         if not sep:
             parser.error(f"--model {spec!r}: expected NAME=DIR")
-        rows.append(score(name, path, text, args.window))
+        rows.append(score(name, path, text, label, args.window))
         print(rows[-1]["method"], rows[-1]["metrics"])
     table = md_table(
         ["model", "perplexity", "tokens", "window", "vocabulary", "tool codes", "seconds"],
@@ -84,8 +86,8 @@ def main() -> None:
             for r in rows
         ],
     )
-    report = {"dataset": "sherlock_holmes_i_vi", "results": rows, "notes": args.about + "\n"}
-    title = "Perplexity of a general-English text (The Adventures of Sherlock Holmes, I-VI) under each LM"
+    report = {"dataset": label, "results": rows, "notes": args.about + "\n"}
+    title = f"Perplexity of a general-English text ({label}) under each LM"
     write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
 
 

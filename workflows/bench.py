@@ -67,9 +67,10 @@ def bench_entry(
     # Training's peak memory (the largest over the stages this entry trained; a reused cached
     # stage reports none) and where it trained.
     peaks = [s["peak_memory_mb"] for s in trained["stages"].values() if "peak_memory_mb" in s]
+    device = device_name(run)
     for row in rows:
         row["train_seconds"] = trained["train_seconds"]
-        row["device"] = device_name(run)
+        row["device"] = device
         if peaks:
             row["peak_memory_mb"] = round(max(peaks), 1)
     return rows

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray.train
@@ -30,6 +30,7 @@ from components.training.parallel import (
     enable_gradient_checkpointing,
     peak_memory_mb,
     prepare,
+    sharded,
     unwrap,
 )
 from components.training.resume import resume_checkpoint, settings_fingerprint
@@ -85,6 +86,14 @@ def _save_checkpoint(
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
 
 
+def build_model(task: StageTask, config: StageConfig) -> torch.nn.Module:
+    """The task's model, with activation recomputation switched on when the stage asks for it."""
+    model = task.build_model()
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
 def build_optimizer(model: torch.nn.Module, config: StageConfig, task: StageTask) -> torch.optim.Optimizer:
     """AdamW with the stage's learning rate and weight decay over the task's parameter groups."""
     return torch.optim.AdamW(
@@ -126,10 +135,10 @@ def run_epoch(
     config: StageConfig,
     epoch: int,
     show_bar: bool,
-    whole: WholeModel | None = None,
+    whole: Callable[[torch.nn.Module], torch.nn.Module] = unwrap,
 ) -> dict[str, float]:
-    """Train one epoch, then validate (``whole``'s model: see :class:`WholeModel`); returns the
-    epoch's metrics (``valid_*``, loss, seconds)."""
+    """Train one epoch, then validate the model ``whole`` gives (the unwrapped module, or FSDP's
+    gathered copy: :class:`WholeModel`); returns the epoch's metrics (``valid_*``, loss, seconds)."""
     started = time.perf_counter()
     task.start_epoch(unwrap(model), epoch)  # e.g. refresh embeddings the task caches (MassTool's pool)
     model.train()
@@ -159,8 +168,7 @@ def run_epoch(
             "lower batch_size or add training data"
         )
     model.eval()
-    validated = whole(model) if whole is not None else unwrap(model)
-    metrics = {f"valid_{k}": float(v) for k, v in task.validate(validated).items()}
+    metrics = {f"valid_{k}": float(v) for k, v in task.validate(whole(model)).items()}
     return metrics | {
         "epoch": epoch,
         "train_loss": sum(losses) / len(losses),
@@ -197,10 +205,8 @@ def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
     torch.use_deterministic_algorithms(bool(config.deterministic), warn_only=True)
     torch.manual_seed(int(config.seed))
     task = make_task(config)
-    model = task.build_model()
-    if config.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    fsdp = config.parallel_strategy == "fsdp" and world > 1
+    model = build_model(task, config)
+    fsdp = sharded(config, world)
     # FSDP flattens and shards the parameters when it wraps the model, so its optimizer must be
     # built on the wrapped model; DDP keeps the same parameters, built before (as ever).
     optimizer = None if fsdp else build_optimizer(model, config, task)
@@ -277,9 +283,7 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
 def _train_in_process(config: StageConfig, checkpoint_root: str) -> list[dict[str, float]]:
     torch.manual_seed(int(config.seed))
     task = make_task(config)
-    model = task.build_model()
-    if config.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+    model = build_model(task, config)
     optimizer = build_optimizer(model, config, task)
     generator = torch.Generator()
     loader = make_loader(task, config, 1, generator)

@@ -59,12 +59,17 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def sharded(config: StageConfig, world: int) -> bool:
+    """Whether the stage's model is sharded with FSDP (only ever across several workers)."""
+    return config.parallel_strategy == "fsdp" and world > 1
+
+
 def prepare(model: torch.nn.Module, config: StageConfig, world: int) -> torch.nn.Module:
     """Move to the worker's device and wrap for ``config.parallel_strategy`` when there are several
     workers (Ray Train's ``prepare_model``). Ray Train offers FSDP on GPU workers only; on CPU
     workers (gloo) the same wrapper is built here, so the sharded path also runs, and is tested, on
     a CPU cluster."""
-    if config.parallel_strategy == "fsdp" and config.device == "cpu" and world > 1:
+    if sharded(config, world) and config.device == "cpu":
         return FSDP(
             ray.train.torch.prepare_model(model, parallel_strategy=None), device_id=torch.device("cpu")
         )
