@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "masstool": "components.methods.masstool.method:MassToolMethod",
     "toolgen": "components.methods.toolgen.method:ToolGenMethod",
     "toolweaver": "components.methods.toolweaver.method:ToolWeaverMethod",
+    "querygen": "components.methods.querygen.method:QueryGenMethod",
 }
 
 __all__ = ["CAPABILITIES", "REGISTRY", "Method", "artifact_method", "build", "load", "method_class"]

@@ -1,0 +1,83 @@
+"""Batched free-text generation from a causal LM: chat prompts, greedy or sampled continuations.
+
+Used where an LM writes text rather than tool codes (the query rewriter of arXiv 2412.03573).
+Prompts are left-padded so that every row's continuation starts at the same position; decoding is
+greedy (deterministic, for evaluation and serving) or sampled with a seeded generator (several
+candidates per prompt, for alignment by retrieval reward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> str:
+    """The prompt text for one request: the tokenizer's chat template when it has one (instruct
+    models such as SmolLM2-Instruct were tuned on it), else plain ``system / request / query:`` lines."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{system}\nrequest: {user}\nquery:"
+
+
+def first_line(text: str) -> str:
+    """A generation cut at its first line break, stripped (rewrites are one line)."""
+    return text.strip().split("\n", 1)[0].strip()
+
+
+@torch.inference_mode()
+def generate_texts(
+    lm: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    max_new_tokens: int = 24,
+    max_prompt_tokens: int = 256,
+    samples: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> list[list[str]]:
+    """``samples`` continuations of each prompt (first line only, special tokens dropped).
+
+    ``temperature == 0`` decodes greedily (then ``samples`` must be 1); otherwise nucleus sampling
+    from a generator seeded per batch, so a call repeats exactly.
+    """
+    if temperature <= 0 and samples != 1:
+        raise ValueError(f"greedy decoding gives one continuation per prompt, asked for {samples}")
+    lm.eval()
+    device = next(lm.parameters()).device
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    out: list[list[str]] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = list(prompts[start : start + batch_size])
+            enc = tokenizer(
+                chunk,
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=max_prompt_tokens,
+                add_special_tokens=False,  # chat templates carry their own special tokens
+            ).to(device)
+            kwargs: dict = {"do_sample": False}
+            if temperature > 0:
+                torch.manual_seed(seed * 100_003 + start)
+                kwargs = {"do_sample": True, "temperature": temperature, "top_p": top_p}
+            ids = lm.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=samples,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                **kwargs,
+            )
+            texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            out += [[first_line(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
+    finally:
+        tokenizer.padding_side = side
+    return out

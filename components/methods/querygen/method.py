@@ -1,0 +1,295 @@
+"""Query generation in front of any retriever (arXiv 2412.03573, "Efficient and Effective Tool
+Retrieval via Query Generation").
+
+An LM rewrites each request into a search query that names the capabilities it needs; any registered
+retriever (BM25, dense, MassTool ...) searches with it, alone or fused with the original query's
+ranking (reciprocal rank fusion). Three generators, as in the paper:
+
+- **zero-shot**: the instruct LM prompted as is (``sft.epochs: 0``, ``align.rounds: 0``);
+- **supervised** (``sft``): fine-tuned (LoRA) on targets made of each training query's relevant
+  tools' names and short descriptions;
+- **aligned** (``align``): rejection-sampling fine-tuning by retrieval reward, iterated: each round
+  samples several rewrites per training query, scores each by the retriever's ``reward_metric`` for
+  that query's relevant tools, and fine-tunes on the best one (the paper's reward-driven alignment;
+  rejection sampling instead of DPO keeps one training task for every stage).
+
+Each generator stage is one Ray Train run of :class:`components.methods.querygen.task.RewriteTask`.
+The caller only ever gets the retriever's catalog ids back: generated text never names a tool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+import ray
+
+from components import methods
+from components.data.types import Corpus, Dataset, Queries, Results
+from components.generative.generate import chat_prompt, generate_texts
+from components.generative.lm import build_causal_lm, lm_spec_from, load_causal_lm, save_causal_lm
+from components.generative.targeted import TargetedLM
+from components.methods.base import Method, read_config, write_config
+from components.methods.querygen.align import choose_rewrites
+from components.methods.querygen.data import (
+    RewritePairs,
+    reciprocal_rank_fusion,
+    round_queries,
+    sft_pairs,
+)
+from components.methods.querygen.params import QueryGenParams
+from components.methods.querygen.task import mean_target_nll, rewrite_examples
+from components.metrics import evaluate_retrieval, ranked
+from components.training.inputs import share
+from components.training.spec import RunSpec, StageConfig, StageInputs
+
+TASK = "components.methods.querygen.task:RewriteTask"
+
+
+class QueryGenMethod:
+    """An LM query rewriter plus a retriever (see module docstring)."""
+
+    name: ClassVar[str] = "querygen"
+    stages: ClassVar[tuple[str, ...]] = ("retriever", "sft", "align")
+    # Tools added after training are found as the wrapped retriever finds them: by their text.
+    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "cold_start"})
+
+    def __init__(self, **params: Any) -> None:
+        self.params = QueryGenParams(**params)
+        self.fusion = None if self.params.fusion == "auto" else self.params.fusion
+        self.retriever: Method | None = None
+        self.generator_dir: str | None = lm_spec_from(self.params.generator).name_or_path
+        self._generator_source = self.generator_dir  # where workers read it (see inputs.share)
+        self._lm = self._tokenizer = None
+        self._cache: dict[str, str] = {}
+        self.report: dict[str, dict[str, float]] = {}
+        self.tool_ids: list[str] = []
+
+    # -- training ---------------------------------------------------------------------------
+    def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
+        """Run one stage; returns its metrics (each stage ends with a retrieval check on valid)."""
+        steps = {"retriever": self._fit_retriever, "sft": self._fit_sft, "align": self._fit_align}
+        if stage not in steps:
+            raise ValueError(f"querygen has stages {self.stages}, not {stage!r}")
+        out = steps[stage](data, run)
+        out |= self.valid_check(data, stage)
+        if stage == self.stages[-1] and self.fusion is None:  # "auto": the better fusion on valid
+            m = self.params.select_metric
+            self.fusion = "rrf" if out.get(f"rrf_{m}", 0.0) > out.get(f"generated_{m}", 0.0) else "generated"
+        self.report[stage] = out
+        return out
+
+    def _fit_retriever(self, data: Dataset, run: RunSpec) -> dict[str, float]:
+        spec = self.params.retriever
+        out: dict[str, float] = {}
+        if "path" in spec:
+            self.retriever = methods.load(spec["path"])
+        else:
+            self.retriever = methods.build(spec["method"], spec.get("params"))
+            child = dataclasses.replace(run, name=f"{run.name}-retriever")
+            for name in self.retriever.stages:
+                metrics = self.retriever.fit(name, data, child)
+                out |= {f"retriever_{name}_{k}": v for k, v in metrics.items() if isinstance(v, float)}
+        self.retriever.index(data.corpus)
+        self.tool_ids = list(self.retriever.tool_ids)
+        if self.generator_dir is None:  # no pretrained LM named: a small one built here (offline, tests)
+            self.generator_dir = self._scratch_generator(data, run)
+            self._generator_source = share(self.generator_dir, run, f"{run.name}-generator-init")
+        return out
+
+    def _scratch_generator(self, data: Dataset, run: RunSpec) -> str:
+        path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-generator-init")
+        pairs = sft_pairs(data, "train", self.params.target_tools, self.params.description_words)
+        texts = [self.params.system_prompt] + [t for pair in pairs for t in pair]
+        lm, tokenizer = build_causal_lm(lm_spec_from(self.params.generator), texts, seed=run.seed)
+        save_causal_lm(lm, tokenizer, path)
+        return path
+
+    def _train(
+        self, stage: str, pairs: RewritePairs, settings: dict[str, Any], run: RunSpec
+    ) -> dict[str, float]:
+        """One generator stage on Ray Train from the current generator; the best checkpoint becomes it."""
+        from components.training.runner import run_stage
+
+        config = StageConfig(
+            task=TASK,
+            stage=stage,
+            params=self.params,
+            inputs=StageInputs(dataset=ray.put(pairs), init_dir=self._generator_source),
+            epochs=int(settings["epochs"]),
+            lr=float(settings["lr"]),
+            # A round keeps only the queries whose best sample earned a reward, maybe fewer than a batch.
+            batch_size=min(int(settings["batch_size"]), len(pairs.train)),
+            score="valid_score",
+            progress=self.params.progress,
+        )
+        result = run_stage(config, run)
+        self.use_generator(result.model_dir)
+        self._generator_source = result.model_uri
+        return {**result.metrics, "stage_seconds": result.seconds}
+
+    def _fit_sft(self, data: Dataset, run: RunSpec) -> dict[str, float]:
+        p, settings = self.params, self.params.sft
+        if int(settings["epochs"]) <= 0:
+            return {}
+        pairs = RewritePairs(
+            train=sft_pairs(data, "train", p.target_tools, p.description_words, settings["max_examples"]),
+            valid=sft_pairs(data, "valid", p.target_tools, p.description_words, p.valid_queries),
+        )
+        return self._train("sft", pairs, settings, run)
+
+    def _fit_align(self, data: Dataset, run: RunSpec) -> dict[str, float]:
+        """Rejection-sampling rounds: sample, reward by retrieval, fine-tune on each query's best."""
+        p, settings = self.params, self.params.align
+        out: dict[str, float] = {}
+        valid = sft_pairs(data, "valid", p.target_tools, p.description_words, p.valid_queries)
+        for r in range(1, int(settings["rounds"]) + 1):
+            seed = p.seed * 1000 + r
+            qids = round_queries(data, int(settings["queries"]), seed)
+            best, stats = self.best_rewrites(
+                data,
+                qids,
+                int(settings["samples"]),
+                float(settings["temperature"]),
+                float(settings["top_p"]),
+                seed,
+            )
+            out |= {f"round{r}_{k}": v for k, v in stats.items()}
+            if not best:
+                out[f"round{r}_skipped"] = 1.0  # no sample earned any reward: nothing to learn from
+                continue
+            # How much likelier the generator makes the chosen rewrites: the round's direct effect.
+            out[f"round{r}_chosen_nll_before"] = self.pairs_nll(best)
+            trained = self._train(f"align{r}", RewritePairs(train=best, valid=valid), settings, run)
+            out[f"round{r}_chosen_nll_after"] = self.pairs_nll(best)
+            out |= {f"round{r}_{k}": v for k, v in trained.items()}
+            out |= {f"round{r}_{k}": v for k, v in self.valid_check(data, f"align{r}").items()}
+        return out
+
+    def best_rewrites(
+        self, data: Dataset, qids: list[str], samples: int, temperature: float, top_p: float, seed: int
+    ) -> tuple[list[tuple[str, str]], dict[str, float]]:
+        """``samples`` sampled rewrites of each query, the best kept where it earns a reward
+        (:func:`components.methods.querygen.align.choose_rewrites`), and the round's reward figures."""
+        texts = [data.queries[q] for q in qids]
+        candidates = generate_texts(
+            *self.generator(),
+            self.prompts(texts),
+            self.params.max_new_tokens,
+            samples=samples,
+            temperature=temperature,
+            top_p=top_p,
+            batch_size=self.params.eval_batch_size,
+            seed=seed,
+        )
+        assert self.retriever is not None
+        return choose_rewrites(
+            dict(zip(qids, texts, strict=True)),
+            dict(zip(qids, candidates, strict=True)),
+            self.retriever,
+            data.qrels["train"],
+            self.params.reward_metric,
+        )
+
+    def pairs_nll(self, pairs: list[tuple[str, str]]) -> float:
+        """Mean per-token NLL of the rewrites in ``pairs`` given their queries, under the generator."""
+        lm, tokenizer = self.generator()
+        examples = rewrite_examples(tokenizer, self.params, pairs)
+        return mean_target_nll(TargetedLM(lm), examples, tokenizer.pad_token_id, self.params.eval_batch_size)
+
+    def valid_check(self, data: Dataset, stage: str) -> dict[str, float]:
+        """Retrieval on (a prefix of) valid with the current generator, for both fusions."""
+        qrels = dict(list((data.qrels.get("valid") or {}).items())[: self.params.valid_queries])
+        if not qrels or self.retriever is None:
+            return {}
+        queries = {q: data.queries[q] for q in qrels}
+        out = {}
+        for fusion in ("generated", "rrf"):
+            metrics = evaluate_retrieval(qrels, self.retrieve(queries, 5, fusion))
+            out |= {f"{fusion}_{k}": metrics[k] for k in ("recall@3", "ndcg@3", "recall@5")}
+        return out
+
+    # -- generation and retrieval -------------------------------------------------------------
+    def use_generator(self, path: str) -> None:
+        """Load the rewriting LM from ``path`` (a stage output or a saved artifact's generator)."""
+        self._lm, self._tokenizer = load_causal_lm(path)
+        self._lm.eval()
+        self.generator_dir = path
+        self._cache.clear()
+
+    def generator(self) -> tuple[Any, Any]:
+        """The rewriting LM and its tokenizer (loaded on first use)."""
+        if self._lm is None:
+            if self.generator_dir is None:
+                raise RuntimeError("querygen: no generator yet (fit the retriever stage or load an artifact)")
+            self.use_generator(self.generator_dir)
+        return self._lm, self._tokenizer
+
+    def prompts(self, texts: list[str]) -> list[str]:
+        _, tokenizer = self.generator()
+        return [chat_prompt(tokenizer, self.params.system_prompt, t) for t in texts]
+
+    def rewrite(self, queries: Queries) -> Queries:
+        """The greedy rewrite of each query (cached by text; an empty one falls back to the query)."""
+        todo = sorted({t for t in queries.values() if t not in self._cache})
+        if todo:
+            lm, tokenizer = self.generator()
+            texts = generate_texts(
+                lm,
+                tokenizer,
+                self.prompts(todo),
+                self.params.max_new_tokens,
+                batch_size=self.params.eval_batch_size,
+            )
+            self._cache.update({t: g[0] or t for t, g in zip(todo, texts, strict=True)})
+        return {q: self._cache[t] for q, t in queries.items()}
+
+    def index(self, corpus: Corpus) -> None:
+        """Index the catalog in the retriever (tools added later are found by their text)."""
+        if self.retriever is None:
+            raise RuntimeError("querygen: no retriever yet (fit the retriever stage or load an artifact)")
+        self.retriever.index(corpus)
+        self.tool_ids = list(self.retriever.tool_ids)
+
+    def retrieve(self, queries: Queries, k: int, fusion: str | None = None) -> Results:
+        """Top-``k`` catalog tools for each query, searched with its rewrite (and, fused, itself)."""
+        assert self.retriever is not None, "index() first"
+        fusion = fusion or self.fusion or "generated"
+        depth = max(k, self.params.fusion_depth)
+        found = self.retriever.retrieve(self.rewrite(queries), depth)
+        if fusion == "rrf":
+            found = reciprocal_rank_fusion(
+                [self.retriever.retrieve(queries, depth), found], self.params.rrf_k, depth
+            )
+        return {q: {t: found.get(q, {})[t] for t in ranked(found.get(q, {}), k)} for q in queries}
+
+    # -- artifacts ------------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """``config.json`` (params, chosen fusion), ``generator/`` (HF LM) and ``retriever/``."""
+        assert self.retriever is not None, "nothing to save before the retriever stage"
+        lm, tokenizer = self.generator()
+        save_causal_lm(lm, tokenizer, os.path.join(path, "generator"))
+        self.retriever.save(os.path.join(path, "retriever"))
+        write_config(
+            path,
+            {
+                "method": self.name,
+                "params": asdict(self.params),
+                "fusion": self.fusion,
+                "report": self.report,
+            },
+        )
+
+    @classmethod
+    def load(cls, path: str) -> QueryGenMethod:
+        config = read_config(path)
+        params = {**config["params"], "retriever": {"path": os.path.join(path, "retriever")}}
+        method = cls(**params)
+        method.fusion = config.get("fusion") or "generated"
+        method.report = config.get("report") or {}
+        method.retriever = methods.load(os.path.join(path, "retriever"))
+        method.tool_ids = list(method.retriever.tool_ids)
+        method.use_generator(os.path.join(path, "generator"))
+        return method

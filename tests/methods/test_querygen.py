@@ -1,0 +1,115 @@
+"""Query generation (arXiv 2412.03573): SFT targets, retrieval reward, fusion, an alignment round."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import write_tiny_dataset
+
+from components import methods
+from components.data import open_dataset
+from components.methods.querygen.data import reciprocal_rank_fusion, rewrite_reward, sft_pairs
+from components.metrics import evaluate_retrieval
+from components.training.spec import RunSpec
+
+# A small Llama built here (the offline fallback): SmolLM2 is the default generator.
+TINY_GENERATOR = {
+    "vocab_size": 600,
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "intermediate_size": 128,
+    "max_length": 192,
+}
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return open_dataset(str(write_tiny_dataset(tmp_path / "tiny")))
+
+
+def test_sft_targets_name_the_relevant_tools_with_their_descriptions(tiny):
+    # open_dataset carves valid out of train: the five training queries are in one or the other.
+    pairs = dict(sft_pairs(tiny, "train", 3, 3) + sft_pairs(tiny, "valid", 3, 3))
+    # q2 needs tools 1 (Fly / search flights) and 2 (Stay / hotel search), in id order.
+    assert pairs["find flights to Rome and a hotel there"] == (
+        "Fly / search flights: Find flights between; Stay / hotel search: Find hotels in"
+    )
+    assert pairs["recipes with salmon"] == "Chef / recipes: Recipes using an"
+    assert len(pairs) == 5  # one per query (q1, q2, q3, q5, q6)
+    capped = dict(sft_pairs(tiny, "train", 1, 3) + sft_pairs(tiny, "valid", 1, 3))
+    assert capped["find flights to Rome and a hotel there"] == "Fly / search flights: Find flights between"
+
+
+def test_reward_ranks_a_rewrite_with_the_relevant_tools_words_above_an_unrelated_one(tiny):
+    bm25 = methods.build("bm25")
+    bm25.index(tiny.corpus)
+    found = bm25.retrieve(
+        {"good": "hotel search find hotels in a city", "bad": "recipes using an ingredient"}, 3
+    )
+    relevant = {"2"}
+    assert rewrite_reward(relevant, found["good"], "ndcg@3") == 1.0
+    assert rewrite_reward(relevant, found["bad"], "ndcg@3") < 1.0
+
+
+def test_reciprocal_rank_fusion_adds_one_over_k_plus_rank():
+    a = {"q": {"x": 3.0, "y": 2.0}}
+    b = {"q": {"y": 9.0, "z": 1.0}}
+    fused = reciprocal_rank_fusion([a, b], k=60)["q"]
+    assert fused["y"] == pytest.approx(1 / 62 + 1 / 61)
+    assert fused["x"] == pytest.approx(1 / 61) and fused["z"] == pytest.approx(1 / 62)
+
+
+def test_bad_settings_fail_on_the_driver():
+    with pytest.raises(ValueError, match="fusion"):
+        methods.build("querygen", {"fusion": "max"})
+    with pytest.raises(ValueError, match="unknown align settings"):
+        methods.build("querygen", {"align": {"round": 2}})
+    with pytest.raises(ValueError, match="retriever needs one of"):
+        methods.build("querygen", {"retriever": {}})
+
+
+@pytest.fixture(scope="module")
+def aligned(ray_session, small_quickstart, tmp_path_factory):
+    root = tmp_path_factory.mktemp("querygen")
+    method = methods.build(
+        "querygen",
+        {
+            "generator": TINY_GENERATOR,
+            "lora": {},  # a scratch LM fine-tunes whole
+            "sft": {"epochs": 3, "lr": 3e-3, "batch_size": 16},
+            "align": {"rounds": 1, "queries": 80, "samples": 4, "epochs": 2, "lr": 1e-3},
+            "valid_queries": 32,
+            "max_new_tokens": 16,
+        },
+    )
+    run = RunSpec(name="qg-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    report = {stage: method.fit(stage, small_quickstart, run) for stage in method.stages}
+    return method, report
+
+
+def test_an_alignment_round_runs_on_ray_train_and_moves_the_generator_toward_its_best_rewrites(aligned):
+    method, report = aligned
+    sft, align = report["sft"], report["align"]
+    assert sft["valid_target_nll"] > 0 and "stage_seconds" in sft
+    # Rejection sampling keeps the best-rewarded sample of each query where it earned a reward ...
+    assert 0 < align["round1_kept"] <= 1
+    assert align["round1_best_reward"] > align["round1_sampled_reward"]
+    # ... and the round's Ray Train run makes exactly those rewrites likelier.
+    assert align["round1_chosen_nll_after"] < align["round1_chosen_nll_before"]
+    assert method.fusion in ("generated", "rrf")
+
+
+def test_retrieval_answers_catalog_ids_only_and_survives_save_load(aligned, small_quickstart, tmp_path):
+    method, _ = aligned
+    queries = small_quickstart.split_queries("test")
+    results = method.retrieve(queries, 5)
+    assert set(results) == set(queries)
+    assert all(set(r) <= set(small_quickstart.corpus) and len(r) <= 5 for r in results.values())
+    assert any(results.values())
+    method.save(str(tmp_path / "qg"))
+    again = methods.load(str(tmp_path / "qg"))
+    assert again.fusion == method.fusion
+    assert again.rewrite(queries) == method.rewrite(queries)
+    assert evaluate_retrieval(
+        small_quickstart.qrels["test"], again.retrieve(queries, 5)
+    ) == evaluate_retrieval(small_quickstart.qrels["test"], results)
