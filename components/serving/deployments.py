@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -149,19 +150,53 @@ class Detector:
 
 
 class QueryRewriter:
-    """The rewriting slot (see :mod:`.rewriter`). User config: the ``rewriter`` section."""
+    """The rewriting slot (see :mod:`.rewriter`). User config: the ``rewriter`` section, plus
+    ``timeout_s`` (past it a request is answered with its own query, so a slow generator never
+    fails a request) and ``cache_size`` (an LRU of recent (query, history) rewrites, emptied when a
+    new rewriter loads; changing only these two keeps the loaded model and its cache)."""
 
     def __init__(self) -> None:
         self.rewriter: Any = None
+        self.settings: dict[str, Any] = {}
+        self.timeout_s = 2.0
+        self.cache: OrderedDict[tuple[str, tuple[str, ...]], str] = OrderedDict()
+        self.cache_size = 1024
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        load = partial(build_rewriter, _settings(config))
+        settings = _settings(config)
+        self.timeout_s = float(settings.pop("timeout_s", 2.0))
+        self.cache_size = int(settings.pop("cache_size", 1024))
+        _batching(self._rewrite_batch, config)
+        if self.rewriter is not None and settings == self.settings:
+            return  # only the timeout, cache size or batching changed: keep the model and its cache
+        load = partial(build_rewriter, settings)
         loaded, rewriter = await _load_new("QueryRewriter", load, serving=self.rewriter is not None)
         if loaded:
-            self.rewriter = rewriter
+            self.rewriter, self.settings = rewriter, settings
+            self.cache.clear()
 
     async def rewrite(self, query: str, history: list[str]) -> str:
-        return await asyncio.to_thread(self.rewriter.rewrite, query, history)
+        """The rewrite of ``query`` (cached), or ``query`` itself when it takes over ``timeout_s``."""
+        key = (query, tuple(history))
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self.cache[key]
+        try:
+            text = _raise_failed(
+                await asyncio.wait_for(self._rewrite_batch((query, list(history))), self.timeout_s)
+            )
+        except TimeoutError:
+            logger.warning("rewrite took over %.2f s; retrieving with the query as sent", self.timeout_s)
+            return query
+        self.cache[key] = text
+        if len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        return text
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
+    async def _rewrite_batch(self, requests: list[tuple[str, list[str]]]) -> list[str | Exception]:
+        rewriter = self.rewriter  # one version for the whole batch
+        return await asyncio.to_thread(call_each, rewriter.rewrite_many, requests)
 
 
 class Retriever:

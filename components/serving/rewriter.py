@@ -7,16 +7,25 @@ Backends (``rewriter.backend`` in the serving config):
   is retrieved with its context (the conversational query rewriting baseline of concatenating
   context, Vakulenko et al., 2021);
 - ``lm``: a causal LM (hub name or local dir, :func:`components.generative.lm.load_causal_lm`)
-  generates the rewrite greedily from ``prompt``; the query generation method plugs in here.
+  generates the rewrite greedily from ``prompt``;
+- ``querygen``: the generator of a trained query-generation artifact (``path``; arXiv 2412.03573,
+  :mod:`components.methods.querygen`), prompted as it was trained. Only the rewrite text comes out:
+  the retriever still answers with catalog ids, so a generated name can never reach the caller.
+
+Every backend rewrites a batch at once (``rewrite_many``): the serving deployment batches concurrent
+requests through it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
-import torch
-
+from components.generative.generate import chat_prompt, generate_texts
 from components.generative.lm import load_causal_lm
+from components.methods.base import read_config
+
+Request = tuple[str, list[str]]  # (query, history)
 
 
 class Rewriter(Protocol):
@@ -24,12 +33,17 @@ class Rewriter(Protocol):
 
     def rewrite(self, query: str, history: list[str]) -> str: ...
 
+    def rewrite_many(self, requests: list[Request]) -> list[str]: ...
+
 
 class PassThrough:
     """The query unchanged."""
 
     def rewrite(self, query: str, history: list[str]) -> str:
         return query
+
+    def rewrite_many(self, requests: list[Request]) -> list[str]:
+        return [q for q, _ in requests]
 
 
 class HistoryRewriter:
@@ -43,6 +57,9 @@ class HistoryRewriter:
     def rewrite(self, query: str, history: list[str]) -> str:
         context = history[-self.turns :] if self.turns else []
         return " ".join([*context, query])
+
+    def rewrite_many(self, requests: list[Request]) -> list[str]:
+        return [self.rewrite(q, h) for q, h in requests]
 
 
 class LMRewriter:
@@ -59,20 +76,40 @@ class LMRewriter:
         self.model.eval()
         self.prompt, self.max_new_tokens, self.turns = prompt, max_new_tokens, turns
 
-    @torch.inference_mode()
     def rewrite(self, query: str, history: list[str]) -> str:
-        context = " ".join(history[-self.turns :]) if self.turns else ""
-        enc = self.tokenizer(self.prompt.format(history=context, query=query), return_tensors="pt")
-        out = self.model.generate(
-            **enc,
-            max_new_tokens=self.max_new_tokens,
-            do_sample=False,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.tokenizer.eos_token_id,
+        return self.rewrite_many([(query, history)])[0]
+
+    def rewrite_many(self, requests: list[Request]) -> list[str]:
+        prompts = []
+        for query, history in requests:
+            context = " ".join(history[-self.turns :]) if self.turns else ""
+            prompts.append(self.prompt.format(history=context, query=query))
+        texts = generate_texts(self.model, self.tokenizer, prompts, self.max_new_tokens)
+        return [t[0] or q for t, (q, _) in zip(texts, requests, strict=True)]
+
+
+class QueryGenRewriter:
+    """The generator of a query-generation artifact, with the system prompt it was trained under;
+    the last ``turns`` of history are prepended to the request, as :class:`HistoryRewriter` does."""
+
+    def __init__(self, path: str, turns: int = 0, batch_size: int = 8) -> None:
+        params = read_config(path).get("params") or {}
+        self.model, self.tokenizer = load_causal_lm(os.path.join(path, "generator"))
+        self.model.eval()
+        self.system = str(params["system_prompt"])
+        self.max_new_tokens = int(params.get("max_new_tokens", 24))
+        self.history = HistoryRewriter(turns)
+        self.batch_size = batch_size
+
+    def rewrite(self, query: str, history: list[str]) -> str:
+        return self.rewrite_many([(query, history)])[0]
+
+    def rewrite_many(self, requests: list[Request]) -> list[str]:
+        prompts = [chat_prompt(self.tokenizer, self.system, self.history.rewrite(q, h)) for q, h in requests]
+        texts = generate_texts(
+            self.model, self.tokenizer, prompts, self.max_new_tokens, batch_size=self.batch_size
         )
-        text = self.tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-        text = text.split("\n")[0].strip()
-        return text or query
+        return [t[0] or q for t, (q, _) in zip(texts, requests, strict=True)]
 
 
 def build_rewriter(cfg: dict[str, Any] | None) -> Rewriter:
@@ -85,4 +122,6 @@ def build_rewriter(cfg: dict[str, Any] | None) -> Rewriter:
         return HistoryRewriter(**cfg)
     if backend == "lm":
         return LMRewriter(**cfg)
-    raise ValueError(f"unknown rewriter backend {backend!r}; choose passthrough, history or lm")
+    if backend == "querygen":
+        return QueryGenRewriter(**cfg)
+    raise ValueError(f"unknown rewriter backend {backend!r}; choose passthrough, history, lm or querygen")

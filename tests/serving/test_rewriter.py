@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 
-from components.serving.rewriter import HistoryRewriter, LMRewriter, PassThrough, build_rewriter
+from components.serving.rewriter import (
+    HistoryRewriter,
+    LMRewriter,
+    PassThrough,
+    QueryGenRewriter,
+    build_rewriter,
+)
 
 
 def test_passthrough_and_history():
@@ -27,3 +35,57 @@ def test_lm_rewriter_generates_from_a_saved_causal_lm(selector_lm):
     assert isinstance(rewriter, LMRewriter)
     text = rewriter.rewrite("weather forecast in Paris", ["I am flying to France"])
     assert isinstance(text, str) and text.strip() and "\n" not in text
+
+
+@pytest.fixture
+def querygen_artifact(selector_lm, tmp_path) -> str:
+    """A query-generation artifact's serving half: its generator (a small trained LM) and the
+    system prompt it is prompted with (``config.json``)."""
+    from components.methods.base import write_config
+
+    path = tmp_path / "querygen"
+    shutil.copytree(selector_lm[0], path / "generator")
+    write_config(
+        str(path), {"method": "querygen", "params": {"system_prompt": "Search query:", "max_new_tokens": 8}}
+    )
+    return str(path)
+
+
+def test_querygen_rewriter_batches_and_matches_one_by_one(querygen_artifact):
+    rewriter = build_rewriter({"backend": "querygen", "path": querygen_artifact})
+    assert isinstance(rewriter, QueryGenRewriter)
+    requests = [("weather forecast in Paris", []), ("cheap flights to Rome", ["I live in Oslo"])]
+    batch = rewriter.rewrite_many(requests)
+    assert batch == [rewriter.rewrite(q, h) for q, h in requests]
+    assert all(isinstance(t, str) and t.strip() and "\n" not in t for t in batch)
+
+
+def test_the_deployment_falls_back_to_the_query_on_timeout_and_caches_rewrites(
+    querygen_artifact, serve_instance
+):
+    from ray import serve
+
+    from components.serving.deployments import QueryRewriter
+
+    query, other = "weather forecast in Paris", "recipes with salmon"
+    expected = QueryGenRewriter(querygen_artifact).rewrite(query, [])
+    assert expected != query
+
+    def config(timeout_s: float) -> dict:
+        return {"backend": "querygen", "path": querygen_artifact, "timeout_s": timeout_s}
+
+    app = serve.deployment(QueryRewriter).options(user_config=config(1e-9)).bind()
+    handle = serve.run(app, name="rewriter-test", route_prefix=None)
+    try:
+        # No generator answers within a nanosecond: the request goes on with its own words, so the
+        # retriever answers exactly as for the original query.
+        assert handle.rewrite.remote(query, []).result() == query
+        # A new user config as Serve hands it to the running replica: only the timeout changes, so
+        # the model stays loaded and the cache is kept.
+        handle.reconfigure.remote(config(120)).result()
+        assert handle.rewrite.remote(query, []).result() == expected
+        handle.reconfigure.remote(config(1e-9)).result()
+        assert handle.rewrite.remote(query, []).result() == expected  # from the cache
+        assert handle.rewrite.remote(other, []).result() == other  # not cached: falls back
+    finally:
+        serve.delete("rewriter-test")
