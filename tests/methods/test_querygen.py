@@ -107,9 +107,26 @@ def test_retrieval_answers_catalog_ids_only_and_survives_save_load(aligned, smal
     assert all(set(r) <= set(small_quickstart.corpus) and len(r) <= 5 for r in results.values())
     assert any(results.values())
     method.save(str(tmp_path / "qg"))
+    assert not [p for p in (tmp_path / "qg").rglob("*") if p.suffix in (".pt", ".pkl", ".bin")]
     again = methods.load(str(tmp_path / "qg"))
     assert again.fusion == method.fusion
     assert again.rewrite(queries) == method.rewrite(queries)
     assert evaluate_retrieval(
         small_quickstart.qrels["test"], again.retrieve(queries, 5)
     ) == evaluate_retrieval(small_quickstart.qrels["test"], results)
+
+
+def test_a_tool_added_after_training_is_found_through_the_retriever(aligned, small_quickstart):
+    method, _ = aligned
+    corpus = dict(small_quickstart.corpus)
+    corpus["new"] = {
+        "title": "",
+        "text": "tool_name:Tidewatch, api_name:tide tables, api_description:Tide tables for a harbour",
+        "metadata": {},
+    }
+    try:
+        method.index(corpus)
+        found = method.retrieve({"q": "tide tables for the harbour of Brest"}, 3, fusion="rrf")
+        assert "new" in found["q"]
+    finally:
+        method.index(small_quickstart.corpus)

@@ -38,9 +38,10 @@ def sft_target(records: Mapping[str, ToolRecord], tools: Sequence[str], max_tool
 
 
 def sft_pairs(
-    data: Dataset, split: str, max_tools: int, words: int, limit: int | None = None
+    data: Dataset, split: str, max_tools: int, words: int, limit: int | None = None, seed: int = 0
 ) -> list[tuple[str, str]]:
-    """One (query, target) pair per query of ``split`` with a relevant tool in the corpus."""
+    """One (query, target) pair per query of ``split`` with a relevant tool in the corpus; with
+    ``limit``, a seeded random sample of that many (a prefix would cover only the first scenes)."""
     qrels = data.qrels.get(split) or {}
     needed = sorted({t for rel in qrels.values() for t in relevant_tools(rel) if t in data.corpus})
     records = tool_records(data.corpus, needed)
@@ -49,7 +50,9 @@ def sft_pairs(
         tools = [t for t in relevant_tools(rel) if t in records]
         if tools:
             pairs.append((data.queries[qid], sft_target(records, tools, max_tools, words)))
-    return pairs[:limit] if limit else pairs
+    if limit is not None and limit < len(pairs):
+        pairs = random.Random(seed).sample(pairs, limit)
+    return pairs
 
 
 def round_queries(data: Dataset, n: int, seed: int) -> list[str]:

@@ -135,8 +135,10 @@ class QueryGenMethod:
         if int(settings["epochs"]) <= 0:
             return {}
         pairs = RewritePairs(
-            train=sft_pairs(data, "train", p.target_tools, p.description_words, settings["max_examples"]),
-            valid=sft_pairs(data, "valid", p.target_tools, p.description_words, p.valid_queries),
+            train=sft_pairs(
+                data, "train", p.target_tools, p.description_words, settings["max_examples"], p.seed
+            ),
+            valid=sft_pairs(data, "valid", p.target_tools, p.description_words, p.valid_queries, p.seed),
         )
         return self._train("sft", pairs, settings, run)
 
@@ -144,7 +146,7 @@ class QueryGenMethod:
         """Rejection-sampling rounds: sample, reward by retrieval, fine-tune on each query's best."""
         p, settings = self.params, self.params.align
         out: dict[str, float] = {}
-        valid = sft_pairs(data, "valid", p.target_tools, p.description_words, p.valid_queries)
+        valid = sft_pairs(data, "valid", p.target_tools, p.description_words, p.valid_queries, p.seed)
         for r in range(1, int(settings["rounds"]) + 1):
             seed = p.seed * 1000 + r
             qids = round_queries(data, int(settings["queries"]), seed)
