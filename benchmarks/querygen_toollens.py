@@ -24,6 +24,7 @@ sys.path.insert(0, ROOT)
 
 from components import methods  # noqa: E402
 from components.data import open_dataset  # noqa: E402
+from components.methods.querygen.data import choose_fusion  # noqa: E402
 from components.metrics import evaluate_retrieval, paired_bootstrap, per_query  # noqa: E402
 from components.training.spec import RunSpec  # noqa: E402
 from workflows.ray_env import init_ray  # noqa: E402
@@ -105,11 +106,7 @@ def main() -> None:
         variant = {"retriever": "zero_shot", "sft": "sft", "align": "aligned"}[stage]
         m = "ndcg@3"
         # The better fusion on the valid prefix; the test sample is read with that one only.
-        fusion = (
-            "rrf"
-            if stages[stage].get(f"rrf_{m}", 0) > stages[stage].get(f"generated_{m}", 0)
-            else "generated"
-        )
+        fusion = choose_fusion(stages[stage], m)
         started = time.perf_counter()
         results = method.retrieve(queries, 5, fusion)
         ms = 1000 * (time.perf_counter() - started) / len(queries)

@@ -107,6 +107,18 @@ TINY_ENCODER = {
 }
 
 
+# A small Llama built here (LMs' offline fallback) that learns the quickstart data in seconds: the
+# generative methods' tests share it.
+TINY_LM = {
+    "vocab_size": 600,
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "intermediate_size": 128,
+    "max_length": 192,
+}
+
+
 def generated_quickstart(tmp_path_factory, n_queries: int):
     """A generated quickstart dataset of ``n_queries`` (seed 3) with train / valid / test, loaded."""
     from components.data import open_dataset

@@ -23,6 +23,21 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> s
     return f"{system}\nrequest: {user}\nquery:"
 
 
+def rewrite_texts(
+    lm: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    system: str,
+    texts: Sequence[str],
+    max_new_tokens: int = 24,
+    batch_size: int = 32,
+) -> list[str]:
+    """The greedy one-line answer to each text under the ``system`` instruction (a query rewrite);
+    an empty answer falls back to the text itself."""
+    prompts = [chat_prompt(tokenizer, system, t) for t in texts]
+    answers = generate_texts(lm, tokenizer, prompts, max_new_tokens, batch_size=batch_size)
+    return [a[0] or t for a, t in zip(answers, texts, strict=True)]
+
+
 def first_line(text: str) -> str:
     """A generation cut at its first line break, stripped (rewrites are one line)."""
     return text.strip().split("\n", 1)[0].strip()

@@ -12,6 +12,7 @@ whole fine-tuned model.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,20 @@ class LoraSpec:
     def __post_init__(self) -> None:
         if self.r < 1 or self.alpha <= 0 or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"LoRA needs r >= 1, alpha > 0 and 0 <= dropout < 1, got {self}")
+
+
+def lora_spec_from(owner: str, given: dict | None) -> LoraSpec | None:
+    """The adapter a ``lora`` config section asks for (None when empty: full fine-tuning), with the
+    owner (a method name) in the error for an unknown key."""
+    if not given:
+        return None
+    given = dict(given)
+    if "targets" in given:
+        given["targets"] = tuple(given["targets"])
+    try:
+        return LoraSpec(**given)
+    except TypeError as e:
+        raise ValueError(f"{owner}: lora: {e}; expected some of r, alpha, dropout, targets") from e
 
 
 def add_lora(model: PreTrainedModel, spec: LoraSpec, trainable_tokens: Sequence[int] = ()) -> PreTrainedModel:
@@ -75,6 +90,16 @@ def is_adapted(model: torch.nn.Module) -> bool:
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
+
+
+def save_adapter_beside(model: PreTrainedModel, path: str) -> PreTrainedModel:
+    """A stage output's LM: when ``model`` is adapted, its adapter alone goes to ``path/adapter``
+    (for serving over one base model) and the merged copy is returned, which the caller saves in
+    ``path`` for the next stage, decoding and ``load``; a plain model is returned as it is."""
+    if not is_adapted(model):
+        return model
+    save_adapter(model, os.path.join(path, ADAPTER_DIR))
+    return merged_copy(model)
 
 
 def merged_copy(model: PreTrainedModel) -> PreTrainedModel:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.data.tooltext import TOOL_FIELDS
-from components.generative.lora import LoraSpec
+from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import check_select_metric
 
 # Stage order: an LM warm-up on plain text (only when the LM is built here from scratch), then
@@ -102,12 +102,4 @@ class CodeLMParams:
 
     def lora_spec(self) -> LoraSpec | None:
         """The adapter of the tool stages, or None for full fine-tuning."""
-        if not self.lora:
-            return None
-        given = dict(self.lora)
-        if "targets" in given:
-            given["targets"] = tuple(given["targets"])
-        try:
-            return LoraSpec(**given)
-        except TypeError as e:
-            raise ValueError(f"{self.method}: lora: {e}; expected some of r, alpha, dropout, targets") from e
+        return lora_spec_from(self.method, self.lora)

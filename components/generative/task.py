@@ -30,7 +30,7 @@ from components.generative import sequences as td
 from components.generative.bundle import load_bundle, save_bundle
 from components.generative.constrained import constrained_top_k
 from components.generative.lm import lm_spec_from
-from components.generative.lora import ADAPTER_DIR, add_lora, is_adapted, merged_copy, save_adapter
+from components.generative.lora import add_lora, is_adapted, save_adapter_beside
 from components.generative.params import CodeLMParams
 from components.generative.perplexity import perplexity
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
@@ -189,13 +189,8 @@ class CodeLMTask:
         return sum(bool(h) and h[0][0] == g for g, h in zip(gold, hits, strict=True)) / max(len(gold), 1)
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:
-        lm = model.lm
-        if is_adapted(lm):
-            # The adapter alone (LoRA matrices + trained code rows), for serving over one base model,
-            # and the merged LM, which the next stage, decoding and ``load`` read like any bundle.
-            save_adapter(lm, os.path.join(path, ADAPTER_DIR))
-            lm = merged_copy(lm)
-        save_bundle(lm, self.tokenizer, self.codebook, path)
+        # The adapter (LoRA matrices + trained code rows) beside the merged LM read like any bundle.
+        save_bundle(save_adapter_beside(model.lm, path), self.tokenizer, self.codebook, path)
         # Provenance: which stage wrote this and what it started from (the previous stage's output).
         with open(os.path.join(path, STAGE_FILE), "w") as f:
             json.dump({"stage": self.stage, "init_dir": self.config.inputs.init_dir}, f)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-from components.generative.generate import chat_prompt, generate_texts
+from components.generative.generate import generate_texts, rewrite_texts
 from components.generative.lm import load_causal_lm
 from components.methods.base import read_config
 
@@ -105,11 +105,10 @@ class QueryGenRewriter:
         return self.rewrite_many([(query, history)])[0]
 
     def rewrite_many(self, requests: list[Request]) -> list[str]:
-        prompts = [chat_prompt(self.tokenizer, self.system, self.history.rewrite(q, h)) for q, h in requests]
-        texts = generate_texts(
-            self.model, self.tokenizer, prompts, self.max_new_tokens, batch_size=self.batch_size
+        texts = [self.history.rewrite(q, h) for q, h in requests]
+        return rewrite_texts(
+            self.model, self.tokenizer, self.system, texts, self.max_new_tokens, self.batch_size
         )
-        return [t[0] or q for t, (q, _) in zip(texts, requests, strict=True)]
 
 
 def build_rewriter(cfg: dict[str, Any] | None) -> Rewriter:

@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import write_tiny_dataset
+from conftest import TINY_LM, write_tiny_dataset
 
 from components import methods
 from components.data import open_dataset
 from components.methods.querygen.data import reciprocal_rank_fusion, rewrite_reward, sft_pairs
 from components.metrics import evaluate_retrieval
 from components.training.spec import RunSpec
-
-# A small Llama built here (the offline fallback): SmolLM2 is the default generator.
-TINY_GENERATOR = {
-    "vocab_size": 600,
-    "hidden_size": 64,
-    "num_layers": 2,
-    "num_heads": 2,
-    "intermediate_size": 128,
-    "max_length": 192,
-}
 
 
 @pytest.fixture
@@ -74,7 +64,7 @@ def aligned(ray_session, small_quickstart, tmp_path_factory):
     method = methods.build(
         "querygen",
         {
-            "generator": TINY_GENERATOR,
+            "generator": TINY_LM,  # SmolLM2 is the default generator
             "lora": {},  # a scratch LM fine-tunes whole
             "sft": {"epochs": 3, "lr": 3e-3, "batch_size": 16},
             "align": {"rounds": 1, "queries": 80, "samples": 4, "epochs": 2, "lr": 1e-3},

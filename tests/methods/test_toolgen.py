@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from conftest import TINY_LM
 from transformers import AutoTokenizer
 
 from components.data.splits import prepare_splits
@@ -22,14 +23,6 @@ from components.metrics import evaluate_retrieval
 from components.training.spec import RunSpec
 from workflows.train import fit_method
 
-TINY_LM = {
-    "vocab_size": 600,
-    "hidden_size": 64,
-    "num_layers": 2,
-    "num_heads": 2,
-    "intermediate_size": 128,
-    "max_length": 192,
-}
 TINY_STAGES = {
     "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
     "memorization": {"epochs": 6, "batch_size": 16, "lr": 3.0e-3},

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from conftest import TINY_LM
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from components.encoders.batch_embed import embed_local, load_encoder
@@ -172,8 +173,6 @@ def test_code_tokens_are_added_once_and_decoding_stays_in_the_trie():
 
 # --- the method end to end through Ray Train ----------------------------------------------------
 
-TINY_LM = {"vocab_size": 600, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
-           "max_length": 192}  # fmt: skip
 TINY_PARAMS = {
     "lm": TINY_LM,
     "levels": 2,

@@ -67,6 +67,12 @@ def rewrite_reward(relevant: set[str], scores: Mapping[str, float], metric: str)
     return query_metrics(relevant, ranked(dict(scores), k), k)[metric]
 
 
+def choose_fusion(valid: Mapping[str, float], metric: str) -> str:
+    """``rrf`` when fusing beat the rewrite alone on ``metric`` in a valid check
+    (``{"<fusion>_<metric>": value}``), else ``generated``."""
+    return "rrf" if valid.get(f"rrf_{metric}", 0.0) > valid.get(f"generated_{metric}", 0.0) else "generated"
+
+
 def reciprocal_rank_fusion(rankings: Sequence[Results], k: int = 60, depth: int = 50) -> Results:
     """Cormack et al. (2009): each tool scores sum(1 / (k + rank)) over the rankings it appears in
     (rank from 1, each ranking read to ``depth``)."""

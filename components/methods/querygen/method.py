@@ -19,22 +19,22 @@ The caller only ever gets the retriever's catalog ids back: generated text never
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 import ray
 
 from components import methods
 from components.data.types import Corpus, Dataset, Queries, Results
-from components.generative.generate import chat_prompt, generate_texts
+from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
 from components.generative.lm import build_causal_lm, lm_spec_from, load_causal_lm, save_causal_lm
 from components.generative.targeted import TargetedLM
 from components.methods.base import Method, read_config, write_config
 from components.methods.querygen.align import choose_rewrites
 from components.methods.querygen.data import (
     RewritePairs,
+    choose_fusion,
     reciprocal_rank_fusion,
     round_queries,
     sft_pairs,
@@ -76,8 +76,7 @@ class QueryGenMethod:
         out = steps[stage](data, run)
         out |= self.valid_check(data, stage)
         if stage == self.stages[-1] and self.fusion is None:  # "auto": the better fusion on valid
-            m = self.params.select_metric
-            self.fusion = "rrf" if out.get(f"rrf_{m}", 0.0) > out.get(f"generated_{m}", 0.0) else "generated"
+            self.fusion = choose_fusion(out, self.params.select_metric)
         self.report[stage] = out
         return out
 
@@ -88,7 +87,7 @@ class QueryGenMethod:
             self.retriever = methods.load(spec["path"])
         else:
             self.retriever = methods.build(spec["method"], spec.get("params"))
-            child = dataclasses.replace(run, name=f"{run.name}-retriever")
+            child = replace(run, name=f"{run.name}-retriever")
             for name in self.retriever.stages:
                 metrics = self.retriever.fit(name, data, child)
                 out |= {f"retriever_{name}_{k}": v for k, v in metrics.items() if isinstance(v, float)}
@@ -238,14 +237,11 @@ class QueryGenMethod:
         todo = sorted({t for t in queries.values() if t not in self._cache})
         if todo:
             lm, tokenizer = self.generator()
-            texts = generate_texts(
-                lm,
-                tokenizer,
-                self.prompts(todo),
-                self.params.max_new_tokens,
-                batch_size=self.params.eval_batch_size,
+            p = self.params
+            rewrites = rewrite_texts(
+                lm, tokenizer, p.system_prompt, todo, p.max_new_tokens, p.eval_batch_size
             )
-            self._cache.update({t: g[0] or t for t, g in zip(todo, texts, strict=True)})
+            self._cache.update(zip(todo, rewrites, strict=True))
         return {q: self._cache[t] for q, t in queries.items()}
 
     def index(self, corpus: Corpus) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.generative.lm import lm_spec_from
-from components.generative.lora import LoraSpec
+from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import EPOCH_METRICS, check_select_metric
 
 # Zero-shot instruction (the paper's prompt asks for the capabilities the request needs, not an
@@ -90,9 +90,4 @@ class QueryGenParams:
 
     def lora_spec(self) -> LoraSpec | None:
         """The adapter the generator trains in (None: the whole LM fine-tunes)."""
-        if not self.lora:
-            return None
-        try:
-            return LoraSpec(**{k: tuple(v) if k == "targets" else v for k, v in self.lora.items()})
-        except TypeError as e:
-            raise ValueError(f"querygen: lora: {e}; expected some of r, alpha, dropout, targets") from e
+        return lora_spec_from("querygen", self.lora)

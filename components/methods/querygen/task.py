@@ -9,9 +9,7 @@ driver, where the retriever is).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -20,10 +18,11 @@ from transformers import PreTrainedTokenizerBase
 from components.data import io
 from components.generative.generate import chat_prompt
 from components.generative.lm import load_causal_lm, save_causal_lm
-from components.generative.lora import ADAPTER_DIR, add_lora, is_adapted, merged_copy, save_adapter
+from components.generative.lora import add_lora, save_adapter_beside
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
 from components.methods.querygen.data import RewritePairs
 from components.methods.querygen.params import QueryGenParams
+from components.training.task import StageTask
 
 if TYPE_CHECKING:
     from components.training.spec import StageConfig
@@ -55,7 +54,7 @@ def mean_target_nll(model: TargetedLM, examples: list[LMExample], pad_id: int, b
     return total / max(count, 1)
 
 
-class RewriteTask:
+class RewriteTask(StageTask):
     """SFT of the query generator on ``config.inputs.dataset`` (a :class:`RewritePairs`)."""
 
     def __init__(self, config: StageConfig) -> None:
@@ -94,16 +93,4 @@ class RewriteTask:
         return {"target_nll": nll, "score": -nll}
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:
-        lm = model.lm
-        if is_adapted(lm):
-            # The adapter alone beside the merged LM, which the next stage and ``load`` read.
-            save_adapter(lm, os.path.join(path, ADAPTER_DIR))
-            lm = merged_copy(lm)
-        save_causal_lm(lm, self.tokenizer, path)
-
-    # StageTask's hooks, with its defaults.
-    def param_groups(self, model: torch.nn.Module) -> Iterable[Any]:
-        return model.parameters()
-
-    def start_epoch(self, model: torch.nn.Module, epoch: int) -> None:
-        pass
+        save_causal_lm(save_adapter_beside(model.lm, path), self.tokenizer, path)
