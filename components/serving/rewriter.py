@@ -13,7 +13,9 @@ Backends (``rewriter.backend`` in the serving config):
   the retriever still answers with catalog ids, so a generated name can never reach the caller.
 
 Every backend rewrites a batch at once (``rewrite_many``): the serving deployment batches concurrent
-requests through it.
+requests through it. The LM backends import their generation code when built: every serving
+replica imports this module, and transformers' model classes cost seconds of start-up that a
+replica without an LM rewriter should not pay.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-from components.generative.generate import generate_texts, rewrite_texts
-from components.generative.lm import load_causal_lm
 from components.methods.base import read_config
 
 Request = tuple[str, list[str]]  # (query, history)
@@ -72,6 +72,8 @@ class LMRewriter:
         max_new_tokens: int = 32,
         turns: int = 2,
     ) -> None:
+        from components.generative.lm import load_causal_lm
+
         self.model, self.tokenizer = load_causal_lm(model)
         self.model.eval()
         self.prompt, self.max_new_tokens, self.turns = prompt, max_new_tokens, turns
@@ -84,6 +86,8 @@ class LMRewriter:
         for query, history in requests:
             context = " ".join(history[-self.turns :]) if self.turns else ""
             prompts.append(self.prompt.format(history=context, query=query))
+        from components.generative.generate import generate_texts
+
         texts = generate_texts(self.model, self.tokenizer, prompts, self.max_new_tokens)
         return [t[0] or q for t, (q, _) in zip(texts, requests, strict=True)]
 
@@ -93,6 +97,8 @@ class QueryGenRewriter:
     the last ``turns`` of history are prepended to the request, as :class:`HistoryRewriter` does."""
 
     def __init__(self, path: str, turns: int = 0, batch_size: int = 8) -> None:
+        from components.generative.lm import load_causal_lm
+
         params = read_config(path).get("params") or {}
         self.model, self.tokenizer = load_causal_lm(os.path.join(path, "generator"))
         self.model.eval()
@@ -105,6 +111,8 @@ class QueryGenRewriter:
         return self.rewrite_many([(query, history)])[0]
 
     def rewrite_many(self, requests: list[Request]) -> list[str]:
+        from components.generative.generate import rewrite_texts
+
         texts = [self.history.rewrite(q, h) for q, h in requests]
         return rewrite_texts(
             self.model, self.tokenizer, self.system, texts, self.max_new_tokens, self.batch_size

@@ -8,17 +8,31 @@ from __future__ import annotations
 
 import copy
 import resource
+import sys
 
 import ray.train.torch
 import torch
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from components.training.spec import StageConfig
 
 
+def fsdp_class() -> type:
+    """FSDP's wrapper class, imported on first use: the import (DTensor's operator tables) costs
+    about 0.6 s of CPU in every training worker, and only sharded runs need it."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel
+
+
+def is_fsdp(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is FSDP-wrapped (never, while nothing has imported FSDP)."""
+    return "torch.distributed.fsdp" in sys.modules and isinstance(model, fsdp_class())
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP or FSDP wrapper."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDP) else model
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_fsdp(model)
+    return model.module if wrapped else model
 
 
 class WholeModel:
@@ -36,7 +50,7 @@ class WholeModel:
     def __call__(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.copy is None:
             return unwrap(model)
-        with FSDP.summon_full_params(model, writeback=False):
+        with fsdp_class().summon_full_params(model, writeback=False):
             state = {k: v.detach().clone().cpu() for k, v in unwrap(model).state_dict().items()}
         self.copy.load_state_dict(state)
         return self.copy
@@ -70,7 +84,7 @@ def prepare(model: torch.nn.Module, config: StageConfig, world: int) -> torch.nn
     workers (gloo) the same wrapper is built here, so the sharded path also runs, and is tested, on
     a CPU cluster."""
     if sharded(config, world) and config.device == "cpu":
-        return FSDP(
+        return fsdp_class()(
             ray.train.torch.prepare_model(model, parallel_strategy=None), device_id=torch.device("cpu")
         )
     return ray.train.torch.prepare_model(model, parallel_strategy=config.parallel_strategy)
@@ -78,7 +92,7 @@ def prepare(model: torch.nn.Module, config: StageConfig, world: int) -> torch.nn
 
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:
     """Clip the global gradient norm (FSDP computes it across its shards)."""
-    if isinstance(model, FSDP):
+    if is_fsdp(model):
         model.clip_grad_norm_(max_norm)
     else:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)

@@ -50,10 +50,22 @@ def launch(
     return result, reports
 
 
-def test_every_epoch_checkpointed_and_best_selected(ray_session, small_quickstart, tmp_path):
-    result, reports = launch(small_quickstart, tmp_path, "plain")
-    assert [r["epoch"] for r in reports] == [0, 1, 2]
-    assert [h["epoch"] for h in result.history] == [0, 1, 2]
+@pytest.fixture(scope="module")
+def runs(ray_session, small_quickstart, tmp_path_factory):
+    """Runs several tests read (each Ray Train run costs seconds of actor start-up on 2 cores):
+    ``straight`` trains 4 epochs uninterrupted; ``split`` trains 2 epochs, then is started again
+    under the same name with 4 epochs, so it resumes from its last checkpoint."""
+    root = tmp_path_factory.mktemp("runs")
+    straight = launch(small_quickstart, root, "straight", epochs=4)
+    first_half = launch(small_quickstart, root, "split", epochs=2)
+    resumed = launch(small_quickstart, root, "split", epochs=4)
+    return {"root": root, "straight": straight, "first_half": first_half, "resumed": resumed}
+
+
+def test_every_epoch_checkpointed_and_best_selected(runs):
+    result, reports = runs["straight"]
+    assert [r["epoch"] for r in reports] == [0, 1, 2, 3]
+    assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]
     assert result.metrics["valid_ndcg@3"] == max(r["valid_ndcg@3"] for r in reports)
     files = sorted(os.listdir(result.checkpoint_dir))
     assert files == [
@@ -79,29 +91,28 @@ def test_worker_killed_mid_run_resumes_without_losing_or_repeating_epochs(
     assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]
 
 
-def test_resumed_run_trains_exactly_like_an_uninterrupted_one(ray_session, small_quickstart, tmp_path):
-    # Same batches, weights, optimizer and RNG state (dropout masks) after the restart.
-    straight, _ = launch(small_quickstart, tmp_path, "straight", epochs=3)
-    launch(small_quickstart, tmp_path, "split", epochs=2)
-    # Started again under the same name with more epochs: it continues from the last checkpoint
-    # (the report log shows epochs 0-1 from the first start and only epoch 2 from the second).
-    resumed, reports = launch(small_quickstart, tmp_path, "split", epochs=3)
-    assert [r["epoch"] for r in reports] == [0, 1, 2]
-    assert [h["epoch"] for h in resumed.history] == [0, 1, 2]
+def test_resumed_run_trains_exactly_like_an_uninterrupted_one(runs):
+    # Same batches, weights, optimizer and RNG state (dropout masks) after the restart: the report
+    # log shows epochs 0-1 from the first start and only epochs 2-3 from the second.
+    straight, _ = runs["straight"]
+    resumed, reports = runs["resumed"]
+    assert [h["epoch"] for h in runs["first_half"][0].history] == [0, 1]
+    assert [r["epoch"] for r in reports] == [0, 1, 2, 3]
+    assert [h["epoch"] for h in resumed.history] == [0, 1, 2, 3]
     keys = ("train_loss", "valid_ndcg@3")
     assert [{k: h[k] for k in keys} for h in resumed.history] == [
         {k: h[k] for k in keys} for h in straight.history
     ]
 
 
-def test_restarted_run_with_other_settings_is_refused(ray_session, small_quickstart, tmp_path):
-    launch(small_quickstart, tmp_path, "changed", epochs=1)
+def test_restarted_run_with_other_settings_is_refused(runs, small_quickstart):
+    # Refused on the driver, before any worker starts: the run's checkpoints were made with lr 2e-3.
     with pytest.raises(Exception, match="has checkpoints from other settings"):
-        launch(small_quickstart, tmp_path, "changed", epochs=2, lr=1e-3)
+        launch(small_quickstart, runs["root"], "split", epochs=4, lr=1e-3)
 
 
-def test_two_gloo_workers_match_one_worker(ray_session, small_quickstart, tmp_path):
-    one, _ = launch(small_quickstart, tmp_path, "one", epochs=4, workers=1)
+def test_two_gloo_workers_match_one_worker(runs, small_quickstart, tmp_path):
+    one, _ = runs["straight"]  # 4 epochs on one worker
     two, _ = launch(small_quickstart, tmp_path, "two", epochs=4, workers=2)
     a, b = one.metrics["valid_ndcg@3"], two.metrics["valid_ndcg@3"]
     assert b == pytest.approx(a, abs=0.1), (a, b)
