@@ -136,6 +136,57 @@ def small_quickstart(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def with_negatives_dir(tmp_path_factory) -> Path:
+    """A generated quickstart directory with enough no-tool queries (160 for training) to train a
+    tool-usage detector."""
+    from components.data.quickstart import generate_quickstart
+
+    root = tmp_path_factory.mktemp("qs-neg") / "data"
+    generate_quickstart(str(root), seed=3, n_queries=300, n_neg=200)
+    return root
+
+
+@pytest.fixture(scope="session")
+def with_negatives(with_negatives_dir):
+    """:func:`with_negatives_dir`, loaded."""
+    from components.data import open_dataset
+
+    return open_dataset(str(with_negatives_dir))
+
+
+@pytest.fixture(scope="session")
+def trained_masstool(ray_session, with_negatives, tmp_path_factory):
+    """A small MassTool trained through every stage on Ray Train, once per session: the method's
+    tests read it and the serving tests serve a saved copy. Returns (method, reports, root, run)."""
+    from components.methods.masstool.method import MassToolMethod
+    from components.training.spec import RunSpec
+
+    root = tmp_path_factory.mktemp("masstool")
+    method = MassToolMethod(
+        encoder=TINY_ENCODER,
+        semantic={"epochs": 3, "batch_size": 32, "lr": 3e-3},
+        semantic_cache=str(root / "cache"),
+        epochs=8,
+        batch_size=32,
+        lr=1e-2,
+        encoder_lr=1e-3,
+        detection_weight=5.0,
+        # Selected on both towers: on unit-norm tiny-encoder inputs the detector needs most of the
+        # 8 epochs, and an early retrieval-best epoch left it near 0.5 in one CI run (AUROC 0.67);
+        # detection accuracy alone saturates at 1.0 and then keeps the earliest such epoch.
+        select_metric="joint",
+        dim=32,
+        detection_hidden=16,
+        neighbours=5,
+        epsilon=0.3,
+    )
+    run = RunSpec(name="masstool-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    reports = {stage: method.fit(stage, with_negatives, run) for stage in method.stages}
+    method.index(with_negatives.corpus)
+    return method, reports, root, run
+
+
+@pytest.fixture(scope="session")
 def quickstart_1200(tmp_path_factory):
     """1,200 generated queries over 100 tools: enough for a tiny LM to learn retrieval in seconds
     (the generative methods' tests share it)."""

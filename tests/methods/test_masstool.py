@@ -196,41 +196,9 @@ def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):
 
 
 @pytest.fixture(scope="module")
-def with_negatives(tmp_path_factory):
-    """A quickstart dataset with enough no-tool queries (160 for training) to train a detector."""
-    from components.data import open_dataset
-    from components.data.quickstart import generate_quickstart
-
-    root = tmp_path_factory.mktemp("qs-neg") / "data"
-    generate_quickstart(str(root), seed=3, n_queries=300, n_neg=200)
-    return open_dataset(str(root))
-
-
-@pytest.fixture(scope="module")
-def trained(ray_session, with_negatives, tmp_path_factory):
-    root = tmp_path_factory.mktemp("masstool")
-    method = MassToolMethod(
-        encoder=TINY_ENCODER,
-        semantic={"epochs": 3, "batch_size": 32, "lr": 3e-3},
-        semantic_cache=str(root / "cache"),
-        epochs=8,
-        batch_size=32,
-        lr=1e-2,
-        encoder_lr=1e-3,
-        detection_weight=5.0,
-        # Selected on both towers: on unit-norm tiny-encoder inputs the detector needs most of the
-        # 8 epochs, and an early retrieval-best epoch left it near 0.5 in one CI run (AUROC 0.67);
-        # detection accuracy alone saturates at 1.0 and then keeps the earliest such epoch.
-        select_metric="joint",
-        dim=32,
-        detection_hidden=16,
-        neighbours=5,
-        epsilon=0.3,
-    )
-    run = RunSpec(name="masstool-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
-    reports = {stage: method.fit(stage, with_negatives, run) for stage in method.stages}
-    method.index(with_negatives.corpus)
-    return method, reports, root, run
+def trained(trained_masstool):
+    """The session's MassTool (tests/conftest.py), trained once through every stage."""
+    return trained_masstool
 
 
 def test_trained_model_beats_untrained(trained, with_negatives):

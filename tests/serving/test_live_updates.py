@@ -1,7 +1,6 @@
 """Under load: hot-swapping the artifact version (even to another method), with the detector pinned
-and not; a swap to a version that fails to load; the registry champion pinned across a replica
-replacement and followed through promotions and rollbacks; and
-killing a replica."""
+and not; a swap to a version that fails to load; the registry champion followed through promotions
+and rollbacks; killing a replica (its replacement keeps the pinned champion); autoscaling."""
 
 from __future__ import annotations
 
@@ -138,18 +137,31 @@ def test_a_swap_to_a_version_that_fails_to_load_keeps_serving(live, serving_root
         swap_artifact(serve_config(unpinned), broken)
 
 
-def test_the_champion_is_pinned_across_a_replica_replacement(live, bm25_versions, serving_root):
+def test_killing_a_replica_under_load_fails_no_request_and_its_replacement_keeps_the_pinned_champion(
+    live, bm25_versions, serving_root
+):
     url, args, bodies = live
     registry = private_registry(bm25_versions, serving_root / "pinned")  # alias moves leak nowhere
-    pinned_args = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
-    deploy(pinned_args)
+    pinned = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
+    options = {"name": "Retriever", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}}
+    deploy({**pinned, "deployments": [options]})
+    wait_for_replicas("Retriever", 2)
     assert select(url, bodies[0])["versions"]["retriever"] == "bm25/v2"
-    registry.rollback("bm25")  # the champion moves to v1; serving has not followed yet
     victim = replica_names("Retriever")[0]
-    ray.kill(replica_actor(victim), no_restart=True)
-    wait_for_replacement("Retriever", victim)
+    with Load(url, bodies, threads=2) as load:
+        load.wait_for(lambda s: s.ok >= 20)
+        registry.rollback("bm25")  # the champion moves to v1; serving has not followed yet
+        served_before = load.ok
+        ray.kill(replica_actor(victim), no_restart=True)
+        load.wait_for(lambda s: s.ok >= served_before + 50)
+        wait_for_replacement("Retriever", victim)
+        wait_for_replicas("Retriever", 2)  # Serve replaced it
+        load.wait_for(lambda s: s.ok >= served_before + 80)
+    assert load.failures == []
+    assert victim not in replica_names("Retriever")
     # The replacement loaded the version its deployment was given, not what the alias says now.
-    assert select(url, bodies[0])["versions"]["retriever"] == "bm25/v2"
+    assert set(load.versions) == {"bm25/v2"}
+    assert {select(url, body)["versions"]["retriever"] for body in bodies[:10]} == {"bm25/v2"}
 
 
 def test_serving_follows_promotions_and_rollbacks_under_load(live, bm25_versions, serving_root):
@@ -167,23 +179,6 @@ def test_serving_follows_promotions_and_rollbacks_under_load(live, bm25_versions
         load.wait_for(lambda s: s.versions[-10:] == ["bm25/v2"] * 10)
     assert load.failures == []
     assert [v for v, _ in itertools.groupby(load.versions)] == ["bm25/v2", "bm25/v1", "bm25/v2"]
-
-
-def test_killing_a_retriever_replica_under_load_fails_no_request(live):
-    url, args, bodies = live
-    options = {"name": "Retriever", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}}
-    deploy({**args, "deployments": [options]})
-    wait_for_replicas("Retriever", 2)
-    victim = replica_names("Retriever")[0]
-    with Load(url, bodies, threads=2) as load:
-        load.wait_for(lambda s: s.ok >= 20)
-        served_before = load.ok
-        ray.kill(replica_actor(victim), no_restart=True)
-        load.wait_for(lambda s: s.ok >= served_before + 50)
-        wait_for_replicas("Retriever", 2)  # Serve replaced it
-        load.wait_for(lambda s: s.ok >= served_before + 80)
-    assert load.failures == []
-    assert victim not in replica_names("Retriever")
 
 
 def test_autoscaling_adds_a_retriever_replica_under_load(live):

@@ -7,44 +7,27 @@ import shutil
 
 import pytest
 import requests
-from conftest import TINY_ENCODER
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import deploy
 
 from components import methods
-from components.methods.masstool.method import MassToolMethod
-from components.training.spec import RunSpec
-from workflows.train import fit_method
 
 
 @pytest.fixture(scope="module")
-def masstool_version(ray_session, dataset, serving_root) -> str:
-    """A small MassTool (semantic + joint stages on Ray Train), trained before Serve takes CPUs."""
-    method = MassToolMethod(
-        encoder=TINY_ENCODER,
-        semantic={"epochs": 2, "batch_size": 64, "lr": 3e-3},
-        epochs=3,
-        batch_size=64,
-        lr=1e-2,
-        encoder_lr=1e-3,
-        detection_weight=5.0,
-        dim=32,
-        detection_hidden=16,
-        neighbours=5,
-    )
-    run = RunSpec(
-        name="serve-masstool", storage_path=str(serving_root / "store"), local_dir=str(serving_root / "ck")
-    )
-    fit_method(method, dataset, run)  # every stage, then index
+def masstool_version(trained_masstool, serving_root) -> str:
+    """The session's MassTool (trained on Ray Train through every stage, tests/conftest.py), saved
+    as an artifact version."""
     path = str(serving_root / "models" / "masstool" / "v0001")
-    method.save(path)
+    trained_masstool[0].save(path)
     return path
 
 
-def test_masstool_artifact_serves_its_own_detector(masstool_version, serve_instance, serving_data, dataset):
-    url = serve_instance
+def test_masstool_artifact_serves_its_own_detector(
+    masstool_version, serve_instance, with_negatives_dir, with_negatives
+):
+    url, dataset = serve_instance, with_negatives
     # No detector_file: a method with detect() needs no calibrated threshold.
-    deploy({"artifact": masstool_version, "catalog": serving_data})
+    deploy({"artifact": masstool_version, "catalog": str(with_negatives_dir)})
     local = methods.load(masstool_version)
     n = 8
     queries = list(dataset.split_queries("test").values())[:n] + dataset.neg_split["test"][:n]
@@ -75,15 +58,16 @@ def test_masstool_artifact_serves_its_own_detector(masstool_version, serve_insta
 
 
 def test_the_artifacts_own_detect_threshold_decides_unless_the_request_sets_one(
-    masstool_version, serve_instance, serving_data, dataset, tmp_path
+    masstool_version, serve_instance, with_negatives_dir, with_negatives, tmp_path
 ):
+    dataset = with_negatives
     # The threshold evaluation reports detection at is the artifact's detect_threshold; serving
     # must decide with the same one. A copy with threshold 0 sends every query to retrieval.
     lenient = tmp_path / "masstool" / "v0002"
     shutil.copytree(masstool_version, lenient)
     config = json.loads((lenient / "config.json").read_text())
     (lenient / "config.json").write_text(json.dumps({**config, "detect_threshold": 0.0}))
-    deploy({"artifact": str(lenient), "catalog": serving_data})
+    deploy({"artifact": str(lenient), "catalog": str(with_negatives_dir)})
     chitchat = dataset.neg_split["test"][:4]
     for query in chitchat:
         request = {"query": query, "top_k": 3}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -23,11 +24,12 @@ def trained(selector_lm, catalog) -> LMSelector:
 
 
 @pytest.fixture(scope="module")
-def untrained(ray_session, dataset, catalog, tmp_path_factory) -> LMSelector:
-    out = str(tmp_path_factory.mktemp("untrained"))
-    with torch_threads(1):
-        train_selector_lm(dataset, catalog, out, lm=SELECTOR_LM, steps=1, lr=1e-9)
-    return LMSelector(out, catalog)
+def untrained(selector_lm, catalog) -> LMSelector:
+    """The same LM before training: the initial model train_selector_lm built and saved beside its
+    output (``<out>.train/local/selector-init``) and started its Ray Train run from."""
+    init = f"{selector_lm[0]}.train/local/selector-init"
+    assert os.path.isdir(init), init
+    return LMSelector(init, catalog)
 
 
 def accuracy(selector: LMSelector, dataset, bm25, n: int = 150) -> float:
