@@ -82,34 +82,7 @@ def test_preprocess_s3_to_s3(ray_session, s3_endpoint, tmp_path):
     assert got.qrels == expected.qrels and got.corpus == expected.corpus
 
 
-def test_ray_train_checkpoints_to_s3(ray_session, s3_endpoint, small_quickstart, tmp_path):
-
-    import ray
-    from conftest import TINY_ENCODER
-
-    from components.methods.dense.method import DenseMethod
-    from components.training import checkpoints
-    from components.training.runner import run_stage
-    from components.training.spec import RunSpec
-
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="train")
-    # The options travel with the filesystem object to Ray's controller and workers, whose
-    # environment was fixed when Ray started: they must not depend on this process's variables.
-    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
-    method = DenseMethod(encoder=TINY_ENCODER, epochs=2, batch_size=32, lr=2e-3)
-    method.initial_model(small_quickstart, str(tmp_path / "init"), seed=0)
-    run = RunSpec(
-        name="s3run", storage_path="s3://train/runs", local_dir=str(tmp_path / "local"), storage_options=opts
-    )
-    result = run_stage(method.stage_config(str(tmp_path / "init"), ray.put(small_quickstart)), run)
-    stored = checkpoints.persisted("s3://train/runs", "s3run-contrastive", opts)
-    assert [state["epoch"] for _, state in stored] == [0, 1]
-    assert all(path.startswith("s3://train/runs/s3run-contrastive/checkpoint_") for path, _ in stored)
-    assert result.model_dir.startswith(str(tmp_path / "local")) and os.path.isdir(result.model_dir)
-    assert [h["epoch"] for h in result.history] == [0, 1]
-
-
-def test_stage_inputs_travel_through_storage_not_the_driver_disk(
+def test_ray_train_reads_its_inputs_from_and_checkpoints_to_s3(
     ray_session, s3_endpoint, small_quickstart, tmp_path
 ):
     import shutil
@@ -119,32 +92,46 @@ def test_stage_inputs_travel_through_storage_not_the_driver_disk(
 
     from components.data import io
     from components.methods.dense.method import DenseMethod
-    from components.training import inputs
+    from components.training import checkpoints, inputs
     from components.training.runner import run_stage
     from components.training.spec import RunSpec
 
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="shared")
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="train")
+    # The options travel with the filesystem object to Ray's controller and workers, whose
+    # environment was fixed when Ray started: they must not depend on this process's variables.
     opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
     local = str(tmp_path / "local")
-    run = RunSpec(name="inputs", storage_path="s3://shared/runs", local_dir=local, storage_options=opts)
-    method = DenseMethod(encoder=TINY_ENCODER, epochs=1, batch_size=32, lr=2e-3)
+    run = RunSpec(name="s3run", storage_path="s3://train/runs", local_dir=local, storage_options=opts)
+    method = DenseMethod(encoder=TINY_ENCODER, epochs=2, batch_size=32, lr=2e-3)
     init = tmp_path / "init"
     method.initial_model(small_quickstart, str(init), seed=0)
     files = sorted(p.name for p in init.iterdir())
-    source = inputs.share(str(init), run, "inputs-init")
-    assert source == "s3://shared/runs/inputs/inputs-init"
+    source = inputs.share(str(init), run, "s3run-init")
+    assert source == "s3://train/runs/inputs/s3run-init"
     fs = io.filesystem(source, opts)
     assert sorted(os.path.basename(p) for p in fs.ls(source, detail=False)) == files
     # A GPU worker node cannot read the driver's disk: with the local copy gone, training still runs
     # (the worker downloads the input itself; nothing on the driver fetched it before).
     shutil.rmtree(init)
     result = run_stage(method.stage_config(source, ray.put(small_quickstart)), run)
-    assert [h["epoch"] for h in result.history] == [0]
-    assert result.model_uri.startswith("s3://shared/runs/inputs-contrastive/checkpoint_")
+    stored = checkpoints.persisted("s3://train/runs", "s3run-contrastive", opts)
+    assert [state["epoch"] for _, state in stored] == [0, 1]
+    assert all(path.startswith("s3://train/runs/s3run-contrastive/checkpoint_") for path, _ in stored)
+    assert result.model_uri.startswith("s3://train/runs/s3run-contrastive/checkpoint_")
+    assert result.model_dir.startswith(local) and os.path.isdir(result.model_dir)
+    assert [h["epoch"] for h in result.history] == [0, 1]
     assert sorted(os.listdir(io.fetch(source, opts))) == files
+
+
+def test_stage_inputs_pass_through_or_are_copied_into_the_run_storage(tmp_path):
+    from components.training import inputs
+    from components.training.spec import RunSpec
+
     # Hub names and URLs pass through; with local storage a directory outside it is copied in.
-    assert inputs.share("meta-llama/Meta-Llama-3-8B", run, "n") == "meta-llama/Meta-Llama-3-8B"
-    assert inputs.share(source, run, "n") == source
+    s3_run = RunSpec(name="r", storage_path="s3://train/runs")
+    assert inputs.share("meta-llama/Meta-Llama-3-8B", s3_run, "n") == "meta-llama/Meta-Llama-3-8B"
+    source = "s3://train/runs/inputs/r-init"
+    assert inputs.share(source, s3_run, "n") == source
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "w").write_text("x")
     local_run = RunSpec(name="x", storage_path=str(tmp_path / "store"))
