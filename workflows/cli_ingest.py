@@ -37,5 +37,6 @@ def ingest_mcp(
     console.print(
         f"{sum(report.servers.values())} tools from {len(report.servers)} servers → {out}/corpus.jsonl: "
         f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
-        f"{len(report.retired)} retired (retired.jsonl), {report.rejected} rejected (rejects.jsonl)"
+        f"{len(report.retired)} retired (retired.jsonl), {report.rejected} rejected (rejects.jsonl)",
+        soft_wrap=True,  # one line, whatever the terminal's width: scripts grep it
     )
