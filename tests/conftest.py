@@ -155,6 +155,22 @@ def with_negatives(with_negatives_dir):
 
 
 @pytest.fixture(scope="session")
+def trained_dense(ray_session, small_quickstart, tmp_path_factory):
+    """A dense bi-encoder (the tiny encoder with its hashed n-gram bag) trained on Ray Train once per
+    session on :func:`small_quickstart`: the method's tests read it and the serving tests serve a
+    saved copy (every generated quickstart has the same 100 tools). Returns (method, report, root)."""
+    from components.methods.dense.method import DenseMethod
+    from components.training.spec import RunSpec
+
+    root = tmp_path_factory.mktemp("dense")
+    method = DenseMethod(encoder={**TINY_ENCODER, "ngram_buckets": 4096}, epochs=4, batch_size=32, lr=3e-3)
+    run = RunSpec(name="dense-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    report = method.fit("contrastive", small_quickstart, run)
+    method.index(small_quickstart.corpus)
+    return method, report, root
+
+
+@pytest.fixture(scope="session")
 def trained_masstool(ray_session, with_negatives, tmp_path_factory):
     """A small MassTool trained through every stage on Ray Train, once per session: the method's
     tests read it and the serving tests serve a saved copy. Returns (method, reports, root, run)."""

@@ -12,11 +12,9 @@ import time
 import pytest
 import ray
 import requests
-from conftest import TINY_ENCODER
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import Load, deploy, half_written, private_registry
 
-from components.methods.dense.method import DenseMethod
 from components.serving.deploy import (
     METRICS_COLLECTION,
     deploy_config,
@@ -25,22 +23,16 @@ from components.serving.deploy import (
     swap_artifact,
 )
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
-from components.training.spec import RunSpec
 
 V1, V2 = "bm25/v0001", "bm25/v0002"
 
 
 @pytest.fixture(scope="module")
-def dense_version(ray_session, dataset, serving_root) -> str:
-    """A dense bi-encoder trained for one epoch on Ray Train (before Serve takes CPUs)."""
-    method = DenseMethod(encoder=TINY_ENCODER, epochs=1, batch_size=64, lr=3e-3)
-    run = RunSpec(
-        name="serve-dense", storage_path=str(serving_root / "store"), local_dir=str(serving_root / "ck")
-    )
-    method.fit("contrastive", dataset, run)
-    method.index(dataset.corpus)
+def dense_version(trained_dense, serving_root) -> str:
+    """The session's dense bi-encoder (trained on Ray Train, tests/conftest.py), saved as a version
+    of the serving catalog's tools (every generated quickstart has the same 100)."""
     path = str(serving_root / "models" / "dense" / "v0001")
-    method.save(path)
+    trained_dense[0].save(path)
     return path
 
 
