@@ -207,3 +207,29 @@ def quickstart_1200(tmp_path_factory):
     """1,200 generated queries over 100 tools: enough for a tiny LM to learn retrieval in seconds
     (the generative methods' tests share it)."""
     return generated_quickstart(tmp_path_factory, 1200)
+
+
+# ToolGen on the tiny LM: enough epochs for it to start memorising 100 tools (tests/methods).
+TOOLGEN_STAGES = {
+    "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
+    "memorization": {"epochs": 6, "batch_size": 16, "lr": 3.0e-3},
+    "retrieval": {"epochs": 6, "batch_size": 16, "lr": 2.0e-3},
+    "agent": {"epochs": 1, "batch_size": 16, "lr": 3.0e-4, "max_examples": 300},
+}
+TOOLGEN_TINY = {"lm": TINY_LM, "stages": TOOLGEN_STAGES, "agent_valid_queries": 60, "perplexity_texts": 60}
+
+
+@pytest.fixture(scope="session")
+def trained_toolgen(ray_session, quickstart_1200, tmp_path_factory):
+    """ToolGen (:data:`TOOLGEN_TINY`) through its four Ray Train stages, once per session: ToolGen's
+    tests read it, and ToolWeaver's start from its plain-text warm-up (the same generative stage
+    on the same data), as from any pretrained LM. Returns (method, report, root)."""
+    from components.methods.toolgen.method import ToolGenMethod
+    from components.training.spec import RunSpec
+    from workflows.train import fit_method
+
+    root = tmp_path_factory.mktemp("toolgen")
+    method = ToolGenMethod(**TOOLGEN_TINY)
+    run = RunSpec(name="toolgen-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    report = fit_method(method, quickstart_1200, run)
+    return method, report, root

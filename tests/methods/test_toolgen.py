@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import TINY_LM
+from conftest import TINY_LM, TOOLGEN_TINY
 from transformers import AutoTokenizer
 
 from components.data.splits import prepare_splits
@@ -21,15 +21,8 @@ from components.methods.toolgen.method import ToolGenMethod
 from components.methods.toolgen.task import STAGE_FILE, ToolGenTask
 from components.metrics import evaluate_retrieval
 from components.training.spec import RunSpec
-from workflows.train import fit_method
 
-TINY_STAGES = {
-    "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
-    "memorization": {"epochs": 6, "batch_size": 16, "lr": 3.0e-3},
-    "retrieval": {"epochs": 6, "batch_size": 16, "lr": 2.0e-3},
-    "agent": {"epochs": 1, "batch_size": 16, "lr": 3.0e-4, "max_examples": 300},
-}
-TINY_PARAMS = {"lm": TINY_LM, "stages": TINY_STAGES, "agent_valid_queries": 60, "perplexity_texts": 60}
+TINY_PARAMS = TOOLGEN_TINY
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +114,9 @@ def test_select_metric_is_checked_on_the_driver():
 
 
 @pytest.fixture(scope="module")
-def trained(ray_session, quickstart_1200, tmp_path_factory):
-    root = tmp_path_factory.mktemp("toolgen")
-    method = ToolGenMethod(**TINY_PARAMS)
-    run = RunSpec(name="toolgen-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
-    report = fit_method(method, quickstart_1200, run)
-    return method, report, root
+def trained(trained_toolgen):
+    """The session's ToolGen (tests/conftest.py), trained once through its four stages."""
+    return trained_toolgen
 
 
 def test_every_stage_is_a_ray_train_run_started_from_the_previous_one(trained):

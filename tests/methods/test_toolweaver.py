@@ -180,7 +180,7 @@ TINY_PARAMS = {
     "passes_per_epoch": 20,
     "stages": {
         "codes": {"epochs": 2, "batch_size": 64},
-        "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
+        "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},  # skipped when starting warm
         "memorization": {"epochs": 2, "batch_size": 16, "lr": 3.0e-3},
         "retrieval": {"epochs": 4, "batch_size": 16, "lr": 2.0e-3},
         "agent": {"epochs": 0},
@@ -191,9 +191,12 @@ TINY_PARAMS = {
 
 
 @pytest.fixture(scope="module")
-def trained(ray_session, quickstart_1200, tmp_path_factory):
+def trained(ray_session, quickstart_1200, trained_toolgen, tmp_path_factory):
+    """ToolWeaver on the tiny LM that ToolGen's session run warmed up on plain text (as from any
+    pretrained LM: no warm-up stage of its own), then its codes, memorization and retrieval stages."""
     root = tmp_path_factory.mktemp("toolweaver")
-    method = ToolWeaverMethod(**TINY_PARAMS)
+    warmed = trained_toolgen[0].stage_dirs["warmup"]
+    method = ToolWeaverMethod(**{**TINY_PARAMS, "lm": {**TINY_LM, "name_or_path": warmed}})
     run = RunSpec(name="tw-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
     return method, fit_method(method, quickstart_1200, run)
 
