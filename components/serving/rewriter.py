@@ -9,7 +9,8 @@ Backends (``rewriter.backend`` in the serving config):
 - ``lm``: a causal LM (hub name or local dir, :func:`components.generative.lm.load_causal_lm`)
   generates the rewrite greedily from ``prompt``;
 - ``querygen``: the generator of a trained query-generation artifact (``path``; arXiv 2412.03573,
-  :mod:`components.methods.querygen`), prompted as it was trained. Only the rewrite text comes out:
+  :mod:`components.methods.querygen`), prompted as it was trained; for a zero-shot artifact whose
+  generator is an OpenAI-compatible endpoint, that endpoint. Only the rewrite text comes out:
   the retriever still answers with catalog ids, so a generated name can never reach the caller.
 
 Every backend rewrites a batch at once (``rewrite_many``): the serving deployment batches concurrent
@@ -93,27 +94,37 @@ class LMRewriter:
 
 
 class QueryGenRewriter:
-    """The generator of a query-generation artifact, with the system prompt it was trained under;
-    the last ``turns`` of history are prepended to the request, as :class:`HistoryRewriter` does."""
+    """The generator of a query-generation artifact, with the system prompt it was trained under
+    (its LM, or the OpenAI-compatible endpoint its params name); the last ``turns`` of history are
+    prepended to the request, as :class:`HistoryRewriter` does."""
 
     def __init__(self, path: str, turns: int = 0, batch_size: int = 8) -> None:
-        from components.generative.lm import load_causal_lm
-
         params = read_config(path).get("params") or {}
-        self.model, self.tokenizer = load_causal_lm(os.path.join(path, "generator"))
-        self.model.eval()
         self.system = str(params["system_prompt"])
         self.max_new_tokens = int(params.get("max_new_tokens", 24))
         self.history = HistoryRewriter(turns)
         self.batch_size = batch_size
+        generator = params.get("generator") or {}
+        self.endpoint = None
+        if "endpoint" in generator:
+            from components.generative.chat_endpoint import ChatEndpoint
+
+            self.endpoint = ChatEndpoint.from_config(generator, f"{path}: generator")
+        else:
+            from components.generative.lm import load_causal_lm
+
+            self.model, self.tokenizer = load_causal_lm(os.path.join(path, "generator"))
+            self.model.eval()
 
     def rewrite(self, query: str, history: list[str]) -> str:
         return self.rewrite_many([(query, history)])[0]
 
     def rewrite_many(self, requests: list[Request]) -> list[str]:
+        texts = [self.history.rewrite(q, h) for q, h in requests]
+        if self.endpoint is not None:
+            return self.endpoint.rewrite(self.system, texts, self.max_new_tokens)
         from components.generative.generate import rewrite_texts
 
-        texts = [self.history.rewrite(q, h) for q, h in requests]
         return rewrite_texts(
             self.model, self.tokenizer, self.system, texts, self.max_new_tokens, self.batch_size
         )

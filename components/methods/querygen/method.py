@@ -5,7 +5,8 @@ An LM rewrites each request into a search query that names the capabilities it n
 retriever (BM25, dense, MassTool ...) searches with it, alone or fused with the original query's
 ranking (reciprocal rank fusion). Three generators, as in the paper:
 
-- **zero-shot**: the instruct LM prompted as is (``sft.epochs: 0``, ``align.rounds: 0``);
+- **zero-shot**: the instruct LM prompted as is (``sft.epochs: 0``, ``align.rounds: 0``), in this
+  process or behind an OpenAI-compatible endpoint for larger models;
 - **supervised** (``sft``): fine-tuned (LoRA) on targets made of each training query's relevant
   tools' names and short descriptions;
 - **aligned** (``align``): rejection-sampling fine-tuning by retrieval reward, iterated: each round
@@ -27,8 +28,7 @@ import ray
 
 from components import methods
 from components.data.types import Corpus, Dataset, Queries, Results
-from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
-from components.generative.lm import build_causal_lm, lm_spec_from, load_causal_lm, save_causal_lm
+from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
 from components.generative.targeted import TargetedLM
 from components.methods.base import Method, read_config, write_config
 from components.methods.querygen.align import choose_rewrites
@@ -39,6 +39,7 @@ from components.methods.querygen.data import (
     round_queries,
     sft_pairs,
 )
+from components.methods.querygen.generator import LocalGenerator, make_generator
 from components.methods.querygen.params import QueryGenParams
 from components.methods.querygen.task import mean_target_nll, rewrite_examples
 from components.metrics import evaluate_retrieval, ranked
@@ -60,9 +61,10 @@ class QueryGenMethod:
         self.params = QueryGenParams(**params)
         self.fusion = None if self.params.fusion == "auto" else self.params.fusion
         self.retriever: Method | None = None
-        self.generator_dir: str | None = lm_spec_from(self.params.generator).name_or_path
-        self._generator_source = self.generator_dir  # where workers read it (see inputs.share)
-        self._lm = self._tokenizer = None
+        p = self.params
+        local = None if p.endpoint_generator() else lm_spec_from(p.generator).name_or_path
+        self.gen = make_generator(p, local)
+        self._generator_source = self.gen.path  # where workers read it (see inputs.share)
         self._cache: dict[str, str] = {}
         self.report: dict[str, dict[str, float]] = {}
         self.tool_ids: list[str] = []
@@ -93,9 +95,10 @@ class QueryGenMethod:
                 out |= {f"retriever_{name}_{k}": v for k, v in metrics.items() if isinstance(v, float)}
         self.retriever.index(data.corpus)
         self.tool_ids = list(self.retriever.tool_ids)
-        if self.generator_dir is None:  # no pretrained LM named: a small one built here (offline, tests)
-            self.generator_dir = self._scratch_generator(data, run)
-            self._generator_source = share(self.generator_dir, run, f"{run.name}-generator-init")
+        if isinstance(self.gen, LocalGenerator) and self.gen.path is None:
+            # No pretrained LM named: a small one built here (offline, tests).
+            self.gen.path = self._scratch_generator(data, run)
+            self._generator_source = share(self.gen.path, run, f"{run.name}-generator-init")
         return out
 
     def _scratch_generator(self, data: Dataset, run: RunSpec) -> str:
@@ -125,7 +128,8 @@ class QueryGenMethod:
             progress=self.params.progress,
         )
         result = run_stage(config, run)
-        self.use_generator(result.model_dir)
+        self.gen.load(result.model_dir)
+        self._cache.clear()
         self._generator_source = result.model_uri
         return {**result.metrics, "stage_seconds": result.seconds}
 
@@ -175,16 +179,7 @@ class QueryGenMethod:
         """``samples`` sampled rewrites of each query, the best kept where it earns a reward
         (:func:`components.methods.querygen.align.choose_rewrites`), and the round's reward figures."""
         texts = [data.queries[q] for q in qids]
-        candidates = generate_texts(
-            *self.generator(),
-            self.prompts(texts),
-            self.params.max_new_tokens,
-            samples=samples,
-            temperature=temperature,
-            top_p=top_p,
-            batch_size=self.params.eval_batch_size,
-            seed=seed,
-        )
+        candidates = self.gen.sample(texts, samples, temperature, top_p, seed)
         assert self.retriever is not None
         return choose_rewrites(
             dict(zip(qids, texts, strict=True)),
@@ -196,7 +191,7 @@ class QueryGenMethod:
 
     def pairs_nll(self, pairs: list[tuple[str, str]]) -> float:
         """Mean per-token NLL of the rewrites in ``pairs`` given their queries, under the generator."""
-        lm, tokenizer = self.generator()
+        lm, tokenizer = self.gen.model()
         examples = rewrite_examples(tokenizer, self.params, pairs)
         return mean_target_nll(TargetedLM(lm), examples, tokenizer.pad_token_id, self.params.eval_batch_size)
 
@@ -213,35 +208,11 @@ class QueryGenMethod:
         return out
 
     # -- generation and retrieval -------------------------------------------------------------
-    def use_generator(self, path: str) -> None:
-        """Load the rewriting LM from ``path`` (a stage output or a saved artifact's generator)."""
-        self._lm, self._tokenizer = load_causal_lm(path)
-        self._lm.eval()
-        self.generator_dir = path
-        self._cache.clear()
-
-    def generator(self) -> tuple[Any, Any]:
-        """The rewriting LM and its tokenizer (loaded on first use)."""
-        if self._lm is None:
-            if self.generator_dir is None:
-                raise RuntimeError("querygen: no generator yet (fit the retriever stage or load an artifact)")
-            self.use_generator(self.generator_dir)
-        return self._lm, self._tokenizer
-
-    def prompts(self, texts: list[str]) -> list[str]:
-        _, tokenizer = self.generator()
-        return [chat_prompt(tokenizer, self.params.system_prompt, t) for t in texts]
-
     def rewrite(self, queries: Queries) -> Queries:
         """The greedy rewrite of each query (cached by text; an empty one falls back to the query)."""
         todo = sorted({t for t in queries.values() if t not in self._cache})
         if todo:
-            lm, tokenizer = self.generator()
-            p = self.params
-            rewrites = rewrite_texts(
-                lm, tokenizer, p.system_prompt, todo, p.max_new_tokens, p.eval_batch_size
-            )
-            self._cache.update(zip(todo, rewrites, strict=True))
+            self._cache.update(zip(todo, self.gen.rewrite(todo), strict=True))
         return {q: self._cache[t] for q, t in queries.items()}
 
     def index(self, corpus: Corpus) -> None:
@@ -265,10 +236,11 @@ class QueryGenMethod:
 
     # -- artifacts ------------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        """``config.json`` (params, chosen fusion), ``generator/`` (HF LM) and ``retriever/``."""
+        """``config.json`` (params, chosen fusion), ``generator/`` (HF LM; none for an endpoint,
+        which the params name) and ``retriever/``."""
         assert self.retriever is not None, "nothing to save before the retriever stage"
-        lm, tokenizer = self.generator()
-        save_causal_lm(lm, tokenizer, os.path.join(path, "generator"))
+        if isinstance(self.gen, LocalGenerator):
+            self.gen.save(os.path.join(path, "generator"))
         self.retriever.save(os.path.join(path, "retriever"))
         write_config(
             path,
@@ -289,5 +261,6 @@ class QueryGenMethod:
         method.report = config.get("report") or {}
         method.retriever = methods.load(os.path.join(path, "retriever"))
         method.tool_ids = list(method.retriever.tool_ids)
-        method.use_generator(os.path.join(path, "generator"))
+        if isinstance(method.gen, LocalGenerator):
+            method.gen.load(os.path.join(path, "generator"))
         return method

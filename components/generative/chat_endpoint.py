@@ -1,0 +1,95 @@
+"""A generator behind an OpenAI-compatible chat-completions endpoint (vLLM, Ray Serve LLM, a hosted
+API): for models too large to load here, used as query generation's zero-shot rewriter.
+
+Each text is one ``POST {url}/chat/completions`` with the system instruction and the text as the user
+turn, greedy (``temperature: 0``), ``max_tokens`` capped; the answer's first line is the rewrite, as
+:func:`components.generative.generate.rewrite_texts` makes it from an in-process LM, and an empty
+one falls back to the text. The server applies the model's chat template, as ``chat_prompt`` does
+here. Requests run concurrently: each waits on the server, not on this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+ENDPOINT_KEYS = frozenset({"endpoint", "model", "api_key_env", "timeout_s", "concurrency"})
+
+
+class ChatEndpointError(RuntimeError):
+    """The endpoint could not be reached or did not answer with a chat completion."""
+
+
+@dataclass(frozen=True)
+class ChatEndpoint:
+    """``endpoint``: base URL including ``/v1``; ``model``: the served model's name;
+    ``api_key_env``: the environment variable holding its key, if it needs one."""
+
+    endpoint: str
+    model: str
+    api_key_env: str | None = None
+    timeout_s: float = 30.0
+    concurrency: int = 8
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], owner: str) -> ChatEndpoint:
+        """From a config section (``{"endpoint": url, "model": name, ...}``); ``owner`` names it in errors.
+
+        Raises:
+            ValueError: unknown keys, or no ``model``.
+        """
+        unknown = sorted(set(cfg) - ENDPOINT_KEYS)
+        if unknown:
+            expected = sorted(ENDPOINT_KEYS)
+            raise ValueError(f"{owner}: unknown endpoint settings {unknown}; expected some of {expected}")
+        if not cfg.get("model"):
+            raise ValueError(f"{owner}: an endpoint generator needs 'model' (the served model's name)")
+        return cls(**cfg)
+
+    @property
+    def url(self) -> str:
+        return self.endpoint.rstrip("/") + "/chat/completions"
+
+    def complete(self, system: str, text: str, max_tokens: int) -> str:
+        """The endpoint's greedy answer to ``text`` under ``system``.
+
+        Raises:
+            ChatEndpointError: unreachable, an HTTP error, or a body that is not a chat completion.
+        """
+        body = {
+            "model": self.model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
+            "temperature": 0.0,
+            "max_tokens": max_tokens,
+        }
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                answer = json.loads(response.read())
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
+            raise ChatEndpointError(f"{self.url}: {e}") from e
+        try:
+            return str(answer["choices"][0]["message"]["content"] or "")
+        except (KeyError, IndexError, TypeError) as e:
+            raise ChatEndpointError(f"{self.url}: not a chat completion: {str(answer)[:200]}") from e
+
+    def rewrite(self, system: str, texts: list[str], max_tokens: int) -> list[str]:
+        """The first line of the endpoint's answer to each text (the text itself where it is empty)."""
+
+        def one(text: str) -> str:
+            line = self.complete(system, text, max_tokens).strip().split("\n", 1)[0].strip()
+            return line or text
+
+        if not texts:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(texts)))) as pool:
+            return list(pool.map(one, texts))

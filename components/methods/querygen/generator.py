@@ -1,0 +1,84 @@
+"""Query generation's rewriter: a causal LM in this process (trainable), or an OpenAI-compatible
+endpoint serving a larger model (zero-shot only: nothing here can fine-tune it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.generative.chat_endpoint import ChatEndpoint
+from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
+from components.generative.lm import load_causal_lm, save_causal_lm
+from components.methods.querygen.params import QueryGenParams
+
+
+class LocalGenerator:
+    """A causal LM loaded with ``from_pretrained`` on first use (a hub name, a stage output, an
+    artifact's ``generator/``); ``path`` is None until one exists (a scratch LM is built in training)."""
+
+    trainable = True
+
+    def __init__(self, path: str | None, params: QueryGenParams) -> None:
+        self.path, self.params = path, params
+        self._lm: Any = None
+        self._tokenizer: Any = None
+
+    def load(self, path: str) -> None:
+        self._lm, self._tokenizer = load_causal_lm(path)
+        self._lm.eval()
+        self.path = path
+
+    def model(self) -> tuple[Any, Any]:
+        """The LM and its tokenizer."""
+        if self._lm is None:
+            if self.path is None:
+                raise RuntimeError("querygen: no generator yet (fit the retriever stage or load an artifact)")
+            self.load(self.path)
+        return self._lm, self._tokenizer
+
+    def rewrite(self, texts: list[str]) -> list[str]:
+        """Greedy one-line rewrites (an empty one falls back to the text)."""
+        lm, tokenizer = self.model()
+        p = self.params
+        return rewrite_texts(lm, tokenizer, p.system_prompt, texts, p.max_new_tokens, p.eval_batch_size)
+
+    def sample(
+        self, texts: list[str], samples: int, temperature: float, top_p: float, seed: int
+    ) -> list[list[str]]:
+        """``samples`` nucleus-sampled rewrites of each text (alignment's candidates)."""
+        lm, tokenizer = self.model()
+        prompts = [chat_prompt(tokenizer, self.params.system_prompt, t) for t in texts]
+        return generate_texts(
+            lm,
+            tokenizer,
+            prompts,
+            self.params.max_new_tokens,
+            samples=samples,
+            temperature=temperature,
+            top_p=top_p,
+            batch_size=self.params.eval_batch_size,
+            seed=seed,
+        )
+
+    def save(self, path: str) -> None:
+        save_causal_lm(*self.model(), path)
+
+
+class EndpointGenerator:
+    """Rewrites by an OpenAI-compatible chat endpoint, prompted as the local LM is."""
+
+    trainable = False
+    path = None
+
+    def __init__(self, endpoint: ChatEndpoint, params: QueryGenParams) -> None:
+        self.endpoint, self.params = endpoint, params
+
+    def rewrite(self, texts: list[str]) -> list[str]:
+        return self.endpoint.rewrite(self.params.system_prompt, texts, self.params.max_new_tokens)
+
+
+def make_generator(params: QueryGenParams, path: str | None) -> LocalGenerator | EndpointGenerator:
+    """The generator ``params.generator`` names: an endpoint when it has ``endpoint``, else an LM
+    (``path``: its directory or hub name, None for a scratch LM built in training)."""
+    if params.endpoint_generator():
+        return EndpointGenerator(ChatEndpoint.from_config(params.generator, "querygen.generator"), params)
+    return LocalGenerator(path, params)

