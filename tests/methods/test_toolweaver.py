@@ -207,13 +207,15 @@ def test_codes_stage_gives_every_tool_a_unique_l_token_code(trained, quickstart_
     assert list(report["stages"]) == ["codes", "warmup", "memorization", "retrieval", "agent"]
     assert codes["tools"] == 100 and codes["collision_rate_after_pass"] == 0.0
     assert "valid_reconstruction" in codes and codes["stage_seconds"] > 0  # a Ray Train run
-    assert set(method.codebook.codes) == set(quickstart_1200.corpus)
-    assert all(len(c) == 2 for c in method.codebook.codes.values())
-    assert len(set(method.codebook.codes.values())) == 100
+    # The codes training gave (a tool added later keeps the code it gets: another test adds one).
+    trained_codes = {t: c for t, c in method.codebook.codes.items() if t not in method.added_after_training}
+    assert set(trained_codes) == set(quickstart_1200.corpus)
+    assert all(len(c) == 2 for c in trained_codes.values())
+    assert len(set(trained_codes.values())) == 100
     assert report["stages"]["agent"]["vocab_added"] == 32  # L x K, not one token per tool
     # Each level draws from its own K tokens.
-    first = {c[0] for c in method.codebook.codes.values()}
-    second = {c[1] for c in method.codebook.codes.values()}
+    first = {c[0] for c in trained_codes.values()}
+    second = {c[1] for c in trained_codes.values()}
     assert not first & second and len(first) <= 16 and len(second) <= 16
 
 
