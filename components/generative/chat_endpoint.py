@@ -25,6 +25,26 @@ class ChatEndpointError(RuntimeError):
     """The endpoint could not be reached or did not answer with a chat completion."""
 
 
+def post_chat_completion(
+    url: str, body: dict[str, Any], api_key: str | None = None, timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """``POST`` a chat-completions request ``body`` to ``url`` (``.../chat/completions``) and return
+    the parsed JSON answer (the query rewriter's and the HTTP selector's one client).
+
+    Raises:
+        ChatEndpointError: unreachable, an HTTP error, a timeout, or a body that is not JSON.
+    """
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
+        raise ChatEndpointError(f"{url}: {e}") from e
+
+
 @dataclass(frozen=True)
 class ChatEndpoint:
     """``endpoint``: base URL including ``/v1``; ``model``: the served model's name;
@@ -67,16 +87,8 @@ class ChatEndpoint:
             "temperature": 0.0,
             "max_tokens": max_tokens,
         }
-        headers = {"Content-Type": "application/json"}
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.loads(response.read())
-        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
-            raise ChatEndpointError(f"{self.url}: {e}") from e
+        answer = post_chat_completion(self.url, body, key, self.timeout_s)
         try:
             return str(answer["choices"][0]["message"]["content"] or "")
         except (KeyError, IndexError, TypeError) as e:
@@ -86,6 +98,7 @@ class ChatEndpoint:
         """The first line of the endpoint's answer to each text (the text itself where it is empty)."""
 
         def one(text: str) -> str:
+            # generate.first_line's cut, written out: importing generate would load torch here.
             line = self.complete(system, text, max_tokens).strip().split("\n", 1)[0].strip()
             return line or text
 

@@ -99,35 +99,21 @@ class QueryGenRewriter:
     prepended to the request, as :class:`HistoryRewriter` does."""
 
     def __init__(self, path: str, turns: int = 0, batch_size: int = 8) -> None:
-        params = read_config(path).get("params") or {}
-        self.system = str(params["system_prompt"])
-        self.max_new_tokens = int(params.get("max_new_tokens", 24))
+        # The method's own generator, prompted by the artifact's params, batched as serving asks.
+        from components.methods.querygen.generator import LocalGenerator, make_generator
+        from components.methods.querygen.params import QueryGenParams
+
+        params = QueryGenParams(**{**read_config(path)["params"], "eval_batch_size": batch_size})
+        self.generator = make_generator(params, os.path.join(path, "generator"))
+        if isinstance(self.generator, LocalGenerator):
+            self.generator.model()  # load now, in reconfigure, not on the first request
         self.history = HistoryRewriter(turns)
-        self.batch_size = batch_size
-        generator = params.get("generator") or {}
-        self.endpoint = None
-        if "endpoint" in generator:
-            from components.generative.chat_endpoint import ChatEndpoint
-
-            self.endpoint = ChatEndpoint.from_config(generator, f"{path}: generator")
-        else:
-            from components.generative.lm import load_causal_lm
-
-            self.model, self.tokenizer = load_causal_lm(os.path.join(path, "generator"))
-            self.model.eval()
 
     def rewrite(self, query: str, history: list[str]) -> str:
         return self.rewrite_many([(query, history)])[0]
 
     def rewrite_many(self, requests: list[Request]) -> list[str]:
-        texts = [self.history.rewrite(q, h) for q, h in requests]
-        if self.endpoint is not None:
-            return self.endpoint.rewrite(self.system, texts, self.max_new_tokens)
-        from components.generative.generate import rewrite_texts
-
-        return rewrite_texts(
-            self.model, self.tokenizer, self.system, texts, self.max_new_tokens, self.batch_size
-        )
+        return self.generator.rewrite([self.history.rewrite(q, h) for q, h in requests])
 
 
 def build_rewriter(cfg: dict[str, Any] | None) -> Rewriter:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from typing import Any
 
+from components.generative.chat_endpoint import ChatEndpointError, post_chat_completion
 from components.serving.catalog import ToolCatalog
 
 SYSTEM = (
@@ -73,15 +72,10 @@ class OpenAISelector:
         }
 
     def post(self, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(), headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as e:
-            raise SelectorHTTPError(f"{self.endpoint}: {e}") from e
+            return post_chat_completion(self.endpoint, body, self.api_key, self.timeout_s)
+        except ChatEndpointError as e:
+            raise SelectorHTTPError(str(e)) from e
 
     def parse(self, answer: dict[str, Any], candidates: list[str]) -> dict[str, Any] | None:
         """The validated call in ``answer``, or ``None`` if it names no offered tool or breaks the schema."""

@@ -72,7 +72,7 @@ def test_endpoint_rewrites_and_rankings_equal_the_same_lm_in_process(smollm2_pai
     assert remote.rewrite(queries) == expected
     assert any(expected[q] != queries[q] for q in queries)  # the LM rewrote, not echoed
     assert remote.retrieve(queries, 3) == local.retrieve(queries, 3)
-    body = server.requests[-1]
+    body = server.requests[-1]["body"]
     assert body["model"] == "smollm2" and body["temperature"] == 0.0 and body["max_tokens"] == 24
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert body["messages"][0]["content"] == SYSTEM_PROMPT

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from chat_server import ChatCompletionsServer
 
 from components.serving.catalog import Param, Tool, ToolCatalog
 from components.serving.selector_lm import LMSelector
@@ -31,53 +31,19 @@ def tools_from_request(tools: list[dict[str, Any]]) -> ToolCatalog:
     return ToolCatalog(tools=out, version="request")
 
 
-class LocalChatServer:
+class LocalChatServer(ChatCompletionsServer):
     """``POST /v1/chat/completions`` with tool calling; ``offer_unknown_tool`` makes it misbehave.
 
     Args:
         selector: Decodes the answers.
-        delay_s: Extra latency per request, as a remote model server has; ``max_in_flight`` records
-            how many requests it held at once.
+        delay_s: Extra latency per request (see :class:`ChatCompletionsServer`).
     """
 
     def __init__(self, selector: LMSelector, delay_s: float = 0.0) -> None:
+        super().__init__(delay_s)
         self.selector = selector
-        self.delay_s = delay_s
-        self.requests: list[dict[str, Any]] = []
         self.offer_unknown_tool = False
-        self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._count = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # keep test output clean
-                pass
-
-            def do_POST(self) -> None:
-                if self.path != "/v1/chat/completions":
-                    self.send_error(404)
-                    return
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append({"body": body, "headers": dict(self.headers)})
-                with server._count:
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                try:
-                    time.sleep(server.delay_s)
-                    payload = json.dumps(server.answer(body)).encode()
-                finally:
-                    with server._count:
-                        server.in_flight -= 1
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         catalog = tools_from_request(body["tools"])
@@ -99,11 +65,3 @@ class LocalChatServer:
             "model": body["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
         }
-
-    def __enter__(self) -> LocalChatServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()

@@ -7,7 +7,7 @@ from typing import Any
 
 from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
-from components.generative.lm import load_causal_lm, save_causal_lm
+from components.generative.lm import lm_spec_from, load_causal_lm, save_causal_lm
 from components.methods.querygen.params import QueryGenParams
 
 
@@ -76,9 +76,10 @@ class EndpointGenerator:
         return self.endpoint.rewrite(self.params.system_prompt, texts, self.params.max_new_tokens)
 
 
-def make_generator(params: QueryGenParams, path: str | None) -> LocalGenerator | EndpointGenerator:
+def make_generator(params: QueryGenParams, path: str | None = None) -> LocalGenerator | EndpointGenerator:
     """The generator ``params.generator`` names: an endpoint when it has ``endpoint``, else an LM
-    (``path``: its directory or hub name, None for a scratch LM built in training)."""
+    read from ``path`` (a saved artifact's ``generator/``) or, without one, the LM the params name
+    (None for a scratch LM, which training builds)."""
     if params.endpoint_generator():
         return EndpointGenerator(ChatEndpoint.from_config(params.generator, "querygen.generator"), params)
-    return LocalGenerator(path, params)
+    return LocalGenerator(path or lm_spec_from(params.generator).name_or_path, params)

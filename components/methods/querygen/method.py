@@ -61,9 +61,7 @@ class QueryGenMethod:
         self.params = QueryGenParams(**params)
         self.fusion = None if self.params.fusion == "auto" else self.params.fusion
         self.retriever: Method | None = None
-        p = self.params
-        local = None if p.endpoint_generator() else lm_spec_from(p.generator).name_or_path
-        self.gen = make_generator(p, local)
+        self.gen = make_generator(self.params)
         self._generator_source = self.gen.path  # where workers read it (see inputs.share)
         self._cache: dict[str, str] = {}
         self.report: dict[str, dict[str, float]] = {}

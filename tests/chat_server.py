@@ -1,0 +1,67 @@
+"""An OpenAI-compatible ``POST /v1/chat/completions`` server on 127.0.0.1 for tests, standing where
+vLLM or Ray Serve LLM would. A subclass's :meth:`ChatCompletionsServer.answer` makes the response
+from the request body; every request is recorded (``{"body", "headers"}``) so tests can check its
+shape. Use it as a context manager; ``url`` ends in ``/v1``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class ChatCompletionsServer:
+    """Args:
+    delay_s: Extra latency per request, as a remote model server has; ``max_in_flight`` records
+        how many requests it held at once.
+    """
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.requests: list[dict[str, Any]] = []
+        self.in_flight = self.max_in_flight = 0
+        self._count = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:
+                if self.path != "/v1/chat/completions":
+                    self.send_error(404)
+                    return
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append({"body": body, "headers": dict(self.headers)})
+                with server._count:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    time.sleep(server.delay_s)
+                    payload = json.dumps(server.answer(body)).encode()
+                finally:
+                    with server._count:
+                        server.in_flight -= 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat completion for one request body."""
+        raise NotImplementedError
+
+    def __enter__(self) -> ChatCompletionsServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
