@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from components.generative.bundle import load_bundle  # noqa: E402
+from components.generative.lm import to_inference_device  # noqa: E402
 from components.generative.perplexity import document_perplexity  # noqa: E402
 from workflows.report import md_table, write_report  # noqa: E402
 
@@ -33,6 +34,7 @@ def score(name: str, path: str, text: str, label: str, window: int) -> dict:
     """One row: the model's perplexity of ``text`` (called ``label``) in windows of at most ``window``
     tokens."""
     lm, tokenizer, codebook = load_bundle(path)
+    lm = to_inference_device(lm)  # a GPU when the machine has one
     window = min(window, int(getattr(lm.config, "max_position_embeddings", window)))
     started = time.perf_counter()
     ppl, tokens = document_perplexity(lm, tokenizer, text, window=window, batch_size=4)

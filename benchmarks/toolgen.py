@@ -42,7 +42,7 @@ from components.data import Dataset, dataset_from_config
 from components.generative.hallucination import hallucination_rate, outputs_to_results
 from components.methods.codelm import CodeLMMethod
 from components.metrics import DEFAULT_KS, evaluate_retrieval
-from workflows.bench import report_splits, split_rows
+from workflows.bench import device_name, report_splits, split_rows
 from workflows.ray_env import init_ray
 from workflows.report import markdown_table, md_table, write_report
 from workflows.train import fit_method, run_spec
@@ -99,8 +99,14 @@ def run_mode(
         other.share_codes(method)
         other.index(data.corpus)  # tools without a code get one here (ToolGen: from their names)
         rows += split_rows(other, data, f"{kind}_{label}{suffix}")
+    # Where it trained and the largest training peak over the stages (CUDA max allocated, or RSS).
+    device = device_name(run)
+    peaks = [s["peak_memory_mb"] for s in trained["stages"].values() if "peak_memory_mb" in s]
     for row in rows:
         row["train_seconds"] = trained["train_seconds"]
+        row["device"] = device
+        if peaks:
+            row["peak_memory_mb"] = round(max(peaks), 1)
         row["config"] = method.config()  # the stage-only rows are stages of this configuration
     diagnostics = {
         "stages": trained["stages"],
@@ -108,6 +114,8 @@ def run_mode(
         "known_tools": len(method.codebook) - len(method.added_after_training),
         "added_after_training": len(method.added_after_training),
         "added_tokens": method.added_tokens(),
+        "device": device,
+        "stage_dirs": dict(method.stage_dirs),  # each stage's chosen model (perplexity_text.py reads them)
         **({"cold_start": dict(method.cold_start)} if hasattr(method, "cold_start") else {}),
     }
     return rows, diagnostics
@@ -163,6 +171,11 @@ def codes_notes(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
     return ["", *md_table(header, rows)]
 
 
+def devices(diagnostics: dict[str, dict[str, Any]]) -> str:
+    """The devices the split modes trained on, for the notes."""
+    return ", ".join(sorted({d.get("device", "?") for d in diagnostics.values()}))
+
+
 def notes(diagnostics: dict[str, dict[str, Any]]) -> str:
     """Stage table (epochs, valid score, seconds) and the perplexity / vocabulary table."""
     nan = float("nan")
@@ -191,10 +204,11 @@ def notes(diagnostics: dict[str, dict[str, Any]]) -> str:
         for mode, d in diagnostics.items()
     ]
     lines = [
-        "Each stage is one Ray Train run (1 worker, 2 CPUs); checkpoints are chosen on valid, test is",
-        f"read for this report only. 2-core machine, 1-min load average {LOAD_START:.1f} at the start",
-        f"and {os.getloadavg()[0]:.1f} at the end. `hallucination_rate` = share of generated beams",
-        "naming no real tool (10 beams per query, `generate`); constrained rows use the tool trie.",
+        f"Each stage is one Ray Train run ({devices(diagnostics)}); checkpoints are chosen on valid,",
+        f"test is read for this report only. {os.cpu_count()}-core machine, 1-min load average",
+        f"{LOAD_START:.1f} at the start and {os.getloadavg()[0]:.1f} at the end. `hallucination_rate` =",
+        "share of generated beams naming no real tool (10 beams per query, `generate`); constrained",
+        "rows use the tool trie.",
         "",
         *md_table(["split mode", "stage", "epochs", "valid score", "stage seconds"], stages),
         "",
@@ -236,7 +250,8 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     cfg = merge(load_yaml(os.path.join(ROOT, "workflows", "configs", "default.yaml")), load_file(args.config))
-    init_ray({**(cfg.get("ray") or {}), "num_cpus": 2, "progress_bars": False})
+    # The 2-core machine by default; a config's ``ray.num_cpus`` (a GPU machine's cores) wins.
+    init_ray({"num_cpus": 2, **(cfg.get("ray") or {}), "progress_bars": False})
     started = time.perf_counter()
     results, diagnostics = [], {}
     for mode in args.modes:

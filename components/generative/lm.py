@@ -10,6 +10,7 @@ from scratch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -134,3 +135,18 @@ def save_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, p
     """HF layout (config + safetensors + tokenizer files): :func:`load_causal_lm` reloads it."""
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
+
+
+DEVICE_ENV = "TOOLSCOUT_DEVICE"
+
+
+def inference_device() -> torch.device:
+    """Where this process scores and generates with a loaded LM: ``$TOOLSCOUT_DEVICE`` if set, else
+    the first visible GPU, else the CPU. (Training places its model itself, from the run's settings.)"""
+    name = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def to_inference_device(lm: PreTrainedModel) -> PreTrainedModel:
+    """``lm`` moved to :func:`inference_device` (a no-op on a CPU-only machine)."""
+    return lm.to(inference_device())

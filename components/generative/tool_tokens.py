@@ -175,6 +175,7 @@ def add_code_tokens(
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         for table, (mean, std) in zip(embedding_tables(model), stats, strict=True):
             rows = table.shape[0] - old
-            table[old:] = mean + std * torch.randn(rows, table.shape[1], dtype=table.dtype)
+            noise = torch.randn(rows, table.shape[1], dtype=table.dtype, device=table.device)
+            table[old:] = mean + std * noise
     ids = tokenizer.convert_tokens_to_ids(tokens)
     return [ids[level * size : (level + 1) * size] for level in range(levels)]

@@ -31,7 +31,7 @@ from components.generative.hallucination import (
     hits_to_outputs,
     outputs_to_results,
 )
-from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
+from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm, to_inference_device
 from components.generative.params import LM_STAGES, CodeLMParams
 from components.generative.perplexity import perplexity
 from components.generative.targeted import TargetedLM
@@ -184,6 +184,7 @@ class CodeLMMethod:
             return {}
         if when == "before":
             lm, tokenizer, _ = load_bundle(self.stage_dirs["warmup"], lm_spec_from(self.params.lm).dtype)
+            lm = to_inference_device(lm)
         else:
             lm, tokenizer = self._lm, self._tokenizer
         texts = [data.queries[q] for q in list(data.qrels["valid"])[:n]]
@@ -197,7 +198,8 @@ class CodeLMMethod:
         self._lm, self._tokenizer, self.codebook = load_bundle(model_dir, lm_spec_from(self.params.lm).dtype)
         if data is not None:
             self.add_codes(data.corpus, td.known_tools(data))
-        self._lm.eval()
+        # Retrieval and generation run where the process has an accelerator (a GPU replica, a GPU bench).
+        self._lm = to_inference_device(self._lm).eval()
         self._model = TargetedLM(self._lm)
         self._prompter = td.Prompter(self._tokenizer)
 
