@@ -10,8 +10,9 @@ Backends (``rewriter.backend`` in the serving config):
   generates the rewrite greedily from ``prompt``;
 - ``querygen``: the generator of a trained query-generation artifact (``path``; arXiv 2412.03573,
   :mod:`components.methods.querygen`), prompted as it was trained; for a zero-shot artifact whose
-  generator is an OpenAI-compatible endpoint, that endpoint. Only the rewrite text comes out:
-  the retriever still answers with catalog ids, so a generated name can never reach the caller.
+  generator is an OpenAI-compatible endpoint or a llama.cpp GGUF, that engine. Only the rewrite
+  text comes out: the retriever still answers with catalog ids, so a generated name can never
+  reach the caller.
 
 Every backend rewrites a batch at once (``rewrite_many``): the serving deployment batches concurrent
 requests through it. The LM backends import their generation code when built: every serving
@@ -100,13 +101,16 @@ class QueryGenRewriter:
 
     def __init__(self, path: str, turns: int = 0, batch_size: int = 8) -> None:
         # The method's own generator, prompted by the artifact's params, batched as serving asks.
-        from components.methods.querygen.generator import LocalGenerator, make_generator
+        from components.methods.querygen.generator import LlamaCppGenerator, LocalGenerator, make_generator
         from components.methods.querygen.params import QueryGenParams
 
         params = QueryGenParams(**{**read_config(path)["params"], "eval_batch_size": batch_size})
         self.generator = make_generator(params, os.path.join(path, "generator"))
+        # Load now, in reconfigure, not on the first request.
         if isinstance(self.generator, LocalGenerator):
-            self.generator.model()  # load now, in reconfigure, not on the first request
+            self.generator.model()
+        elif isinstance(self.generator, LlamaCppGenerator):
+            self.generator.load()
         self.history = HistoryRewriter(turns)
 
     def rewrite(self, query: str, history: list[str]) -> str:

@@ -5,7 +5,9 @@
 - ``none``: no LLM; the response carries the ranking and no call;
 - ``lm``: a local causal LM with constrained decoding (:mod:`.selector_lm`), ``model`` = hub name
   or a dir written by :func:`components.serving.selector_train.train_selector_lm`;
-- ``openai``: an OpenAI-compatible endpoint (:mod:`.selector_http`), ``url`` + ``model``.
+- ``openai``: an OpenAI-compatible endpoint (:mod:`.selector_http`), ``url`` + ``model``;
+- ``llamacpp``: a GGUF model under llama.cpp on CPU, decoding bound to a grammar of the candidates'
+  calls (:mod:`.selector_llamacpp`), ``model`` = ``smollm2-135m`` or a ``.gguf`` path.
 """
 
 from __future__ import annotations
@@ -36,4 +38,8 @@ def build_selector(cfg: dict[str, Any] | None, catalog: ToolCatalog) -> Selector
         from components.serving.selector_http import OpenAISelector
 
         return OpenAISelector(catalog=catalog, **cfg)
-    raise ValueError(f"unknown selector backend {backend!r}; choose none, lm or openai")
+    if backend == "llamacpp":
+        from components.serving.selector_llamacpp import LlamaCppSelector
+
+        return LlamaCppSelector(catalog=catalog, **cfg)
+    raise ValueError(f"unknown selector backend {backend!r}; choose none, lm, openai or llamacpp")

@@ -90,3 +90,38 @@ def test_an_endpoint_artifact_reloads_and_serves_through_the_same_endpoint(smoll
     assert len(server.requests) > before  # a fresh method: its rewrites came from the endpoint
     rewriter = QueryGenRewriter(path)
     assert rewriter.rewrite_many([(q, []) for q in queries.values()]) == list(local.rewrite(queries).values())
+
+
+def test_a_llamacpp_generator_rewrites_as_the_same_weights_do_in_transformers(smollm2_pair, tmp_path):
+    """The shipped 4-bit GGUF under llama.cpp (the CPU engine) and its dequantized copy under
+    transformers share weights and chat template, so their greedy rewrites start alike (llama.cpp
+    multiplies with 8-bit activations, so near-ties may part them after a dozen words); the artifact
+    reloads and serves through llama.cpp with no generator directory."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
+    data, local, *_ = smollm2_pair
+    common = {"sft": {"epochs": 0}, "align": {"rounds": 0}, "fusion": "rrf", "eval_batch_size": 1}
+    fast = QueryGenMethod(generator={"engine": "llamacpp", "model": "smollm2-135m", "n_threads": 2}, **common)
+    run = RunSpec(name="qg-llamacpp", local_dir=str(tmp_path / "run"))
+    for stage in fast.stages:
+        fast.fit(stage, data, run)
+    queries = dict(list(data.queries.items())[:4])
+    rewrites, reference = fast.rewrite(queries), local.rewrite(queries)
+    for q in queries:
+        assert rewrites[q].split()[:6] == reference[q].split()[:6], (rewrites[q], reference[q])
+    assert any(rewrites[q] != queries[q] for q in queries)  # the LM rewrote, not echoed
+    ranked = fast.retrieve(queries, 3)
+    assert all(ranked[q] and set(ranked[q]) <= set(data.corpus) for q in queries)
+    path = str(tmp_path / "querygen")
+    fast.save(path)
+    assert not os.path.exists(os.path.join(path, "generator"))  # the params name the GGUF
+    rewriter = QueryGenRewriter(path)
+    assert rewriter.rewrite_many([(q, []) for q in queries.values()]) == list(rewrites.values())
+
+
+def test_a_llamacpp_generator_is_zero_shot_only_and_checked_on_the_driver():
+    with pytest.raises(ValueError, match="sft fine-tunes the generator"):
+        QueryGenMethod(generator={"engine": "llamacpp"}, sft={"epochs": 1})
+    with pytest.raises(ValueError, match=r"unknown llama.cpp settings \['threads'\]"):
+        QueryGenMethod(generator={"engine": "llamacpp", "threads": 2})
+    with pytest.raises(ValueError, match=r"a packaged LM .* or a \.gguf file"):
+        QueryGenMethod(generator={"engine": "llamacpp", "model": "HuggingFaceTB/SmolLM2-135M"})

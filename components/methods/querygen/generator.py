@@ -1,5 +1,6 @@
-"""Query generation's rewriter: a causal LM in this process (trainable), or an OpenAI-compatible
-endpoint serving a larger model (zero-shot only: nothing here can fine-tune it)."""
+"""Query generation's rewriter: a causal LM in this process (trainable), an OpenAI-compatible
+endpoint serving a larger model, or a GGUF model under llama.cpp (the fast CPU engine); the last
+two are zero-shot only: nothing here can fine-tune them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
+from components.generative.llamacpp import LlamaCppLM
 from components.generative.lm import lm_spec_from, load_causal_lm, save_causal_lm
 from components.methods.querygen.params import QueryGenParams
 
@@ -76,10 +78,31 @@ class EndpointGenerator:
         return self.endpoint.rewrite(self.params.system_prompt, texts, self.params.max_new_tokens)
 
 
-def make_generator(params: QueryGenParams, path: str | None = None) -> LocalGenerator | EndpointGenerator:
-    """The generator ``params.generator`` names: an endpoint when it has ``endpoint``, else an LM
-    read from ``path`` (a saved artifact's ``generator/``) or, without one, the LM the params name
-    (None for a scratch LM, which training builds)."""
+class LlamaCppGenerator:
+    """Rewrites by a GGUF model under llama.cpp on this machine's CPU, prompted as the local LM is."""
+
+    trainable = False
+    path = None
+
+    def __init__(self, lm: LlamaCppLM, params: QueryGenParams) -> None:
+        self.lm, self.params = lm, params
+
+    def load(self) -> None:
+        self.lm.llm()  # the GGUF now (a serving replica's reconfigure), not on the first request
+
+    def rewrite(self, texts: list[str]) -> list[str]:
+        return self.lm.rewrite(self.params.system_prompt, texts, self.params.max_new_tokens)
+
+
+Generator = LocalGenerator | EndpointGenerator | LlamaCppGenerator
+
+
+def make_generator(params: QueryGenParams, path: str | None = None) -> Generator:
+    """The generator ``params.generator`` names: an endpoint when it has ``endpoint``, llama.cpp for
+    ``engine: llamacpp``, else an LM read from ``path`` (a saved artifact's ``generator/``) or,
+    without one, the LM the params name (None for a scratch LM, which training builds)."""
     if params.endpoint_generator():
         return EndpointGenerator(ChatEndpoint.from_config(params.generator, "querygen.generator"), params)
+    if params.llamacpp_generator():
+        return LlamaCppGenerator(LlamaCppLM.from_config(params.generator, "querygen.generator"), params)
     return LocalGenerator(path or lm_spec_from(params.generator).name_or_path, params)

@@ -6,7 +6,8 @@ retriever (BM25, dense, MassTool ...) searches with it, alone or fused with the 
 ranking (reciprocal rank fusion). Three generators, as in the paper:
 
 - **zero-shot**: the instruct LM prompted as is (``sft.epochs: 0``, ``align.rounds: 0``), in this
-  process or behind an OpenAI-compatible endpoint for larger models;
+  process, under llama.cpp on a GGUF file (fast on CPU), or behind an OpenAI-compatible endpoint
+  for larger models;
 - **supervised** (``sft``): fine-tuned (LoRA) on targets made of each training query's relevant
   tools' names and short descriptions;
 - **aligned** (``align``): rejection-sampling fine-tuning by retrieval reward, iterated: each round
@@ -234,8 +235,8 @@ class QueryGenMethod:
 
     # -- artifacts ------------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        """``config.json`` (params, chosen fusion), ``generator/`` (HF LM; none for an endpoint,
-        which the params name) and ``retriever/``."""
+        """``config.json`` (params, chosen fusion), ``generator/`` (HF LM; none for an endpoint
+        or a llama.cpp GGUF, which the params name) and ``retriever/``."""
         assert self.retriever is not None, "nothing to save before the retriever stage"
         if isinstance(self.gen, LocalGenerator):
             self.gen.save(os.path.join(path, "generator"))

