@@ -41,12 +41,20 @@ from workflows.serve import app_args, read_serve_config
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "rewrite_latency.json")
 
 
-def querygen_artifact(data_path: str, bm25: str, work: str) -> str:
-    """SmolLM2 zero-shot in front of the BM25 artifact, saved once under ``work``."""
-    path = os.path.join(work, "models", "querygen", "v0001")
+# The two CPU engines for the same weights: transformers on the dequantized copy, llama.cpp on the
+# shipped 4-bit GGUF; one thread each, as each Serve replica gets one CPU.
+GENERATORS = {
+    "transformers": {"name_or_path": "smollm2-135m"},
+    "llamacpp": {"engine": "llamacpp", "model": "smollm2-135m", "n_threads": 1},
+}
+
+
+def querygen_artifact(data_path: str, bm25: str, work: str, engine: str = "transformers") -> str:
+    """SmolLM2 zero-shot in front of the BM25 artifact on ``engine``, saved once under ``work``."""
+    path = os.path.join(work, "models", f"querygen-{engine}", "v0001")
     if not os.path.exists(os.path.join(path, "config.json")):
         method = QueryGenMethod(
-            generator={"name_or_path": "smollm2-135m"},
+            generator=GENERATORS[engine],
             retriever={"path": bm25},
             sft={"epochs": 0},
             align={"rounds": 0},
@@ -75,6 +83,26 @@ def in_process(artifact: str, queries: list[str], batch: int) -> dict[str, float
     return {**m, "ms_per_query": float(np.mean(latencies)) * 1000 / batch}
 
 
+def selector_in_process(catalog_dir: str, bm25: str, queries: list[str], n_threads: int) -> dict[str, float]:
+    """Latency of the llama.cpp selector choosing among BM25's top 5 for each query, one at a time."""
+    from components import methods
+    from components.serving.catalog import load_catalog
+    from components.serving.selector_llamacpp import LlamaCppSelector
+
+    retriever = methods.load(bm25)
+    candidates = retriever.retrieve({str(i): q for i, q in enumerate(queries)}, 5)
+    selector = LlamaCppSelector(load_catalog(catalog_dir), n_threads=n_threads)
+    selector.select(queries[0], [], list(candidates["0"]))  # warm-up
+    latencies, calls = [], 0
+    started = time.perf_counter()
+    for i, query in enumerate(queries):
+        t = time.perf_counter()
+        call = selector.select(query, [], list(candidates[str(i)]))
+        latencies.append(time.perf_counter() - t)
+        calls += call is not None
+    return {**summary(latencies, 0, time.perf_counter() - started), "calls": calls}
+
+
 def probe_rewrite_ms(url: str, bodies: list[dict], n: int) -> dict[str, float]:
     """``timings_ms.rewrite`` of ``n`` sequential requests (new queries: no cache hit)."""
     times = []
@@ -93,6 +121,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--single", type=int, default=40, help="test queries for the in-process rows")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--engines", nargs="+", default=list(GENERATORS), choices=list(GENERATORS))
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)  # as each Serve replica gets
@@ -104,23 +133,32 @@ def main() -> None:
     detector_file = os.path.join(work, "detector.json")
     if find_calibration(detector_file, bm25) is None:
         calibrate_artifact(bm25, args.data, detector_file)
-    artifact = querygen_artifact(os.path.abspath(args.data), bm25, work)
+    artifacts = {e: querygen_artifact(os.path.abspath(args.data), bm25, work, e) for e in args.engines}
     queries = list(data.split_queries("test").values())
     rows = []
-    for batch in (1, 8):
-        m = in_process(artifact, queries[: args.single], batch)
-        rows.append(row("in-process: querygen rewrite (SmolLM2-135M)", {"batch": batch}, m))
-        print(rows[-1])
+    for engine, artifact in artifacts.items():
+        for batch in (1, 8):
+            m = in_process(artifact, queries[: args.single], batch)
+            rows.append(row(f"in-process: querygen rewrite (SmolLM2-135M, {engine})", {"batch": batch}, m))
+            print(rows[-1])
+    if "llamacpp" in artifacts:
+        for threads in (1, 2):
+            m = selector_in_process(os.path.abspath(args.data), bm25, queries[: args.single], threads)
+            rows.append(row("in-process: selector (SmolLM2-135M, llamacpp)", {"threads": threads}, m))
+            print(rows[-1])
 
     port = 18000 + os.getpid() % 1000
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     proxy = f"http://127.0.0.1:{port}"
     base = read_serve_config(None)
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
-    rewriter = {"backend": "querygen", "path": artifact, "timeout_s": 30.0, "cache_size": 0}
+    graphs: list[tuple[str, dict | None]] = [("detect→retrieve", None)]
+    for engine, artifact in artifacts.items():
+        rewriter = {"backend": "querygen", "path": artifact, "timeout_s": 30.0, "cache_size": 0}
+        graphs.append((f"detect→rewrite(querygen, {engine})→retrieve", rewriter))
     baseline: dict[int, float] = {}
     offset = 0  # each rewriting load reads new queries: the rewrite cache (size 0 anyway) never answers
-    for label, rewrite in (("detect→retrieve", None), ("detect→rewrite(querygen)→retrieve", rewriter)):
+    for label, rewrite in graphs:
         flags = {"artifact": bm25, "catalog": os.path.abspath(args.data), "detector_file": detector_file}
         if rewrite:
             flags["rewriter"] = rewrite
@@ -154,15 +192,20 @@ def write_markdown(report: dict, out: str, args: argparse.Namespace) -> None:
         "# Query-rewriting latency on CPU (SmolLM2-135M zero-shot querygen rewriter)",
         "",
         f"Run: `python -m benchmarks.rewrite_latency --seconds {args.seconds:g}` on {report['machine']};"
-        " ToolLens test queries, BM25 retriever. In-process rows: "
+        " ToolLens test queries, BM25 retriever. Engines: `transformers` (the dequantized float32"
+        " copy, eager PyTorch, 1 thread) and `llamacpp` (the shipped 4-bit GGUF under llama.cpp,"
+        " 1 thread), same weights and chat template. In-process rows: "
         f"{args.single} queries one by one (batch 1) and in batches of 8 (a request's latency is "
-        "its batch's). Serve rows: closed-loop clients through the proxy for "
+        "its batch's; llama.cpp decodes a batch's requests one after another). The selector rows: "
+        "the llama.cpp selector choosing among BM25's top 5 under its call grammar, one query at a "
+        "time (`calls` = answers that were a complete call). Serve rows: closed-loop clients "
+        "through the proxy for "
         f"{args.seconds:g} s each after a 1 s warm-up; `ratio` is p50 over the same graph without "
         "a rewriter at the same client count, measured in this run. The rewrite hop row is "
         "`timings_ms.rewrite` of 20 sequential requests.",
         "",
-        "| method | config | p50_ms | p99_ms | ms_per_query | rps | errors | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | config | p50_ms | p99_ms | ms_per_query | rps | errors | ratio | calls |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(m: dict, key: str, fmt: str = "{:.1f}") -> str:
@@ -176,7 +219,8 @@ def write_markdown(report: dict, out: str, args: argparse.Namespace) -> None:
         p99 = cell(m, "p99_ms") if "p99_ms" in m else cell(m, "rewrite_p99_ms")
         lines.append(
             f"| {r['method']} | {cfg} | {p50} | {p99} | {cell(m, 'ms_per_query')} "
-            f"| {cell(m, 'rps', '{:.2f}')} | {cell(m, 'errors', '{:d}')} | {cell(m, 'ratio', '{:.2f}')} |"
+            f"| {cell(m, 'rps', '{:.2f}')} | {cell(m, 'errors', '{:d}')} | {cell(m, 'ratio', '{:.2f}')} "
+            f"| {cell(m, 'calls', '{:d}')} |"
         )
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
