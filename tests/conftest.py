@@ -13,6 +13,23 @@ TOOLLENS = Path(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def lm_cache(tmp_path_factory):
+    """One cache of dequantized packaged LMs (SmolLM2) for the whole session, in its temp dir: the
+    GGUF is dequantized once however many tests load it, and nothing is written to ~/.cache. Set
+    before the session's Ray starts (autouse fixtures come first), so its workers read it too."""
+    from components.generative.packaged import CACHE_ENV
+
+    path = tmp_path_factory.mktemp("lm-cache")
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = previous
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray (2 CPUs, 127.0.0.1, dashboard on loopback) shared by every test that needs it, with

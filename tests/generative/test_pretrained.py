@@ -5,6 +5,8 @@ adapter saved and reloaded. Skipped with the reason when the ``pretrained`` extr
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -40,12 +42,10 @@ def test_minilm_puts_a_paraphrase_nearer_than_an_unrelated_sentence():
 
 
 @pytest.fixture(scope="module")
-def smollm(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(CACHE_ENV, str(cache))
-        model, tokenizer = load_causal_lm("smollm2-135m")
-        cached = resolve_lm("smollm2-135m")  # now a plain safetensors directory
+def smollm(lm_cache):
+    model, tokenizer = load_causal_lm("smollm2-135m")
+    cached = resolve_lm("smollm2-135m")  # now a plain safetensors directory
+    assert os.path.dirname(cached) == os.environ[CACHE_ENV] == str(lm_cache)  # the session's cache
     return model, tokenizer, cached
 
 
