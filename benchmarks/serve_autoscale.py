@@ -166,6 +166,22 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def set_autoscaling(config: dict[str, Any], override: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Give the scaled deployments ``override`` as their autoscaling config (None: keep the file's),
+    and return what each of them runs with.
+
+    The override goes into the config file's per-deployment options, not the app's args: Serve
+    applies those last, so an args-level override would be silently replaced.
+    """
+    app = config["applications"][0]
+    by_name = {d["name"]: d for d in app.get("deployments") or []}
+    if override is not None:
+        for name in SCALED:
+            by_name[name] = {**by_name.get(name, {"name": name}), "autoscaling_config": override}
+    app["deployments"] = list(by_name.values())
+    return {name: by_name[name]["autoscaling_config"] for name in SCALED}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/datasets/toollens")
@@ -199,32 +215,23 @@ def main() -> None:
     bodies = [
         {"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in data.split_queries("test").values()
     ]
-    autoscaling = {
-        "min_replicas": 1,
-        "max_replicas": args.max_replicas,
-        "target_ongoing_requests": args.target,
-        "metrics_interval_s": 0.5,
-        "look_back_period_s": 3.0,
-        "upscale_delay_s": 3.0,
-        "downscale_delay_s": 15.0,
-    }
-    scaled = [
-        {"name": n, "autoscaling_config": autoscaling, "ray_actor_options": {"num_cpus": 0.25}}
-        for n in SCALED
-    ]
+    override = None
+    if not args.shipped:
+        override = {
+            "min_replicas": 1,
+            "max_replicas": args.max_replicas,
+            "target_ongoing_requests": args.target,
+            "metrics_interval_s": 0.5,
+            "look_back_period_s": 3.0,
+            "upscale_delay_s": 3.0,
+            "downscale_delay_s": 15.0,
+        }
     port = 18000 + os.getpid() % 1000
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = read_serve_config(None)
     flags = {"artifact": bm25, "catalog": os.path.abspath(args.data), "detector_file": detector_file}
     config = serve_config(app_args(base, flags, []), base)
-    # The config file's per-deployment options are what Serve applies (they win over the app's
-    # code options): the scaled deployments' entries are replaced there.
-    app = config["applications"][0]
-    by_name = {d["name"]: d for d in app.get("deployments") or []}
-    if not args.shipped:
-        by_name.update({d["name"]: {**by_name.get(d["name"], {}), **d} for d in scaled})
-    autoscaling = {n: by_name[n]["autoscaling_config"] for n in SCALED}  # what this run applies
-    app["deployments"] = list(by_name.values())
+    autoscaling = set_autoscaling(config, override)
     deploy_config(config)
     urls = doors(f"http://127.0.0.1:{port}").get("direct ingress") or [f"http://127.0.0.1:{port}"]
     times = ramp(args.low, args.high, args.up, args.hold, args.down, args.tail)

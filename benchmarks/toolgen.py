@@ -42,7 +42,7 @@ from components.data import Dataset, dataset_from_config
 from components.generative.hallucination import hallucination_rate, outputs_to_results
 from components.methods.codelm import CodeLMMethod
 from components.metrics import DEFAULT_KS, evaluate_retrieval
-from workflows.bench import device_name, report_splits, split_rows
+from workflows.bench import add_training, device_name, report_splits, split_rows
 from workflows.ray_env import init_ray
 from workflows.report import markdown_table, md_table, write_report
 from workflows.train import fit_method, run_spec
@@ -99,22 +99,17 @@ def run_mode(
         other.share_codes(method)
         other.index(data.corpus)  # tools without a code get one here (ToolGen: from their names)
         rows += split_rows(other, data, f"{kind}_{label}{suffix}")
-    # Where it trained and the largest training peak over the stages (CUDA max allocated, or RSS).
-    device = device_name(run)
-    peaks = [s["peak_memory_mb"] for s in trained["stages"].values() if "peak_memory_mb" in s]
+    add_training(rows, trained, run)
+    config = method.config()
     for row in rows:
-        row["train_seconds"] = trained["train_seconds"]
-        row["device"] = device
-        if peaks:
-            row["peak_memory_mb"] = round(max(peaks), 1)
-        row["config"] = method.config()  # the stage-only rows are stages of this configuration
+        row["config"] = config  # the stage-only rows are stages of this configuration
     diagnostics = {
         "stages": trained["stages"],
         "train_seconds": trained["train_seconds"],
         "known_tools": len(method.codebook) - len(method.added_after_training),
         "added_after_training": len(method.added_after_training),
         "added_tokens": method.added_tokens(),
-        "device": device,
+        "device": device_name(run),
         "stage_dirs": dict(method.stage_dirs),  # each stage's chosen model (perplexity_text.py reads them)
         **({"cold_start": dict(method.cold_start)} if hasattr(method, "cold_start") else {}),
     }

@@ -64,8 +64,13 @@ def bench_entry(
         if mix is not None:
             method.mix = mix
         rows += split_rows(method, dataset, f"{name}_{mode}" if mode else name)
-    # Training's peak memory (the largest over the stages this entry trained; a reused cached
-    # stage reports none) and where it trained.
+    add_training(rows, trained, run)
+    return rows
+
+
+def add_training(rows: list[dict[str, Any]], trained: dict[str, Any], run: RunSpec) -> None:
+    """Put on each row what its training cost: seconds, where it trained, and the peak memory (the
+    largest over the stages this entry trained; a reused cached stage reports none)."""
     peaks = [s["peak_memory_mb"] for s in trained["stages"].values() if "peak_memory_mb" in s]
     device = device_name(run)
     for row in rows:
@@ -73,7 +78,6 @@ def bench_entry(
         row["device"] = device
         if peaks:
             row["peak_memory_mb"] = round(max(peaks), 1)
-    return rows
 
 
 def device_name(run: RunSpec) -> str:

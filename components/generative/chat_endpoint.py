@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from components.generative.text import first_line
+
 ENDPOINT_KEYS = frozenset({"endpoint", "model", "api_key_env", "timeout_s", "concurrency"})
 
 
@@ -98,9 +100,7 @@ class ChatEndpoint:
         """The first line of the endpoint's answer to each text (the text itself where it is empty)."""
 
         def one(text: str) -> str:
-            # generate.first_line's cut, written out: importing generate would load torch here.
-            line = self.complete(system, text, max_tokens).strip().split("\n", 1)[0].strip()
-            return line or text
+            return first_line(self.complete(system, text, max_tokens)) or text
 
         if not texts:
             return []

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from components.generative.text import first_line
+
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> str:
     """The prompt text for one request: the tokenizer's chat template when it has one (instruct
@@ -36,11 +38,6 @@ def rewrite_texts(
     prompts = [chat_prompt(tokenizer, system, t) for t in texts]
     answers = generate_texts(lm, tokenizer, prompts, max_new_tokens, batch_size=batch_size)
     return [a[0] or t for a, t in zip(answers, texts, strict=True)]
-
-
-def first_line(text: str) -> str:
-    """A generation cut at its first line break, stripped (rewrites are one line)."""
-    return text.strip().split("\n", 1)[0].strip()
 
 
 @torch.inference_mode()

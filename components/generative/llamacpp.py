@@ -18,14 +18,14 @@ instruction) across requests.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.generative.packaged import PACKAGED_LMS
+from components.generative.packaged import PACKAGED_LMS, packaged_gguf
+from components.generative.text import first_line
 
 LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed"})
 
@@ -35,21 +35,18 @@ def gguf_file(model: str) -> str:
 
     Raises:
         FileNotFoundError: a path that does not exist, or a package that lacks its file.
+        ModuleNotFoundError: a packaged LM whose package is not installed.
         ValueError: anything else (a hub name: llama.cpp reads local GGUF files only).
     """
     packaged = PACKAGED_LMS.get(model)
     if packaged is not None:
-        spec = importlib.util.find_spec(packaged.module)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"{model!r} needs the {packaged.distribution} package (pip install it)")
-        path = os.path.join(os.path.dirname(spec.origin), packaged.file)
-    elif model.endswith(".gguf"):
-        path = model
-    else:
+        return str(packaged_gguf(model, packaged))
+    if not model.endswith(".gguf"):
         raise ValueError(
             f"llama.cpp engine: model must be a packaged LM {sorted(PACKAGED_LMS)} or a .gguf file, "
             f"got {model!r}"
         )
+    path = model
     if not os.path.exists(path):
         raise FileNotFoundError(f"llama.cpp engine: no GGUF file at {path}")
     return path
@@ -140,11 +137,7 @@ class LlamaCppLM:
 
     def rewrite(self, system: str, texts: Sequence[str], max_tokens: int) -> list[str]:
         """The first line of the greedy answer to each text (the text itself where it is empty)."""
-        out = []
-        for text in texts:
-            line = self.complete(system, text, max_tokens).strip().split("\n", 1)[0].strip()
-            out.append(line or text)
-        return out
+        return [first_line(self.complete(system, text, max_tokens)) or text for text in texts]
 
     def choose(self, system: str, text: str, options: Sequence[str]) -> str:
         """The option the model generates for ``text``, decoding bound to the options' grammar."""

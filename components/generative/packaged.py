@@ -53,6 +53,20 @@ def resolve_lm(name_or_path: str) -> str:
     return str(dequantized(name_or_path, packaged))
 
 
+def packaged_gguf(name: str, packaged: PackagedGGUF) -> Path:
+    """The GGUF file a package ships (found without importing the package).
+
+    Raises:
+        ModuleNotFoundError: the package is not installed (the message names the extra).
+        FileNotFoundError: the package lacks its file.
+    """
+    require_distribution(packaged.distribution, f"LM backbone {name!r}")
+    gguf = Path(importlib.util.find_spec(packaged.module).origin).parent / packaged.file
+    if not gguf.exists():
+        raise FileNotFoundError(f"{packaged.distribution} has no {packaged.file} in {gguf.parent}")
+    return gguf
+
+
 def dequantized(name: str, packaged: PackagedGGUF) -> Path:
     """The safetensors copy of a packaged GGUF model, written on first call.
 
@@ -65,16 +79,13 @@ def dequantized(name: str, packaged: PackagedGGUF) -> Path:
     target = cache_root() / f"{name}-{version}"
     if (target / "config.json").exists():
         return target
-    package_dir = Path(importlib.util.find_spec(packaged.module).origin).parent
+    package_dir = packaged_gguf(name, packaged).parent
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").exists():  # another process finished while we waited
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        gguf = str(package_dir / packaged.file)
-        if not os.path.exists(gguf):
-            raise FileNotFoundError(f"{packaged.distribution} has no {packaged.file} in {package_dir}")
         tokenizer = AutoTokenizer.from_pretrained(str(package_dir), gguf_file=packaged.file)
         model = AutoModelForCausalLM.from_pretrained(str(package_dir), gguf_file=packaged.file)
         # The tensors are dequantized float32 already; only the quantizer marker blocks saving.

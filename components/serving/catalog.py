@@ -52,6 +52,17 @@ class Tool:
     # An MCP tool's own inputSchema (``metadata.input_schema`` of its corpus record), served as is.
     input_schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
+    def call_params(self) -> tuple[Param, ...]:
+        """The parameters a call must fill: a ToolBench tool's parsed required ones, or an MCP
+        tool's ``required`` keys with the types its own input schema gives them."""
+        if self.input_schema is None:
+            return self.required
+        props = self.input_schema.get("properties") or {}
+        return tuple(
+            Param(str(name), json_type((props.get(name) or {}).get("type")))
+            for name in self.input_schema.get("required") or []
+        )
+
     def json_schema(self) -> dict[str, Any]:
         """The arguments as a JSON Schema object (``title`` carries the human-readable name)."""
         if self.input_schema is not None:

@@ -101,16 +101,12 @@ class QueryGenRewriter:
 
     def __init__(self, path: str, turns: int = 0, batch_size: int = 8) -> None:
         # The method's own generator, prompted by the artifact's params, batched as serving asks.
-        from components.methods.querygen.generator import LlamaCppGenerator, LocalGenerator, make_generator
+        from components.methods.querygen.generator import make_generator
         from components.methods.querygen.params import QueryGenParams
 
         params = QueryGenParams(**{**read_config(path)["params"], "eval_batch_size": batch_size})
         self.generator = make_generator(params, os.path.join(path, "generator"))
-        # Load now, in reconfigure, not on the first request.
-        if isinstance(self.generator, LocalGenerator):
-            self.generator.model()
-        elif isinstance(self.generator, LlamaCppGenerator):
-            self.generator.load()
+        self.generator.ready()
         self.history = HistoryRewriter(turns)
 
     def rewrite(self, query: str, history: list[str]) -> str:

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from components.generative.llamacpp import LlamaCppLM, json_schema_grammar
-from components.serving.catalog import Param, Tool, ToolCatalog, json_type
+from components.serving.catalog import Tool, ToolCatalog
 
 SYSTEM = (
     "You route a user's request to exactly one of the offered tools and fill its arguments from the "
@@ -33,21 +33,9 @@ _VALUE_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-def required_params(tool: Tool) -> tuple[Param, ...]:
-    """The parameters a call must fill: a ToolBench tool's parsed ones, or an MCP tool's ``required``
-    keys with the types its own input schema gives them."""
-    if tool.input_schema is None:
-        return tool.required
-    props = tool.input_schema.get("properties") or {}
-    return tuple(
-        Param(str(name), json_type((props.get(name) or {}).get("type")))
-        for name in tool.input_schema.get("required") or []
-    )
-
-
 def arguments_schema(tool: Tool) -> dict[str, Any]:
     """The tool's required parameters as a closed JSON Schema object, in schema order."""
-    properties = {p.name: _VALUE_SCHEMAS.get(p.type, _VALUE_SCHEMAS["string"]) for p in required_params(tool)}
+    properties = {p.name: _VALUE_SCHEMAS.get(p.type, _VALUE_SCHEMAS["string"]) for p in tool.call_params()}
     return {
         "type": "object",
         "properties": properties,
@@ -100,7 +88,7 @@ class LlamaCppSelector:
         """The user turn: the offered tools (id, name, description, required parameters), then the request."""
         lines = ["Tools:"]
         for t in tools:
-            params = ", ".join(f"{p.name} ({p.type})" for p in required_params(t)) or "none"
+            params = ", ".join(f"{p.name} ({p.type})" for p in t.call_params()) or "none"
             lines.append(f"- {t.id}: {t.name}. {t.description[:160]} Required: {params}.")
         lines += [*(f"Earlier: {turn}" for turn in history), f"Request: {query}"]
         return "\n".join(lines)
@@ -116,7 +104,7 @@ class LlamaCppSelector:
             return None
         arguments = call.get("arguments")
         tool = offered[call["tool"]]
-        if not isinstance(arguments, dict) or any(p.name not in arguments for p in required_params(tool)):
+        if not isinstance(arguments, dict) or any(p.name not in arguments for p in tool.call_params()):
             return None
         return {"tool": tool.id, "arguments": arguments}
 

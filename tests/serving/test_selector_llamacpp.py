@@ -9,7 +9,7 @@ import pytest
 
 from components.serving.catalog import ToolCatalog
 from components.serving.selector import build_selector
-from components.serving.selector_llamacpp import LlamaCppSelector, call_schema, required_params
+from components.serving.selector_llamacpp import LlamaCppSelector, call_schema
 
 
 def toolbench(category: str, tool: str, api: str, description: str, required: str) -> str:
@@ -95,7 +95,7 @@ def test_every_answer_is_a_well_typed_call_of_an_offered_tool(selector, query):
     candidates = ["zq-7", "srv/fx", "w", "not-in-catalog"]  # "off" is in the catalog but not offered
     call = selector.select(query, [], candidates)
     assert call is not None and call["tool"] in {"zq-7", "srv/fx", "w"}
-    required = required_params(catalog().tools[call["tool"]])
+    required = catalog().tools[call["tool"]].call_params()
     assert sorted(call["arguments"]) == sorted(p.name for p in required)
     types = {"string": str, "integer": int, "number": (int, float)}
     for param in required:

@@ -29,6 +29,10 @@ class LocalGenerator:
         self._lm.eval()
         self.path = path
 
+    def ready(self) -> None:
+        """Load the LM now (a serving replica's reconfigure), not on the first request."""
+        self.model()
+
     def model(self) -> tuple[Any, Any]:
         """The LM and its tokenizer."""
         if self._lm is None:
@@ -74,6 +78,9 @@ class EndpointGenerator:
     def __init__(self, endpoint: ChatEndpoint, params: QueryGenParams) -> None:
         self.endpoint, self.params = endpoint, params
 
+    def ready(self) -> None:
+        """Nothing to load: the endpoint holds the model."""
+
     def rewrite(self, texts: list[str]) -> list[str]:
         return self.endpoint.rewrite(self.params.system_prompt, texts, self.params.max_new_tokens)
 
@@ -87,8 +94,9 @@ class LlamaCppGenerator:
     def __init__(self, lm: LlamaCppLM, params: QueryGenParams) -> None:
         self.lm, self.params = lm, params
 
-    def load(self) -> None:
-        self.lm.llm()  # the GGUF now (a serving replica's reconfigure), not on the first request
+    def ready(self) -> None:
+        """Load the GGUF now (a serving replica's reconfigure), not on the first request."""
+        self.lm.llm()
 
     def rewrite(self, texts: list[str]) -> list[str]:
         return self.lm.rewrite(self.params.system_prompt, texts, self.params.max_new_tokens)

@@ -85,7 +85,7 @@ class QueryGenParams:
             LlamaCppLM.from_config(self.generator, "querygen.generator")
         else:
             lm_spec_from(self.generator)
-        endpoint = self.fixed_generator()
+        fixed = self.fixed_generator()
         if ("path" in self.retriever) == ("method" in self.retriever):
             raise ValueError(f"querygen: retriever needs one of 'method' or 'path', got {self.retriever}")
         if self.fusion not in FUSIONS:
@@ -97,8 +97,8 @@ class QueryGenParams:
                     f"querygen: unknown {name} settings {bad}; expected some of {sorted(defaults)}"
                 )
             off = {"epochs": 0} if name == "sft" else {"rounds": 0}
-            merged = {**defaults, **(off if endpoint else {}), **given}
-            if endpoint and any(int(merged[k]) > 0 for k in off):
+            merged = {**defaults, **(off if fixed else {}), **given}
+            if fixed and any(int(merged[k]) > 0 for k in off):
                 raise ValueError(
                     f"querygen: {name} fine-tunes the generator, which an endpoint or llama.cpp generator "
                     f"cannot be; leave {name}.{next(iter(off))} at 0 (zero-shot)"
