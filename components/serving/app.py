@@ -26,7 +26,7 @@ from ray.serve import Application
 
 from components.methods import artifact_method
 from components.registry import resolve
-from components.serving.deployments import Detector, QueryRewriter, Retriever, Selector
+from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Retriever, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
 
@@ -61,6 +61,12 @@ class ServeArgs(BaseModel):
     selector: dict[str, Any] = Field(default_factory=lambda: {"backend": "none"})
     batching: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="Per deployment: max_batch_size, batch_wait_timeout_s."
+    )
+    cache_size: int = Field(
+        DEFAULT_CACHE_SIZE,
+        ge=0,
+        description="Answers each Detector / Retriever replica keeps for repeated queries (LRU keyed "
+        "by model version and normalised query, emptied on a hot-swap); 0: no cache.",
     )
     needs_tool_threshold: float | None = Field(
         None,
@@ -140,13 +146,14 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         "detector_file": _local(args.detector_file),
         "calibration_data": _local(args.calibration_data),
         "splits": args.splits,
+        "cache_size": args.cache_size,
     }
     selector = dict(args.selector)
     if selector.get("backend") == "lm" and "model" in selector and os.path.exists(selector["model"]):
         selector["model"] = _local(selector["model"])
     configs = {
         "Detector": detector,
-        "Retriever": {"artifact": retriever},
+        "Retriever": {"artifact": retriever, "cache_size": args.cache_size},
         "QueryRewriter": dict(args.rewriter),
         "Selector": selector,
     }

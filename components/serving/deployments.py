@@ -12,36 +12,40 @@ its code version, so Serve restarts the replicas.
 Model calls go through ``@serve.batch`` (small batches, no wait for partners: see
 :data:`BATCH_KEYS`) and run in a worker thread so the replica's event loop keeps collecting the
 next batch while torch / numpy compute. A batch must answer each request as it would be answered alone:
-the retriever ranks each distinct ``k`` separately (:func:`rank_by_k`), and a model call that raises
-is retried item by item (:func:`call_each`), so one bad input fails only its own request.
+the retriever ranks each distinct ``k`` separately, and a model call that raises is retried item
+by item, so one bad input fails only its own request (:mod:`.batch_calls`). The Detector and the
+Retriever answer a repeated query from an LRU cache keyed by model version (:mod:`.answer_cache`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
 from ray import serve
 
+from components.serving.answer_cache import AnswerCache, normalise_query
+from components.serving.batch_calls import call_each, raise_failed, rank_by_k
 from components.serving.catalog import ToolCatalog, load_catalog
-from components.serving.models import DetectorModel, Ranking, RetrieverModel, named
+from components.serving.models import DetectorModel, RetrieverModel, named
 from components.serving.rewriter import build_rewriter
 from components.serving.selector import build_selector
 
 logger = logging.getLogger("ray.serve")
 
 BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
+# Answers kept per Detector / Retriever replica (user config ``cache_size``; 0 turns it off). An
+# entry is a query and a short answer (a probability, or k tool ids and scores): 4096 of them are
+# about a megabyte.
+DEFAULT_CACHE_SIZE = 4096
 # Batches do not wait for partners (batch_wait_timeout_s 0): requests that arrive while a batch
 # runs still form the next one, and on 2 cores a 2 ms wait per batched hop cost one client 10.3 ms
 # instead of 3.7 ms (BM25 detect -> retrieve) with no throughput gained at 8 clients (466 vs 464
 # req/s). A GPU model that needs full batches can set a wait in the config's `batching`.
 
-Item = TypeVar("Item")
-Result = TypeVar("Result")
 Loaded = TypeVar("Loaded")
 
 
@@ -75,70 +79,36 @@ async def _load_new(name: str, load: Callable[[], Loaded], serving: bool) -> tup
         return False, None
 
 
-def call_each(call: Callable[[list[Item]], list[Result]], items: list[Item]) -> list[Result | Exception]:
-    """``call(items)``; if that raises, ``call([item])`` for each item, so only bad items fail.
-
-    Returns one result per item, or the exception its own call raised (``@serve.batch`` has no
-    per-item failure, so the deployment method raises it for that request alone).
-    """
-    try:
-        return list(call(items))
-    except Exception as batch_error:
-        if len(items) == 1:
-            return [batch_error]
-        logger.warning("a batch of %d failed (%r); retrying its items one by one", len(items), batch_error)
-    out: list[Result | Exception] = []
-    for item in items:
-        try:
-            out.extend(call([item]))
-        except Exception as e:
-            out.append(e)
-    return out
-
-
-def rank_by_k(model: RetrieverModel, requests: list[tuple[str, int]]) -> list[Ranking | Exception]:
-    """Each ``(text, k)``'s top-``k``, ranked among the requests with the same ``k``.
-
-    Ranking the whole batch once at its largest ``k`` and truncating would make a request's answer
-    depend on its batch mates: a method's top-k is not always the prefix of its top-K (ties, e.g.
-    duplicated tools, come out of ``torch.topk`` in a k-dependent order; beam searches widen with k).
-    """
-    by_k: dict[int, list[int]] = {}
-    for i, (_, k) in enumerate(requests):
-        by_k.setdefault(k, []).append(i)
-    out: list[Ranking | Exception] = [[] for _ in requests]
-    for k, indices in by_k.items():
-        texts = [requests[i][0] for i in indices]
-        rankings = call_each(partial(model.retrieve, k=k), texts)
-        for i, ranking in zip(indices, rankings, strict=True):
-            out[i] = ranking
-    return out
-
-
-def _raise_failed(result: Result | Exception) -> Result:
-    """A batch item's result, or its exception raised for this request alone."""
-    if isinstance(result, Exception):
-        raise result
-    return result
-
-
 class Detector:
-    """P(needs a tool). User config: ``artifact``, ``detector_file``, ``calibration_data``, ``splits``."""
+    """P(needs a tool). User config: ``artifact``, ``detector_file``, ``calibration_data``, ``splits``,
+    ``cache_size`` (answers kept, see :mod:`.answer_cache`)."""
 
     def __init__(self) -> None:
         self.model: DetectorModel | None = None
+        self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         settings = {k: config.get(k) for k in ("detector_file", "calibration_data", "splits")}
+        self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         load = partial(DetectorModel, config["artifact"], **settings)
         loaded, model = await _load_new("Detector", load, serving=self.model is not None)
         if loaded:
             self.model = model
+            self.cache.clear()  # the new version answers from scratch
             _batching(self._detect_batch, config)
 
     async def detect(self, query: str) -> dict[str, Any]:
-        """``{"probability", "threshold", "version"}`` for one query (batched with concurrent ones)."""
-        return _raise_failed(await self._detect_batch(query))
+        """``{"probability", "threshold", "version"}`` for one query (batched with concurrent ones;
+        a repeat of a recent query is answered from the cache)."""
+        model = self.model
+        assert model is not None, "reconfigure() loads the model before any request"
+        query = normalise_query(query)  # what the model sees, cached or not
+        found = self.cache.get((model.version, query))
+        if found is not None:
+            return found
+        answer = raise_failed(await self._detect_batch(query))
+        self.cache.put((answer["version"], query), answer)  # the version that answered
+        return answer
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _detect_batch(self, queries: list[str]) -> list[dict[str, Any] | Exception]:
@@ -159,13 +129,12 @@ class QueryRewriter:
         self.rewriter: Any = None
         self.settings: dict[str, Any] = {}
         self.timeout_s = 2.0
-        self.cache: OrderedDict[tuple[str, tuple[str, ...]], str] = OrderedDict()
-        self.cache_size = 1024
+        self.cache: AnswerCache[str] = AnswerCache(1024)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         settings = _settings(config)
         self.timeout_s = float(settings.pop("timeout_s", 2.0))
-        self.cache_size = int(settings.pop("cache_size", 1024))
+        self.cache.resize(int(settings.pop("cache_size", 1024)))
         _batching(self._rewrite_batch, config)
         if self.rewriter is not None and settings == self.settings:
             return  # only the timeout, cache size or batching changed: keep the model and its cache
@@ -178,19 +147,17 @@ class QueryRewriter:
     async def rewrite(self, query: str, history: list[str]) -> str:
         """The rewrite of ``query`` (cached), or ``query`` itself when it takes over ``timeout_s``."""
         key = (query, tuple(history))
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key]
+        found = self.cache.get(key)
+        if found is not None:
+            return found
         try:
-            text = _raise_failed(
+            text = raise_failed(
                 await asyncio.wait_for(self._rewrite_batch((query, list(history))), self.timeout_s)
             )
         except TimeoutError:
             logger.warning("rewrite took over %.2f s; retrieving with the query as sent", self.timeout_s)
             return query
-        self.cache[key] = text
-        if len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
+        self.cache.put(key, text)
         return text
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
@@ -200,7 +167,8 @@ class QueryRewriter:
 
 
 class Retriever:
-    """Ranks the catalog with any trained method's artifact. User config: ``artifact``.
+    """Ranks the catalog with any trained method's artifact. User config: ``artifact``,
+    ``cache_size`` (answers kept, see :mod:`.answer_cache`).
 
     Args:
         catalog: Dataset dir whose corpus names the tools (artifacts store ids only).
@@ -209,17 +177,29 @@ class Retriever:
     def __init__(self, catalog: str) -> None:
         self.catalog: ToolCatalog = load_catalog(catalog)
         self.model: RetrieverModel | None = None
+        self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
+        self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         load = partial(RetrieverModel, config["artifact"])
         loaded, model = await _load_new("Retriever", load, serving=self.model is not None)
         if loaded:
             self.model = model
+            self.cache.clear()  # the new version answers from scratch
             _batching(self._retrieve_batch, config)
 
     async def retrieve(self, request: tuple[str, int]) -> dict[str, Any]:
-        """``{"tools", "version"}`` for one ``(text, k)`` (batched with concurrent ones)."""
-        return _raise_failed(await self._retrieve_batch(request))
+        """``{"tools", "version"}`` for one ``(text, k)`` (batched with concurrent ones; a repeat of
+        a recent request is answered from the cache)."""
+        model = self.model
+        assert model is not None, "reconfigure() loads the model before any request"
+        text, k = normalise_query(request[0]), request[1]  # what the model sees, cached or not
+        found = self.cache.get((model.version, text, k))
+        if found is not None:
+            return found
+        answer = raise_failed(await self._retrieve_batch((text, k)))
+        self.cache.put((answer["version"], text, k), answer)  # the version that answered
+        return answer
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _retrieve_batch(self, requests: list[tuple[str, int]]) -> list[dict[str, Any] | Exception]:

@@ -20,7 +20,8 @@ from serving_helpers import deploy, half_written, private_registry
 
 from components.serving.app import ServeArgs, user_configs
 from components.serving.deploy import deploy_config, serve_config, swap_artifact
-from components.serving.deployments import Detector, Retriever, Selector, call_each, rank_by_k, select_all
+from components.serving.batch_calls import call_each, rank_by_k
+from components.serving.deployments import Detector, Retriever, Selector, select_all
 from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, install_error_handlers
 from components.serving.ingress import PUBLIC_PATHS
 from components.serving.models import RetrieverModel

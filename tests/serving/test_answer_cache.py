@@ -1,0 +1,112 @@
+"""The answer cache of the Detector and Retriever: exact answers, LRU bounds, and no stale answer
+after a hot-swap. In-process, with real BM25 artifacts (two versions that rank differently)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+
+from components.serving.answer_cache import AnswerCache, normalise_query
+from components.serving.deployments import Detector, Retriever
+from components.serving.models import DetectorModel, RetrieverModel, named
+
+
+def test_normalising_keeps_case_and_folds_only_whitespace_and_unicode_form():
+    assert normalise_query("  hotel \t in\n Berlin  ") == "hotel in Berlin"
+    assert normalise_query("cafe\u0301 near me") == "caf\u00e9 near me"  # NFD -> NFC
+    assert normalise_query("Paris") != normalise_query("paris")
+
+
+def test_least_recently_used_goes_first_and_size_zero_keeps_nothing():
+    cache: AnswerCache[int] = AnswerCache(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # "a" is now the most recent, so "b" goes next
+    cache.put("c", 3)
+    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
+    assert cache.stats() == {"size": 2, "entries": 2, "hits": 3, "misses": 1}
+    cache.resize(1)
+    assert len(cache) == 1 and cache.get("c") == 3  # the most recent stays
+    off: AnswerCache[int] = AnswerCache(0)
+    off.put("a", 1)
+    assert off.get("a") is None and len(off) == 0
+    with pytest.raises(ValueError, match=">= 0"):
+        AnswerCache(-1)
+
+
+def differing_query(bm25_versions, queries: list[str]) -> str:
+    """A query the two BM25 versions rank differently (else the swap test could not fail)."""
+    old, new = RetrieverModel(bm25_versions["default"]), RetrieverModel(bm25_versions["lucene"])
+    for q in queries:
+        if old.retrieve([q], 3)[0] != new.retrieve([q], 3)[0]:
+            return q
+    raise AssertionError("the default and lucene BM25 versions rank every query alike")
+
+
+def unbatched(deployment, name: str) -> None:
+    """Call ``deployment``'s ``@serve.batch`` method body on a batch of one: the batch queue needs a
+    Serve replica around it, and test_deployments.py checks batching over Serve."""
+    body = getattr(type(deployment), name).__wrapped__
+
+    async def one(item):
+        return (await body(deployment, [item]))[0]
+
+    setattr(deployment, name, one)
+
+
+QUERIES = ["find flights to Rome and a hotel there", "weather forecast tomorrow", "recipes with salmon"]
+
+
+def test_retriever_answers_repeats_from_the_cache_and_forgets_them_on_a_swap(bm25_versions, serving_data):
+    query = differing_query(bm25_versions, QUERIES)
+    spaced = "  " + query.replace(" ", "   ") + " "
+
+    async def scenario() -> None:
+        retriever = Retriever(serving_data)
+        unbatched(retriever, "_retrieve_batch")
+        await retriever.reconfigure({"artifact": bm25_versions["default"], "cache_size": 8})
+        first = await retriever.retrieve((query, 3))
+        again = await retriever.retrieve((spaced, 3))  # same normalised text: a hit
+        assert again == first and retriever.cache.stats()["hits"] == 1
+        alone = RetrieverModel(bm25_versions["default"]).retrieve([query], 3)[0]
+        assert first == {"tools": named(alone, retriever.catalog), "version": "bm25/v0001"}
+        assert (await retriever.retrieve((query, 2)))["tools"] == first["tools"][:2]  # k is in the key
+        assert retriever.cache.stats()["misses"] == 2
+
+        await retriever.reconfigure({"artifact": bm25_versions["lucene"], "cache_size": 8})
+        assert len(retriever.cache) == 0
+        # A batch that began on the old version may store its answer after the swap: the version
+        # in the key keeps it from ever being read.
+        retriever.cache.put(("bm25/v0001", query, 3), first)
+        swapped = await retriever.retrieve((query, 3))
+        lucene = RetrieverModel(bm25_versions["lucene"]).retrieve([query], 3)[0]
+        assert swapped == {"tools": named(lucene, retriever.catalog), "version": "bm25/v0002"}
+        assert swapped["tools"] != first["tools"]
+
+        await retriever.reconfigure({"artifact": bm25_versions["lucene"], "cache_size": 0})
+        await retriever.retrieve((query, 3))
+        assert len(retriever.cache) == 0
+
+    asyncio.run(scenario())
+
+
+def test_detector_caches_by_version_too(bm25_versions, serving_data):
+    good = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+
+    async def scenario() -> None:
+        detector = Detector()
+        unbatched(detector, "_detect_batch")
+        await detector.reconfigure({**good, "cache_size": 4})
+        first = await detector.detect("weather  forecast tomorrow")
+        assert await detector.detect("weather forecast tomorrow ") == first
+        assert detector.cache.stats()["hits"] == 1
+        model = DetectorModel(good["artifact"], good["detector_file"])
+        expected = model.probabilities(["weather forecast tomorrow"])
+        assert first["probability"] == pytest.approx(expected[0]) and first["version"] == "bm25/v0001"
+        await detector.reconfigure({**good, "artifact": bm25_versions["lucene"], "cache_size": 4})
+        assert len(detector.cache) == 0
+        assert (await detector.detect("weather forecast tomorrow"))["version"] == "bm25/v0002"
+
+    asyncio.run(scenario())
