@@ -41,10 +41,11 @@ BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
 # entry is a query and a short answer (a probability, or k tool ids and scores): 4096 of them are
 # about a megabyte.
 DEFAULT_CACHE_SIZE = 4096
-# Batches do not wait for partners (batch_wait_timeout_s 0): requests that arrive while a batch
-# runs still form the next one, and on 2 cores a 2 ms wait per batched hop cost one client 10.3 ms
-# instead of 3.7 ms (BM25 detect -> retrieve) with no throughput gained at 8 clients (466 vs 464
-# req/s). A GPU model that needs full batches can set a wait in the config's `batching`.
+# Batches do not wait for partners (batch_wait_timeout_s 0) and hold up to 8: requests that arrive
+# while a batch runs still form the next one. Chosen by benchmarks/serve_batching.py over sizes 1/8/16
+# and waits 0/2/10 ms on BM25 and MiniLM (results/serve_batching.md): a wait cost BM25's single client
+# 11.3 -> 16.9 ms (2 ms) and 33.1 ms (10 ms), and no setting moved MiniLM's 8-client req/s beyond
+# run-to-run noise. A GPU model that needs full batches can set a wait in the config's `batching`.
 
 Loaded = TypeVar("Loaded")
 
@@ -109,6 +110,10 @@ class Detector:
         answer = raise_failed(await self._detect_batch(query))
         self.cache.put((answer["version"], query), answer)  # the version that answered
         return answer
+
+    async def cache_stats(self) -> dict[str, int]:
+        """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
+        return self.cache.stats()
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _detect_batch(self, queries: list[str]) -> list[dict[str, Any] | Exception]:
@@ -200,6 +205,10 @@ class Retriever:
         answer = raise_failed(await self._retrieve_batch((text, k)))
         self.cache.put((answer["version"], text, k), answer)  # the version that answered
         return answer
+
+    async def cache_stats(self) -> dict[str, int]:
+        """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
+        return self.cache.stats()
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _retrieve_batch(self, requests: list[tuple[str, int]]) -> list[dict[str, Any] | Exception]:

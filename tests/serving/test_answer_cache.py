@@ -69,7 +69,7 @@ def test_retriever_answers_repeats_from_the_cache_and_forgets_them_on_a_swap(bm2
         await retriever.reconfigure({"artifact": bm25_versions["default"], "cache_size": 8})
         first = await retriever.retrieve((query, 3))
         again = await retriever.retrieve((spaced, 3))  # same normalised text: a hit
-        assert again == first and retriever.cache.stats()["hits"] == 1
+        assert again == first and (await retriever.cache_stats())["hits"] == 1
         alone = RetrieverModel(bm25_versions["default"]).retrieve([query], 3)[0]
         assert first == {"tools": named(alone, retriever.catalog), "version": "bm25/v0001"}
         assert (await retriever.retrieve((query, 2)))["tools"] == first["tools"][:2]  # k is in the key

@@ -19,8 +19,8 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 from serving_helpers import deploy, half_written, private_registry
 
 from components.serving.app import ServeArgs, user_configs
-from components.serving.deploy import deploy_config, serve_config, swap_artifact
 from components.serving.batch_calls import call_each, rank_by_k
+from components.serving.deploy import deploy_config, serve_config, swap_artifact
 from components.serving.deployments import Detector, Retriever, Selector, select_all
 from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, install_error_handlers
 from components.serving.ingress import PUBLIC_PATHS
