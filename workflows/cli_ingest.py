@@ -28,6 +28,10 @@ def ingest_mcp(
     bearer_env: Annotated[
         str | None, typer.Option(help="Environment variable holding a Bearer token for URL servers.")
     ] = None,
+    follow: Annotated[
+        str | None,
+        typer.Option(help="Ray address of a cluster serving this catalog: its Retriever replicas reload it."),
+    ] = None,
 ) -> None:
     """List MCP servers' tools into a BEIR corpus: updated in place, vanished tools retired."""
     from workflows.ingest_mcp import ingest_mcp as run_ingest
@@ -40,3 +44,10 @@ def ingest_mcp(
         f"{len(report.retired)} retired (retired.jsonl), {report.rejected} rejected (rejects.jsonl)",
         soft_wrap=True,  # one line, whatever the terminal's width: scripts grep it
     )
+    if follow:
+        import ray
+
+        from components.serving.deploy import refresh_catalog
+
+        ray.init(address=follow, logging_level="ERROR", log_to_driver=False)
+        console.print(f"serving reloaded the catalog: version {refresh_catalog()}")

@@ -26,9 +26,11 @@ from ray.serve import Application
 
 from components.methods import artifact_method
 from components.registry import resolve
-from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Retriever, Selector
+from components.serving.catalog import load_catalog
+from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
+from components.serving.retriever_deployment import Retriever
 
 # Used when the config names no resources: four 1-CPU replicas would not start on a 2-core machine.
 FALLBACK_ACTOR_OPTIONS = {"num_cpus": 0.25}
@@ -133,6 +135,18 @@ def _deployment(cls: type, name: str, args: ServeArgs, user_config: dict[str, An
     return serve.deployment(cls, name=name).options(**options)
 
 
+def catalog_version(catalog: str) -> str:
+    """The content hash of the catalog's corpus, read here on the driver.
+
+    Raises:
+        ValueError: the catalog cannot be read (said here, before any replica tries).
+    """
+    try:
+        return load_catalog(catalog).version
+    except OSError as e:
+        raise ValueError(f"catalog {catalog!r}: cannot read its corpus: {e}") from e
+
+
 def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
     """The user config of each model deployment (what a hot-swap changes), batching included.
 
@@ -153,7 +167,13 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         selector["model"] = _local(selector["model"])
     configs = {
         "Detector": detector,
-        "Retriever": {"artifact": retriever, "cache_size": args.cache_size},
+        # The corpus's content hash: when `toolscout ingest mcp` changes it, rebuilding these
+        # configs (deploy.refresh_catalog) makes the Retriever replicas read the catalog again.
+        "Retriever": {
+            "artifact": retriever,
+            "cache_size": args.cache_size,
+            "catalog_version": catalog_version(_local(args.catalog)),
+        },
         "QueryRewriter": dict(args.rewriter),
         "Selector": selector,
     }

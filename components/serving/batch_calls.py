@@ -1,4 +1,4 @@
-"""How a batched deployment call answers each request as if it were alone.
+"""How the deployments load new versions and answer each request of a batch as if it were alone.
 
 ``@serve.batch`` hands a deployment method a list and wants a list back, with no per-item failure
 and no per-item arguments. The helpers here keep a batch from changing any one request's answer:
@@ -8,10 +8,11 @@ distinct ``k`` separately (:func:`rank_by_k`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from components.serving.models import Ranking, RetrieverModel
 
@@ -19,6 +20,32 @@ logger = logging.getLogger("ray.serve")
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+Loaded = TypeVar("Loaded")
+
+
+def apply_batching(method: Any, config: dict[str, Any]) -> None:
+    """Apply ``max_batch_size`` / ``batch_wait_timeout_s`` from a user config to a batched method."""
+    if "max_batch_size" in config:
+        method.set_max_batch_size(int(config["max_batch_size"]))
+    if "batch_wait_timeout_s" in config:
+        method.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
+
+
+async def load_new(name: str, load: Callable[[], Loaded], serving: bool) -> tuple[bool, Loaded | None]:
+    """``(True, load())``, run off the event loop; ``(False, None)`` if it raises while ``serving``.
+
+    Serve stops a replica whose ``reconfigure`` raises, and every replacement gets the same user
+    config and fails alike: one bad hot-swap would take the deployment down. So a failed swap is
+    logged and the caller keeps the version it serves; a replica's first load (nothing
+    ``serving`` yet) still raises, since there is nothing to answer with.
+    """
+    try:
+        return True, await asyncio.to_thread(load)
+    except Exception:
+        if not serving:
+            raise
+        logger.exception("%s: loading the new user config failed; still serving the previous one", name)
+        return False, None
 
 
 def call_each(call: Callable[[list[Item]], list[Result]], items: list[Item]) -> list[Result | Exception]:

@@ -132,6 +132,22 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
     return deployments["Retriever"]["user_config"]["artifact"]
 
 
+def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
+    """Make the running app's Retriever replicas read their catalog again, keeping their model.
+
+    For a corpus changed under a running server (``toolscout ingest mcp`` run again): the user
+    configs are rebuilt, as :func:`swap_artifact` builds them, for the artifact a Retriever replica
+    answers with now (asked, not read from the args: a ``models:/`` URI there may name another
+    version by now), so only ``catalog_version`` changes and replicas reconfigure in place.
+    Returns the catalog version now configured.
+    """
+    serving = serve.get_deployment_handle("Retriever", app_name).serving_artifact.remote().result()
+    config = swap_artifact(running_config(app_name), serving)
+    deploy_config(config, timeout_s)
+    deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
+    return deployments["Retriever"]["user_config"]["catalog_version"]
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Validate the toolscout application's args on the driver, before anything is deployed.
 

@@ -6,8 +6,8 @@ deploying it again (:func:`components.serving.deploy.swap_artifact`): the runnin
 new version off the event loop, then replace the old one in a single assignment, and requests in
 flight finish on the version they started with. Responses carry the version that answered. A
 version that fails to load is logged and the replica keeps serving the one it has (see
-:func:`_load_new`); only a replica's first load fails it. Changing the app's ``args`` instead changes
-its code version, so Serve restarts the replicas.
+:func:`.batch_calls.load_new`); only a replica's first load fails it. Changing the app's ``args``
+instead changes its code version, so Serve restarts the replicas.
 
 Model calls go through ``@serve.batch`` (small batches, no wait for partners: see
 :data:`BATCH_KEYS`) and run in a worker thread so the replica's event loop keeps collecting the
@@ -15,22 +15,22 @@ next batch while torch / numpy compute. A batch must answer each request as it w
 the retriever ranks each distinct ``k`` separately, and a model call that raises is retried item
 by item, so one bad input fails only its own request (:mod:`.batch_calls`). The Detector and the
 Retriever answer a repeated query from an LRU cache keyed by model version (:mod:`.answer_cache`).
+The Retriever, which also keeps the catalog live, is in :mod:`.retriever_deployment`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from ray import serve
 
 from components.serving.answer_cache import AnswerCache, normalise_query
-from components.serving.batch_calls import call_each, raise_failed, rank_by_k
-from components.serving.catalog import ToolCatalog, load_catalog
-from components.serving.models import DetectorModel, RetrieverModel, named
+from components.serving.batch_calls import apply_batching, call_each, load_new, raise_failed
+from components.serving.catalog import load_catalog
+from components.serving.models import DetectorModel
 from components.serving.rewriter import build_rewriter
 from components.serving.selector import build_selector
 
@@ -47,37 +47,10 @@ DEFAULT_CACHE_SIZE = 4096
 # 11.3 -> 16.9 ms (2 ms) and 33.1 ms (10 ms), and no setting moved MiniLM's 8-client req/s beyond
 # run-to-run noise. A GPU model that needs full batches can set a wait in the config's `batching`.
 
-Loaded = TypeVar("Loaded")
-
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
     """A user config without the batching keys (those go to :func:`_batching`)."""
     return {k: v for k, v in config.items() if k not in BATCH_KEYS}
-
-
-def _batching(method: Any, config: dict[str, Any]) -> None:
-    """Apply ``max_batch_size`` / ``batch_wait_timeout_s`` from a user config to a batched method."""
-    if "max_batch_size" in config:
-        method.set_max_batch_size(int(config["max_batch_size"]))
-    if "batch_wait_timeout_s" in config:
-        method.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
-
-
-async def _load_new(name: str, load: Callable[[], Loaded], serving: bool) -> tuple[bool, Loaded | None]:
-    """``(True, load())``, run off the event loop; ``(False, None)`` if it raises while ``serving``.
-
-    Serve stops a replica whose ``reconfigure`` raises, and every replacement gets the same user
-    config and fails alike: one bad hot-swap would take the deployment down. So a failed swap is
-    logged and the caller keeps the version it serves; a replica's first load (nothing
-    ``serving`` yet) still raises, since there is nothing to answer with.
-    """
-    try:
-        return True, await asyncio.to_thread(load)
-    except Exception:
-        if not serving:
-            raise
-        logger.exception("%s: loading the new user config failed; still serving the previous one", name)
-        return False, None
 
 
 class Detector:
@@ -92,11 +65,11 @@ class Detector:
         settings = {k: config.get(k) for k in ("detector_file", "calibration_data", "splits")}
         self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         load = partial(DetectorModel, config["artifact"], **settings)
-        loaded, model = await _load_new("Detector", load, serving=self.model is not None)
+        loaded, model = await load_new("Detector", load, serving=self.model is not None)
         if loaded:
             self.model = model
             self.cache.clear()  # the new version answers from scratch
-            _batching(self._detect_batch, config)
+            apply_batching(self._detect_batch, config)
 
     async def detect(self, query: str) -> dict[str, Any]:
         """``{"probability", "threshold", "version"}`` for one query (batched with concurrent ones;
@@ -140,11 +113,11 @@ class QueryRewriter:
         settings = _settings(config)
         self.timeout_s = float(settings.pop("timeout_s", 2.0))
         self.cache.resize(int(settings.pop("cache_size", 1024)))
-        _batching(self._rewrite_batch, config)
+        apply_batching(self._rewrite_batch, config)
         if self.rewriter is not None and settings == self.settings:
             return  # only the timeout, cache size or batching changed: keep the model and its cache
         load = partial(build_rewriter, settings)
-        loaded, rewriter = await _load_new("QueryRewriter", load, serving=self.rewriter is not None)
+        loaded, rewriter = await load_new("QueryRewriter", load, serving=self.rewriter is not None)
         if loaded:
             self.rewriter, self.settings = rewriter, settings
             self.cache.clear()
@@ -169,69 +142,6 @@ class QueryRewriter:
     async def _rewrite_batch(self, requests: list[tuple[str, list[str]]]) -> list[str | Exception]:
         rewriter = self.rewriter  # one version for the whole batch
         return await asyncio.to_thread(call_each, rewriter.rewrite_many, requests)
-
-
-class Retriever:
-    """Ranks the catalog with any trained method's artifact. User config: ``artifact``,
-    ``cache_size`` (answers kept, see :mod:`.answer_cache`).
-
-    Args:
-        catalog: Dataset dir whose corpus names the tools (artifacts store ids only).
-    """
-
-    def __init__(self, catalog: str) -> None:
-        self.catalog: ToolCatalog = load_catalog(catalog)
-        self.model: RetrieverModel | None = None
-        self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
-
-    async def reconfigure(self, config: dict[str, Any]) -> None:
-        self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
-        load = partial(RetrieverModel, config["artifact"])
-        loaded, model = await _load_new("Retriever", load, serving=self.model is not None)
-        if loaded:
-            self.model = model
-            self.cache.clear()  # the new version answers from scratch
-            _batching(self._retrieve_batch, config)
-
-    async def retrieve(self, request: tuple[str, int]) -> dict[str, Any]:
-        """``{"tools", "version"}`` for one ``(text, k)`` (batched with concurrent ones; a repeat of
-        a recent request is answered from the cache)."""
-        model = self.model
-        assert model is not None, "reconfigure() loads the model before any request"
-        text, k = normalise_query(request[0]), request[1]  # what the model sees, cached or not
-        found = self.cache.get((model.version, text, k))
-        if found is not None:
-            return found
-        answer = raise_failed(await self._retrieve_batch((text, k)))
-        self.cache.put((answer["version"], text, k), answer)  # the version that answered
-        return answer
-
-    async def cache_stats(self) -> dict[str, int]:
-        """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
-        return self.cache.stats()
-
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def _retrieve_batch(self, requests: list[tuple[str, int]]) -> list[dict[str, Any] | Exception]:
-        model = self.model
-        assert model is not None, "reconfigure() loads the model before any request"
-        rankings = await asyncio.to_thread(rank_by_k, model, requests)
-        return [
-            r if isinstance(r, Exception) else {"tools": named(r, self.catalog), "version": model.version}
-            for r in rankings
-        ]
-
-    async def info(self) -> dict[str, Any]:
-        model = self.model
-        assert model is not None
-        return {"size": model.size(), "model_version": model.version, "catalog_version": self.catalog.version}
-
-    async def describe(self, tool_ids: list[str]) -> list[dict[str, Any] | None]:
-        """Name, description and input schema of each tool id (None for an id not in the catalog)."""
-        return [self.catalog.describe(t) for t in tool_ids]
-
-    async def lookup(self, key: str) -> dict[str, Any] | None:
-        """One tool by id or display name, or None."""
-        return self.catalog.lookup(key)
 
 
 async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
@@ -268,10 +178,10 @@ class Selector:
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         load = partial(build_selector, _settings(config), self.catalog)
-        loaded, backend = await _load_new("Selector", load, serving=self.configured)
+        loaded, backend = await load_new("Selector", load, serving=self.configured)
         if loaded:
             self.backend, self.configured = backend, True
-            _batching(self.select, config)
+            apply_batching(self.select, config)
 
     @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.0)
     async def select(self, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:

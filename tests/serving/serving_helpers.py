@@ -152,3 +152,27 @@ def mcp_session(url: str, work: Any, key: str | None = None) -> Any:
             return await work(client)
 
     return asyncio.run(main())
+
+
+def unbatched(deployment, name: str) -> None:
+    """Call ``deployment``'s ``@serve.batch`` method body on a batch of one: the batch queue needs a
+    Serve replica around it, and test_deployments.py checks batching over Serve."""
+    body = getattr(type(deployment), name).__wrapped__
+
+    async def one(item):
+        return (await body(deployment, [item]))[0]
+
+    setattr(deployment, name, one)
+
+
+def rewrite_corpus(data: Path, drop: str, rename: str) -> None:
+    """Retire tool ``drop`` and give tool ``rename`` a new api_name, as a re-run ingest would."""
+    records = [json.loads(line) for line in (data / "corpus.jsonl").read_text().splitlines()]
+    kept = []
+    for r in records:
+        if r["_id"] == drop:
+            continue
+        if r["_id"] == rename:
+            r["text"] = r["text"].replace("api_name:", "api_name:renamed_", 1)
+        kept.append(r)
+    (data / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))

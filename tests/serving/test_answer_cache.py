@@ -7,10 +7,12 @@ import asyncio
 
 import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+from serving_helpers import unbatched
 
 from components.serving.answer_cache import AnswerCache, normalise_query
-from components.serving.deployments import Detector, Retriever
+from components.serving.deployments import Detector
 from components.serving.models import DetectorModel, RetrieverModel, named
+from components.serving.retriever_deployment import Retriever
 
 
 def test_normalising_keeps_case_and_folds_only_whitespace_and_unicode_form():
@@ -45,17 +47,6 @@ def differing_query(bm25_versions, queries: list[str]) -> str:
     raise AssertionError("the default and lucene BM25 versions rank every query alike")
 
 
-def unbatched(deployment, name: str) -> None:
-    """Call ``deployment``'s ``@serve.batch`` method body on a batch of one: the batch queue needs a
-    Serve replica around it, and test_deployments.py checks batching over Serve."""
-    body = getattr(type(deployment), name).__wrapped__
-
-    async def one(item):
-        return (await body(deployment, [item]))[0]
-
-    setattr(deployment, name, one)
-
-
 QUERIES = ["find flights to Rome and a hotel there", "weather forecast tomorrow", "recipes with salmon"]
 
 
@@ -71,7 +62,9 @@ def test_retriever_answers_repeats_from_the_cache_and_forgets_them_on_a_swap(bm2
         again = await retriever.retrieve((spaced, 3))  # same normalised text: a hit
         assert again == first and (await retriever.cache_stats())["hits"] == 1
         alone = RetrieverModel(bm25_versions["default"]).retrieve([query], 3)[0]
-        assert first == {"tools": named(alone, retriever.catalog), "version": "bm25/v0001"}
+        catalog = retriever.catalog
+        cv = {"catalog_version": catalog.version}
+        assert first == {"tools": named(alone, catalog), "version": "bm25/v0001", **cv}
         assert (await retriever.retrieve((query, 2)))["tools"] == first["tools"][:2]  # k is in the key
         assert retriever.cache.stats()["misses"] == 2
 
@@ -79,10 +72,10 @@ def test_retriever_answers_repeats_from_the_cache_and_forgets_them_on_a_swap(bm2
         assert len(retriever.cache) == 0
         # A batch that began on the old version may store its answer after the swap: the version
         # in the key keeps it from ever being read.
-        retriever.cache.put(("bm25/v0001", query, 3), first)
+        retriever.cache.put(("bm25/v0001", retriever.catalog.version, query, 3), first)
         swapped = await retriever.retrieve((query, 3))
         lucene = RetrieverModel(bm25_versions["lucene"]).retrieve([query], 3)[0]
-        assert swapped == {"tools": named(lucene, retriever.catalog), "version": "bm25/v0002"}
+        assert swapped == {"tools": named(lucene, catalog), "version": "bm25/v0002", **cv}
         assert swapped["tools"] != first["tools"]
 
         await retriever.reconfigure({"artifact": bm25_versions["lucene"], "cache_size": 0})

@@ -21,10 +21,11 @@ from serving_helpers import deploy, half_written, private_registry
 from components.serving.app import ServeArgs, user_configs
 from components.serving.batch_calls import call_each, rank_by_k
 from components.serving.deploy import deploy_config, serve_config, swap_artifact
-from components.serving.deployments import Detector, Retriever, Selector, select_all
+from components.serving.deployments import Detector, Selector, select_all
 from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, install_error_handlers
 from components.serving.ingress import PUBLIC_PATHS
 from components.serving.models import RetrieverModel
+from components.serving.retriever_deployment import Retriever
 from components.serving.selector_http import OpenAISelector
 from components.serving.selector_lm import LMSelector
 
@@ -147,6 +148,8 @@ def test_bad_artifacts_are_refused_on_the_driver(bm25_versions, serving_data, tm
     # deploy_config checks before it deploys anything (no Serve is running in this test).
     with pytest.raises(ValueError, match="is not a directory"):
         deploy_config(serve_config({**args, "artifact": str(tmp_path / "missing")}))
+    with pytest.raises(ValueError, match=r"catalog .*missing.*: cannot read its corpus"):
+        deploy_config(serve_config({**args, "catalog": str(tmp_path / "missing")}))
     swapped = swap_artifact(config, bm25_versions["lucene"])["applications"][0]["deployments"]
     assert {d["name"]: d["user_config"]["artifact"] for d in swapped} == {
         "Retriever": bm25_versions["lucene"],

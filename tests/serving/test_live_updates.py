@@ -13,12 +13,13 @@ import pytest
 import ray
 import requests
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
-from serving_helpers import Load, deploy, half_written, private_registry
+from serving_helpers import Load, deploy, half_written, private_registry, rewrite_corpus
 
 from components.serving.deploy import (
     METRICS_COLLECTION,
     deploy_config,
     follow_model,
+    refresh_catalog,
     serve_config,
     swap_artifact,
 )
@@ -171,6 +172,32 @@ def test_serving_follows_promotions_and_rollbacks_under_load(live, bm25_versions
         load.wait_for(lambda s: s.versions[-10:] == ["bm25/v2"] * 10)
     assert load.failures == []
     assert [v for v, _ in itertools.groupby(load.versions)] == ["bm25/v2", "bm25/v1", "bm25/v2"]
+
+
+def test_a_catalog_changed_under_load_is_reloaded_in_place_and_its_retired_tool_never_served(
+    live, serving_data, tmp_path
+):
+    url, args, bodies = live
+    data = tmp_path / "catalog"
+    shutil.copytree(serving_data, data)  # this test's own copy, changed below
+    private = {**args, "catalog": str(data)}
+    deploy(private)
+    probe = {**bodies[0], "top_k": 3}
+    top = [t["id"] for t in select(url, probe)["tools"]]
+    old_version = requests.get(f"{url}/v1/tools", timeout=30).json()["catalog_version"]
+    before = replica_names("Retriever")
+    with Load(url, bodies, threads=2) as load:
+        load.wait_for(lambda s: s.ok >= 10)
+        rewrite_corpus(data, drop=top[0], rename=top[1])  # as `toolscout ingest mcp` re-run would
+        new_version = refresh_catalog()
+        served = load.ok
+        load.wait_for(lambda s: s.ok >= served + 10)
+    assert load.failures == [] and new_version != old_version
+    assert replica_names("Retriever") == before  # reconfigured in place, no restart
+    assert requests.get(f"{url}/v1/tools", timeout=30).json()["catalog_version"] == new_version
+    after = select(url, probe)["tools"]
+    assert [t["id"] for t in after] == [*top[1:], after[2]["id"]] and top[0] not in {t["id"] for t in after}
+    assert "renamed_" in after[0]["name"]
 
 
 def test_autoscaling_adds_a_retriever_replica_under_load(live):

@@ -1,0 +1,146 @@
+"""The Retriever deployment: ranks the catalog with any method's artifact, and keeps the catalog live.
+
+Artifacts store tool ids only; the names, descriptions and schemas a client sees come from the
+catalog (a dataset's corpus, :mod:`.catalog`). That corpus changes under a running server when
+``toolscout ingest mcp`` runs again: tools are added, updated in place, or retired. The user config
+therefore carries ``catalog_version`` (the corpus's content hash, written by
+:func:`components.serving.app.user_configs`); when it differs from the loaded catalog, the replica
+reads the corpus again in ``reconfigure``, with no restart
+(:func:`components.serving.deploy.refresh_catalog` deploys it). A tool the artifact knows but the
+catalog no longer lists is retired: it is never answered, and the ranking is filled from further
+down so a request still gets ``k`` tools. (New tools reach answers when the artifact is indexed
+again over the new corpus and swapped in; until then the catalog describes them for ``get_tool``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from functools import partial
+from typing import Any
+
+from ray import serve
+
+from components.serving.answer_cache import AnswerCache, normalise_query
+from components.serving.batch_calls import apply_batching, load_new, raise_failed, rank_by_k
+from components.serving.catalog import ToolCatalog, load_catalog
+from components.serving.deployments import DEFAULT_CACHE_SIZE
+from components.serving.models import Ranking, RetrieverModel, named
+
+logger = logging.getLogger("ray.serve")
+
+
+def retired(model: RetrieverModel, catalog: ToolCatalog) -> frozenset[str]:
+    """The artifact's tool ids the catalog no longer lists."""
+    return frozenset(t for t in model.method.tool_ids if t not in catalog.tools)
+
+
+def listed(ranking: Ranking | Exception, gone: frozenset[str], k: int) -> Ranking | Exception:
+    """``ranking`` without retired tools, cut to ``k``."""
+    if isinstance(ranking, Exception) or not gone:
+        return ranking
+    return [(t, s) for t, s in ranking if t not in gone][:k]
+
+
+class Retriever:
+    """Ranks the catalog with any trained method's artifact. User config: ``artifact``,
+    ``cache_size`` (answers kept, see :mod:`.answer_cache`), ``catalog_version`` (reload the catalog
+    when it changed).
+
+    Args:
+        catalog: Dataset dir whose corpus names the tools (artifacts store ids only).
+    """
+
+    def __init__(self, catalog: str) -> None:
+        self.catalog_path = catalog
+        self.catalog: ToolCatalog = load_catalog(catalog)
+        self.model: RetrieverModel | None = None
+        self.retired: frozenset[str] = frozenset()
+        self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
+        wanted = config.get("catalog_version")
+        if wanted is not None and wanted != self.catalog.version:
+            await self._reload_catalog(wanted)
+        load = partial(RetrieverModel, config["artifact"])
+        loaded, model = await load_new("Retriever", load, serving=self.model is not None)
+        if loaded:
+            self.model = model
+            self.retired = retired(model, self.catalog)
+            self.cache.clear()  # the new version answers from scratch
+            apply_batching(self._retrieve_batch, config)
+
+    async def _reload_catalog(self, wanted: str) -> None:
+        """Read the corpus again; on failure keep serving the catalog already loaded."""
+        loaded, catalog = await load_new("Retriever catalog", partial(load_catalog, self.catalog_path), True)
+        if not loaded:
+            return
+        if catalog.version != wanted:  # the corpus changed again since the config was built
+            logger.warning(
+                "catalog %s is at %s, not %s as configured: serving what is there",
+                self.catalog_path,
+                catalog.version,
+                wanted,
+            )
+        self.catalog = catalog
+        if self.model is not None:
+            self.retired = retired(self.model, catalog)
+        self.cache.clear()  # answers carry the old names
+        logger.info(
+            "catalog %s reloaded: version %s, %d tools", self.catalog_path, catalog.version, len(catalog)
+        )
+
+    async def retrieve(self, request: tuple[str, int]) -> dict[str, Any]:
+        """``{"tools", "version"}`` for one ``(text, k)`` (batched with concurrent ones; a repeat of
+        a recent request is answered from the cache)."""
+        model = self.model
+        assert model is not None, "reconfigure() loads the model before any request"
+        text, k = normalise_query(request[0]), request[1]  # what the model sees, cached or not
+        found = self.cache.get((model.version, self.catalog.version, text, k))
+        if found is not None:
+            return found
+        answer = raise_failed(await self._retrieve_batch((text, k)))
+        # Keyed by what answered: a batch that began before a swap cannot store under the new key.
+        self.cache.put((answer["version"], answer["catalog_version"], text, k), answer)
+        return answer
+
+    async def cache_stats(self) -> dict[str, int]:
+        """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
+        return self.cache.stats()
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
+    async def _retrieve_batch(self, requests: list[tuple[str, int]]) -> list[dict[str, Any] | Exception]:
+        model, catalog, gone = self.model, self.catalog, self.retired  # one version for the batch
+        assert model is not None, "reconfigure() loads the model before any request"
+        # Ask for as many more as are retired, so dropping them still leaves k.
+        wider = [(text, k + len(gone)) for text, k in requests]
+        rankings = await asyncio.to_thread(rank_by_k, model, wider)
+        out: list[dict[str, Any] | Exception] = []
+        for ranking, (_, k) in zip(rankings, requests, strict=True):
+            r = listed(ranking, gone, k)
+            if isinstance(r, Exception):
+                out.append(r)
+            else:
+                tools = named(r, catalog)
+                out.append({"tools": tools, "version": model.version, "catalog_version": catalog.version})
+        return out
+
+    async def serving_artifact(self) -> str:
+        """The artifact directory this replica answers with (a pinned version, never a URI)."""
+        model = self.model
+        assert model is not None
+        return model.artifact
+
+    async def info(self) -> dict[str, Any]:
+        model = self.model
+        assert model is not None
+        return {"size": model.size(), "model_version": model.version, "catalog_version": self.catalog.version}
+
+    async def describe(self, tool_ids: list[str]) -> list[dict[str, Any] | None]:
+        """Name, description and input schema of each tool id (None for an id not in the catalog)."""
+        return [self.catalog.describe(t) for t in tool_ids]
+
+    async def lookup(self, key: str) -> dict[str, Any] | None:
+        """One tool by id or display name, or None."""
+        return self.catalog.lookup(key)

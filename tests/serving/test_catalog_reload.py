@@ -1,0 +1,69 @@
+"""A catalog that changes under a running Retriever: reloaded on reconfigure when its version moves,
+retired tools never answered (k still filled), names and schemas from the new corpus. In-process,
+with a BM25 artifact indexed over the catalog before it changed."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+from serving_helpers import rewrite_corpus, unbatched
+
+from components.methods import build
+from components.serving.app import ServeArgs, user_configs
+from components.serving.catalog import load_catalog
+from components.serving.models import RetrieverModel
+from components.serving.retriever_deployment import Retriever
+
+
+def test_a_changed_catalog_is_reloaded_and_its_retired_tools_never_answered(serving_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(serving_data, data)
+    method = build("bm25", {"profile": "default"})
+    method.index(load_catalog_records(data))
+    artifact = str(tmp_path / "bm25")
+    method.save(artifact)
+    args = ServeArgs(artifact=artifact, catalog=str(data))
+    query = "what will the weather be like in Paris this week"
+    full = [t for t, _ in RetrieverModel(artifact).retrieve([query], 6)[0]]
+
+    async def scenario() -> None:
+        retriever = Retriever(str(data))
+        unbatched(retriever, "_retrieve_batch")
+        await retriever.reconfigure(user_configs(args)["Retriever"])
+        before = await retriever.retrieve((query, 3))
+        assert [t["id"] for t in before["tools"]] == full[:3]
+
+        rewrite_corpus(data, drop=full[0], rename=full[1])
+        config = user_configs(args)["Retriever"]  # what refresh_catalog deploys
+        assert config["catalog_version"] != before["catalog_version"]
+        assert (await retriever.retrieve((query, 3))) == before  # no reconfigure yet: unchanged
+        await retriever.reconfigure(config)
+        assert retriever.catalog.version == config["catalog_version"] and len(retriever.cache) == 0
+        after = await retriever.retrieve((query, 3))
+        # The retired tool is gone and the ranking is filled from further down.
+        assert [t["id"] for t in after["tools"]] == full[1:4]
+        assert after["tools"][0]["name"] == retriever.catalog.name(full[1])
+        assert "renamed_" in after["tools"][0]["name"] and "renamed_" not in before["tools"][1]["name"]
+        assert await retriever.describe([full[0]]) == [None]
+        assert (await retriever.info())["catalog_version"] == config["catalog_version"]
+        # The same version again reads nothing: the catalog object is kept.
+        loaded = retriever.catalog
+        await retriever.reconfigure(config)
+        assert retriever.catalog is loaded
+
+    asyncio.run(scenario())
+
+
+def load_catalog_records(data: Path):
+    """The corpus as a method indexes it (the dataset loader's tool texts)."""
+    from components.data import open_dataset
+
+    return open_dataset(str(data)).corpus
+
+
+def test_user_configs_carry_the_catalog_version(serving_data, bm25_versions):
+    configs = user_configs(ServeArgs(artifact=bm25_versions["default"], catalog=serving_data))
+    assert configs["Retriever"]["catalog_version"] == load_catalog(serving_data).version
