@@ -35,37 +35,21 @@ import ray
 import torch
 from ray import serve
 
-from benchmarks.serve_load import doors, load, row, summary
-from components import methods
-from components.data import Dataset, open_dataset
+from benchmarks import serve_load
+from benchmarks.serve_load import doors, load, row, train_artifacts
+from components.data import open_dataset
 from components.serving.calibration import find_calibration
 from components.serving.deploy import APP_NAME, apply_serve_env, deploy_config, serve_config
 from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
-from components.training.spec import RunSpec
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 from workflows.serve import app_args, read_serve_config
-from workflows.train import fit_method
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_batching.json")
-MODELS = {
-    "bm25": {},
-    "dense": {"encoder": "minilm", "epochs": 0, "id_head": False, "tool_max_length": 96},
-}
+MINILM = {"encoder": "minilm", "id_head": False, "tool_max_length": 96}  # zero-shot: 0 epochs
 SIZES = (1, 8, 16)
 WAITS = (0.0, 0.002, 0.01)
 P50_SLACK = 1.10  # a setting may be this much slower for one client than the best one and still win
-
-
-def artifact(name: str, data: Dataset, work: str) -> str:
-    """The ``MODELS[name]`` artifact under ``work``, built once (the dense one: a 0-epoch stage)."""
-    path = os.path.join(work, "models", name, "v0001")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        method = methods.build(name, MODELS[name])
-        run = RunSpec(name=f"serve-batching-{name}", storage_path=os.path.join(work, "train"))
-        fit_method(method, data, run)
-        method.save(path)
-    return path
 
 
 def retriever_cache() -> dict[str, int]:
@@ -76,26 +60,17 @@ def retriever_cache() -> dict[str, int]:
 def in_process(
     detector: DetectorModel, retriever: RetrieverModel, queries: list[str], seconds: float
 ) -> dict:
-    """Detect → retrieve (k 5) in this process: one query at a time, then on batches of 8."""
-    latencies, i, end = [], 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        start = time.perf_counter()
-        detector.probabilities([queries[i % len(queries)]])
-        retriever.retrieve([queries[i % len(queries)]], 5)
-        latencies.append(time.perf_counter() - start)
-        i += 1
-    single = summary(latencies, 0, seconds)
+    """Detect → retrieve (k 5) in this process: one query at a time (p50, p99), then on batches of
+    8 (req/s)."""
+    single = serve_load.in_process(detector, retriever, None, queries, seconds)
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         batch = [queries[(done + j) % len(queries)] for j in range(8)]
         detector.probabilities(batch)
         retriever.retrieve(batch, 5)
         done += 8
-    return {
-        "p50_ms": single["p50_ms"],
-        "p99_ms": single["p99_ms"],
-        "rps": done / (time.perf_counter() - start),
-    }
+    rps = done / (time.perf_counter() - start)
+    return {"p50_ms": single["p50_ms"], "p99_ms": single["p99_ms"], "rps": rps}
 
 
 def zipf_bodies(queries: list[str], n: int, seed: int = 0) -> list[dict]:
@@ -135,7 +110,6 @@ def select(rows: list[dict]) -> tuple[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/datasets/toollens")
-    parser.add_argument("--model", help="artifact to serve (default: zero-shot MiniLM dense, built here)")
     parser.add_argument("--work", default="runs/serve_batching")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", default=RESULTS)
@@ -147,7 +121,7 @@ def main() -> None:
     data = open_dataset(args.data)
     work = os.path.abspath(args.work)
     detector_file = os.path.join(work, "detector.json")
-    artifacts = {name: artifact(name, data, work) for name in MODELS}
+    artifacts = train_artifacts(data, work, dense_epochs=0, keys=("bm25", "dense"), dense=MINILM)
     for path in artifacts.values():
         if find_calibration(detector_file, path) is None:
             calibrate_artifact(path, args.data, detector_file)

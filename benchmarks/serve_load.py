@@ -156,15 +156,19 @@ def serve_floor(proxy: str, bodies: list[dict], clients: list[int], seconds: flo
 
 
 def train_artifacts(
-    data: Dataset, work: str, dense_epochs: int, keys: tuple[str, ...] = ("bm25", "bm25_v2", "dense")
+    data: Dataset,
+    work: str,
+    dense_epochs: int,
+    keys: tuple[str, ...] = ("bm25", "bm25_v2", "dense"),
+    dense: dict | None = None,
 ) -> dict[str, str]:
-    """BM25 v0001 (default), v0002 (lucene) and dense v0001 under ``work/models`` (those of
-    ``keys``), reused if present."""
+    """BM25 v0001 (default), v0002 (lucene) and dense v0001 (``dense`` params, default
+    :data:`DENSE`) under ``work/models`` (those of ``keys``), reused if present."""
     out = {}
     for key, (name, params) in {
         "bm25": ("bm25", {"profile": "default"}),
         "bm25_v2": ("bm25", {"profile": "lucene"}),
-        "dense": ("dense", {**DENSE, "epochs": dense_epochs}),
+        "dense": ("dense", {**(dense or DENSE), "epochs": dense_epochs}),
     }.items():
         if key not in keys:
             continue

@@ -44,12 +44,10 @@ class AnswerCache(Generic[Value]):
     """
 
     def __init__(self, size: int) -> None:
-        if size < 0:
-            raise ValueError(f"cache size must be >= 0, got {size}")
-        self.size = size
         self.hits = 0
         self.misses = 0
         self._items: OrderedDict[Hashable, Value] = OrderedDict()
+        self.resize(size)
 
     def get(self, key: Hashable) -> Value | None:
         """The value stored under ``key`` (now the most recently used), or None."""

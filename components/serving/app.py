@@ -26,7 +26,7 @@ from ray.serve import Application
 
 from components.methods import artifact_method
 from components.registry import resolve
-from components.serving.catalog import load_catalog
+from components.serving import catalog as tool_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
@@ -142,7 +142,7 @@ def catalog_version(catalog: str) -> str:
         ValueError: the catalog cannot be read (said here, before any replica tries).
     """
     try:
-        return load_catalog(catalog).version
+        return tool_catalog.catalog_version(catalog)
     except OSError as e:
         raise ValueError(f"catalog {catalog!r}: cannot read its corpus: {e}") from e
 

@@ -155,9 +155,13 @@ class ToolCatalog:
 
     @classmethod
     def from_records(cls, records: list[dict], source: str = "") -> ToolCatalog:
-        digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
         tools = {str(r["_id"]): tool_from_record(r) for r in records}
-        return cls(tools=tools, version=digest, source=source, _order=list(tools))
+        return cls(tools=tools, version=records_version(records), source=source, _order=list(tools))
+
+
+def records_version(records: list[dict]) -> str:
+    """The content hash that versions a catalog (:attr:`ToolCatalog.version`)."""
+    return hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def read_corpus_records(path: str, storage_options: dict[str, Any] | None = None) -> list[dict]:
@@ -186,6 +190,12 @@ def read_corpus_records(path: str, storage_options: dict[str, Any] | None = None
         if isinstance(rec, dict) and "_id" in rec and isinstance(rec.get("text"), str):
             records.append(rec)
     return records
+
+
+def catalog_version(path: str, storage_options: dict[str, Any] | None = None) -> str:
+    """The version :func:`load_catalog` would give, without parsing the tools (the driver only
+    needs it to tell replicas when to reload)."""
+    return records_version(read_corpus_records(path, storage_options))
 
 
 def load_catalog(path: str, storage_options: dict[str, Any] | None = None) -> ToolCatalog:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from pathlib import Path
 
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import rewrite_corpus, unbatched
 
+from components.data import open_dataset
 from components.methods import build
 from components.serving.app import ServeArgs, user_configs
 from components.serving.catalog import load_catalog
@@ -22,7 +22,7 @@ def test_a_changed_catalog_is_reloaded_and_its_retired_tools_never_answered(serv
     data = tmp_path / "data"
     shutil.copytree(serving_data, data)
     method = build("bm25", {"profile": "default"})
-    method.index(load_catalog_records(data))
+    method.index(open_dataset(str(data)).corpus)
     artifact = str(tmp_path / "bm25")
     method.save(artifact)
     args = ServeArgs(artifact=artifact, catalog=str(data))
@@ -55,13 +55,6 @@ def test_a_changed_catalog_is_reloaded_and_its_retired_tools_never_answered(serv
         assert retriever.catalog is loaded
 
     asyncio.run(scenario())
-
-
-def load_catalog_records(data: Path):
-    """The corpus as a method indexes it (the dataset loader's tool texts)."""
-    from components.data import open_dataset
-
-    return open_dataset(str(data)).corpus
 
 
 def test_user_configs_carry_the_catalog_version(serving_data, bm25_versions):
