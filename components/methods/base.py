@@ -24,6 +24,7 @@ CAPABILITIES = {
     "cold_start": "tools added to the corpus after training are retrievable (by their text)",
     "generate": "retrieves by generating tool tokens; generate(queries, k, constrained) gives beams",
     "candidates": "retrieve(queries, k, candidates) narrows each query to given tools",
+    "text_encoders": "text_encoders() -> its TextEncoders (serving runs them on another runtime)",
 }
 
 

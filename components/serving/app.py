@@ -18,7 +18,7 @@ swap to the URI again (:func:`~components.serving.deploy.follow_model` pins what
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
@@ -30,6 +30,7 @@ from components.serving import catalog as tool_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
+from components.serving.models import DEFAULT_ENCODER_RUNTIME
 from components.serving.retriever_deployment import Retriever
 
 # Used when the config names no resources: four 1-CPU replicas would not start on a 2-core machine.
@@ -69,6 +70,11 @@ class ServeArgs(BaseModel):
         ge=0,
         description="Answers each Detector / Retriever replica keeps for repeated queries (LRU keyed "
         "by model version and normalised query, emptied on a hot-swap); 0: no cache.",
+    )
+    encoder_runtime: Literal["torch", "onnx", "onnx-int8"] = Field(
+        DEFAULT_ENCODER_RUNTIME,
+        description="Where the Detector's and Retriever's text encoders (dense, MassTool) run on CPU "
+        "replicas: PyTorch, or ONNX Runtime in fp32 or dynamic int8 (BM25 has none to move).",
     )
     needs_tool_threshold: float | None = Field(
         None,
@@ -161,6 +167,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         "calibration_data": _local(args.calibration_data),
         "splits": args.splits,
         "cache_size": args.cache_size,
+        "encoder_runtime": args.encoder_runtime,
     }
     selector = dict(args.selector)
     if selector.get("backend") == "lm" and "model" in selector and os.path.exists(selector["model"]):
@@ -172,6 +179,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         "Retriever": {
             "artifact": retriever,
             "cache_size": args.cache_size,
+            "encoder_runtime": args.encoder_runtime,
             "catalog_version": catalog_version(_local(args.catalog)),
         },
         "QueryRewriter": dict(args.rewriter),

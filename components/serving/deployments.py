@@ -30,7 +30,7 @@ from ray import serve
 from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, call_each, load_new, raise_failed
 from components.serving.catalog import load_catalog
-from components.serving.models import DetectorModel
+from components.serving.models import DEFAULT_ENCODER_RUNTIME, DetectorModel
 from components.serving.rewriter import build_rewriter
 from components.serving.selector import build_selector
 
@@ -55,7 +55,7 @@ def _settings(config: dict[str, Any]) -> dict[str, Any]:
 
 class Detector:
     """P(needs a tool). User config: ``artifact``, ``detector_file``, ``calibration_data``, ``splits``,
-    ``cache_size`` (answers kept, see :mod:`.answer_cache`)."""
+    ``cache_size`` (answers kept, see :mod:`.answer_cache`), ``encoder_runtime``."""
 
     def __init__(self) -> None:
         self.model: DetectorModel | None = None
@@ -63,6 +63,7 @@ class Detector:
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         settings = {k: config.get(k) for k in ("detector_file", "calibration_data", "splits")}
+        settings["encoder_runtime"] = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
         self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         load = partial(DetectorModel, config["artifact"], **settings)
         loaded, model = await load_new("Detector", load, serving=self.model is not None)

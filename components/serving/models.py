@@ -11,6 +11,8 @@ from typing import Any
 
 from components import methods
 from components.data import open_dataset
+from components.encoders.onnx_runtime import check_runtime
+from components.methods.base import Method
 from components.registry import resolve
 from components.serving.calibration import (
     ScoreThreshold,
@@ -23,14 +25,32 @@ from components.serving.calibration import (
 from components.serving.catalog import ToolCatalog
 
 Ranking = list[tuple[str, float]]
+# Where the Detector's and Retriever's text encoders run unless the config says otherwise (user
+# config ``encoder_runtime``): ONNX Runtime in fp32 gave the PyTorch model's ToolLens recall exactly
+# at 1.57x its single-query speed for MiniLM on one CPU thread; int8 was 2.9x but moved test R@3 by
+# 0.0028, past the 0.002 allowed for a default (benchmarks/results/encoder_runtime.md).
+DEFAULT_ENCODER_RUNTIME = "onnx"
+
+
+def load_method(artifact: str, encoder_runtime: str = DEFAULT_ENCODER_RUNTIME) -> Method:
+    """The method saved at ``artifact``, its text encoders (dense, MassTool) running their inference
+    on ``encoder_runtime`` (:data:`components.encoders.onnx_runtime.RUNTIMES`); a method without
+    encoders (BM25) has nothing to move and is returned as loaded."""
+    check_runtime(encoder_runtime)
+    method = methods.load(artifact)
+    if encoder_runtime != "torch" and "text_encoders" in method.capabilities:
+        for encoder in method.text_encoders():
+            encoder.use_runtime(encoder_runtime)
+    return method
 
 
 class RetrieverModel:
-    """A trained method's artifact (BM25, dense, MassTool, ...) ready to rank the catalog."""
+    """A trained method's artifact (BM25, dense, MassTool, ...) ready to rank the catalog, its text
+    encoders on ``encoder_runtime`` (see :func:`load_method`)."""
 
-    def __init__(self, artifact: str) -> None:
+    def __init__(self, artifact: str, encoder_runtime: str = DEFAULT_ENCODER_RUNTIME) -> None:
         self.artifact = os.path.abspath(resolve(artifact))
-        self.method = methods.load(self.artifact)
+        self.method = load_method(self.artifact, encoder_runtime)
         self.version = model_version(self.artifact)
 
     def retrieve(self, texts: list[str], k: int) -> list[Ranking]:
@@ -58,6 +78,7 @@ class DetectorModel:
         detector_file: JSON of threshold calibrations; read, and written when calibrating here.
         calibration_data: Dataset dir to calibrate on when ``detector_file`` has no entry.
         splits: The ``splits`` config used to carve valid from train (as in training).
+        encoder_runtime: Where the method's text encoders run (see :func:`load_method`).
     """
 
     def __init__(
@@ -66,10 +87,11 @@ class DetectorModel:
         detector_file: str | None = None,
         calibration_data: str | None = None,
         splits: dict[str, Any] | None = None,
+        encoder_runtime: str = DEFAULT_ENCODER_RUNTIME,
     ) -> None:
         self.artifact = os.path.abspath(resolve(artifact))
         self.version = model_version(self.artifact)
-        self.method = methods.load(self.artifact)
+        self.method = load_method(self.artifact, encoder_runtime)
         self.threshold: ScoreThreshold | None = None
         if "detect" in self.method.capabilities:
             self.kind = "method"

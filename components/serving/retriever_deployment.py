@@ -25,7 +25,7 @@ from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, load_new, raise_failed, rank_by_k
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE
-from components.serving.models import Ranking, RetrieverModel, named
+from components.serving.models import DEFAULT_ENCODER_RUNTIME, Ranking, RetrieverModel, named
 
 logger = logging.getLogger("ray.serve")
 
@@ -45,7 +45,7 @@ def listed(ranking: Ranking | Exception, gone: frozenset[str], k: int) -> Rankin
 class Retriever:
     """Ranks the catalog with any trained method's artifact. User config: ``artifact``,
     ``cache_size`` (answers kept, see :mod:`.answer_cache`), ``catalog_version`` (reload the catalog
-    when it changed).
+    when it changed), ``encoder_runtime`` (where a dense or MassTool encoder runs).
 
     Args:
         catalog: Dataset dir whose corpus names the tools (artifacts store ids only).
@@ -63,7 +63,8 @@ class Retriever:
         wanted = config.get("catalog_version")
         if wanted is not None and wanted != self.catalog.version:
             await self._reload_catalog(wanted)
-        load = partial(RetrieverModel, config["artifact"])
+        runtime = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
+        load = partial(RetrieverModel, config["artifact"], runtime)
         loaded, model = await load_new("Retriever", load, serving=self.model is not None)
         if loaded:
             self.model = model

@@ -31,6 +31,7 @@ from components.encoders.retriever import (
     build_bi_encoder,
     initial_bi_encoder,
 )
+from components.encoders.text_encoder import TextEncoder
 from components.methods.base import read_config, write_config
 from components.training.inputs import share
 from components.training.spec import RunSpec, StageConfig, StageInputs
@@ -45,7 +46,7 @@ class DenseMethod(BiEncoderRetriever):
     stages: ClassVar[tuple[str, ...]] = ("contrastive",)
     # variants: text tower, ID head and their mix are each a scoring mode bench reports;
     # cold_start: tools added after training are scored by their text.
-    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "variants", "cold_start"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "variants", "cold_start", "text_encoders"})
 
     def __init__(self, **params: Any) -> None:
         super().__init__(DenseParams(**params))
@@ -58,6 +59,12 @@ class DenseMethod(BiEncoderRetriever):
 
     def config(self) -> dict[str, Any]:
         return {**asdict(self.params), "mix": self.mix}
+
+    def text_encoders(self) -> list[TextEncoder]:
+        """The one encoder of queries and tools (after fit or load)."""
+        if self.model is None:
+            raise RuntimeError("dense: train (fit) or load a model first")
+        return [self.model.encoder]
 
     def initial_model(self, data: Dataset, path: str, seed: int) -> None:
         """Train the tokenizer on tools + training queries, build the model, save it to ``path``."""

@@ -30,6 +30,7 @@ from components.data.tooltext import tool_texts
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.encoders import contrastive
 from components.encoders.retriever import initial_bi_encoder, top_k
+from components.encoders.text_encoder import TextEncoder
 from components.methods.base import read_config, write_config
 from components.methods.masstool.model import MassToolModel
 from components.methods.masstool.params import MassToolParams
@@ -53,7 +54,7 @@ class MassToolMethod:
     name: ClassVar[str] = "masstool"
     stages: ClassVar[tuple[str, ...]] = ("semantic", "joint")
     # cold_start: a tool added after training gets its vector from its text (the frozen entry).
-    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "detect", "cold_start"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "detect", "cold_start", "text_encoders"})
 
     def __init__(self, **params: Any) -> None:
         params = {k: tuple(v) if k == "tool_fields" else v for k, v in params.items()}
@@ -73,6 +74,12 @@ class MassToolMethod:
 
     def config(self) -> dict[str, Any]:
         return asdict(self.params)
+
+    def text_encoders(self) -> list[TextEncoder]:
+        """The encoder both towers share (after fit or load)."""
+        if self.model is None:
+            raise RuntimeError("masstool: train (fit) or load a model first")
+        return [self.model.encoder]
 
     @property
     def detect_threshold(self) -> float:

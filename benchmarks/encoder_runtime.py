@@ -1,0 +1,191 @@
+"""Where a served text encoder runs on CPU: PyTorch, ONNX Runtime (fp32) or ONNX Runtime (int8).
+
+    python -m benchmarks.encoder_runtime --data ../shared/datasets/toollens --seconds 8 --rounds 3
+
+The model is the served MiniLM dense retriever (all-MiniLM-L6-v2 zero-shot, the artifact
+``serve_batching.py`` builds under ``--work``), loaded per runtime exactly as a Serve replica loads
+it (:class:`components.serving.models.RetrieverModel` with ``encoder_runtime``): the tool vectors
+come from the artifact, only the queries go through the runtime. On one torch / ONNX Runtime
+thread, as each replica has:
+
+* ``latency`` rows: one query at a time (encode + search), p50 / p99 over ``--seconds``, and
+  ``rps`` for batches of 8 (what ``@serve.batch`` hands a replica). The runtimes take turns for
+  ``--rounds`` rounds and each figure is the median over rounds; ``ratio`` is PyTorch's p50 over
+  the runtime's, from the same run.
+* ``valid`` / ``test`` rows: recall@3 and ndcg@3 of every query of the split, and the change
+  against PyTorch (``delta_recall@3``, ``delta_ndcg@3``).
+
+Rule, stated before the run and applied by the code: the serving default is the runtime with the
+lowest 1-query p50 whose recall@3 and ndcg@3 are within 0.002 of PyTorch's on valid and, as issue
+29 asks of an encoder option before it may be on by default, on test too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.serve_batching import MINILM
+from benchmarks.serve_load import train_artifacts
+from components.data import open_dataset
+from components.encoders.onnx_runtime import RUNTIMES
+from components.metrics import evaluate_retrieval
+from components.serving.models import RetrieverModel
+from workflows.report import md_table, write_report
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "encoder_runtime.json")
+BOUND = 0.002  # largest valid R@3 / N@3 change from PyTorch a default runtime may cost
+BATCH = 8
+ABOUT = (
+    "The model is all-MiniLM-L6-v2 zero-shot (the served MiniLM of serve_batching.md); the fine-tuned "
+    "MiniLM of toollens_dense_minilm_gpu.md was trained on a lent GPU and is not on this machine, so the "
+    "recall changes are this model's; measure a fine-tuned encoder's before turning int8 on. Latency is "
+    "encode + exact search + ranking of one query (`RetrieverModel.retrieve`), one thread.\n"
+)
+
+
+def one_at_a_time(model: RetrieverModel, queries: list[str], seconds: float) -> list[float]:
+    """Latencies (s) of single-query retrieve calls for ``seconds``."""
+    out, i, end = [], 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        model.retrieve([queries[i % len(queries)]], 5)
+        out.append(time.perf_counter() - start)
+        i += 1
+    return out
+
+
+def batched_rps(model: RetrieverModel, queries: list[str], seconds: float) -> float:
+    """Queries per second answered in batches of :data:`BATCH` for ``seconds``."""
+    done, i, start = 0, 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        model.retrieve([queries[(i + j) % len(queries)] for j in range(BATCH)], 5)
+        done, i = done + BATCH, i + BATCH
+    return done / (time.perf_counter() - start)
+
+
+def quality(model: RetrieverModel, qrels: dict, queries: dict[str, str]) -> dict[str, float]:
+    """recall@3 and ndcg@3 of every judged query (retrieved in chunks of 256)."""
+    qids = [q for q in qrels if q in queries]
+    results = {}
+    for i in range(0, len(qids), 256):
+        chunk = qids[i : i + 256]
+        rankings = model.retrieve([queries[q] for q in chunk], 10)
+        results |= {q: dict(r) for q, r in zip(chunk, rankings, strict=True)}
+    m = evaluate_retrieval({q: qrels[q] for q in qids}, results)
+    return {"recall@3": m["recall@3"], "ndcg@3": m["ndcg@3"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/datasets/toollens")
+    parser.add_argument("--work", default="runs/serve_batching", help="where the MiniLM artifact is built")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per latency / throughput measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # a replica's one CPU (ONNX Runtime takes torch's thread count)
+    data = open_dataset(args.data)  # valid carved from train with the default split settings
+    artifact = train_artifacts(data, args.work, 0, keys=("dense",), dense=MINILM)["dense"]
+    models = {r: RetrieverModel(artifact, r) for r in RUNTIMES}
+    valid = list(data.split_queries("valid").values())
+
+    timings: dict[str, dict[str, list[float]]] = {r: {"p50": [], "p99": [], "rps": []} for r in RUNTIMES}
+    for round_ in range(args.rounds):
+        for runtime, model in models.items():
+            model.retrieve(valid[:16], 5)  # warm the session / allocator before timing
+            ms = np.array(one_at_a_time(model, valid, args.seconds)) * 1000
+            timings[runtime]["p50"].append(float(np.percentile(ms, 50)))
+            timings[runtime]["p99"].append(float(np.percentile(ms, 99)))
+            timings[runtime]["rps"].append(batched_rps(model, valid, args.seconds))
+            print(f"round {round_} {runtime}: p50 {timings[runtime]['p50'][-1]:.2f} ms", flush=True)
+    median = {r: {k: statistics.median(v) for k, v in t.items()} for r, t in timings.items()}
+
+    scores = {
+        (r, split): quality(m, data.qrels[split], data.queries)
+        for r, m in models.items()
+        for split in ("valid", "test")
+    }
+    rows = []
+    for runtime in RUNTIMES:
+        config = {"model": "minilm zero-shot dense", "runtime": runtime, "threads": 1, "batch": BATCH}
+        t = median[runtime]
+        rows.append(
+            {
+                "method": "dense_minilm",
+                "config": config,
+                "split": "latency",
+                "metrics": {
+                    "p50_ms": t["p50"],
+                    "p99_ms": t["p99"],
+                    "rps": t["rps"],
+                    "ratio": median["torch"]["p50"] / t["p50"],
+                    "rps_ratio": t["rps"] / median["torch"]["rps"],
+                },
+            }
+        )
+        for split in ("valid", "test"):
+            m, base = scores[(runtime, split)], scores[("torch", split)]
+            deltas = {f"delta_{k}": m[k] - base[k] for k in m}
+            rows.append(
+                {"method": "dense_minilm", "config": config, "split": split, "metrics": {**m, **deltas}}
+            )
+
+    eligible = [
+        r
+        for r in RUNTIMES
+        if all(
+            abs(scores[(r, split)][k] - scores[("torch", split)][k]) <= BOUND
+            for split in ("valid", "test")
+            for k in ("recall@3", "ndcg@3")
+        )
+    ]
+    chosen = min(eligible, key=lambda r: median[r]["p50"])
+    table = md_table(
+        [
+            "runtime",
+            "p50 ms",
+            "p99 ms",
+            "×torch (p50)",
+            f"batch-{BATCH} q/s",
+            "valid R@3",
+            "test R@3",
+            "Δ test R@3",
+            "Δ test N@3",
+        ],
+        [
+            [
+                r,
+                f"{median[r]['p50']:.2f}",
+                f"{median[r]['p99']:.2f}",
+                f"{median['torch']['p50'] / median[r]['p50']:.2f}",
+                f"{median[r]['rps']:.0f}",
+                f"{scores[(r, 'valid')]['recall@3']:.4f}",
+                f"{scores[(r, 'test')]['recall@3']:.4f}",
+                f"{scores[(r, 'test')]['recall@3'] - scores[('torch', 'test')]['recall@3']:+.4f}",
+                f"{scores[(r, 'test')]['ndcg@3'] - scores[('torch', 'test')]['ndcg@3']:+.4f}",
+            ]
+            for r in RUNTIMES
+        ],
+    )
+    notes = (
+        f"Run: `python -m benchmarks.encoder_runtime --data {args.data} --seconds {args.seconds:g} "
+        f"--rounds {args.rounds}` on this {os.cpu_count()}-core machine, 1-min load average "
+        f"{os.getloadavg()[0]:.1f} at the end. Each latency figure is the median of {args.rounds} rounds in "
+        "which the runtimes took turns. Eligible as the serving default (R@3 and N@3 within "
+        f"{BOUND} of PyTorch on valid and on test): {', '.join(eligible)}; chosen by the lowest "
+        f"1-query p50: **{chosen}**. " + ABOUT
+    )
+    report = {"dataset": "toollens", "results": rows, "chosen": chosen, "eligible": eligible, "notes": notes}
+    title = "Served text encoder on CPU: PyTorch vs ONNX Runtime (fp32, int8), MiniLM dense"
+    write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()

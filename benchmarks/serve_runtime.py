@@ -1,0 +1,147 @@
+"""The served MiniLM graph on each encoder runtime: detect → retrieve through Ray Serve.
+
+    python -m benchmarks.serve_runtime --data ../shared/datasets/toollens --seconds 10
+
+For each encoder runtime (PyTorch, ONNX Runtime fp32, ONNX Runtime int8; see
+``benchmarks/encoder_runtime.py`` for the encoder alone and the recall change) the graph is
+deployed as ``toolscout serve`` builds it, with the shipped batching and the answer cache off, on
+the zero-shot MiniLM dense artifact that ``serve_batching.py`` builds (its score-threshold
+detector runs the same encoder, so a request makes two encoder passes). Loads go through direct
+ingress on ToolLens test queries, every request forcing retrieval: one client (the unloaded
+latency), eight clients in a closed loop (throughput), and paced at ``--rate`` requests per second
+(issue 29's target: p50 ≤ 15 ms, p99 ≤ 50 ms, no errors at 120 req/s). The in-process baseline is
+the same two models called in this process, one query at a time and on batches of 8, in the same
+run and on one thread, as each replica has; ``ratio`` is Serve's 8-client req/s over the batched
+in-process req/s of the same runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import ray
+import torch
+from ray import serve
+
+from benchmarks.serve_batching import MINILM, in_process
+from benchmarks.serve_load import doors, load, row, train_artifacts
+from components.data import open_dataset
+from components.encoders.onnx_runtime import RUNTIMES
+from components.serving.calibration import find_calibration
+from components.serving.deploy import apply_serve_env, deploy_config, serve_config
+from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
+from workflows.ray_env import init_ray
+from workflows.report import md_table, write_report
+from workflows.serve import app_args, read_serve_config
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_runtime.json")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/datasets/toollens")
+    parser.add_argument("--work", default="runs/serve_batching", help="where the MiniLM artifact is built")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=120.0, help="paced load, requests per second")
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    torch.set_num_threads(1)  # as each replica runs
+    settings = apply_serve_env()
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    data = open_dataset(args.data)
+    work = os.path.abspath(args.work)
+    detector_file = os.path.join(work, "detector.json")
+    artifact = train_artifacts(data, work, dense_epochs=0, keys=("dense",), dense=MINILM)["dense"]
+    if find_calibration(detector_file, artifact) is None:
+        calibrate_artifact(artifact, args.data, detector_file)
+    queries = list(data.split_queries("test").values())
+    bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
+
+    rows, baselines = [], {}
+    for runtime in RUNTIMES:
+        detector = DetectorModel(artifact, detector_file, encoder_runtime=runtime)
+        retriever = RetrieverModel(artifact, runtime)
+        baselines[runtime] = in_process(detector, retriever, queries, args.seconds)
+        rows.append(row("in-process: detect→retrieve", {"encoder_runtime": runtime}, baselines[runtime]))
+        b = baselines[runtime]
+        print(f"{runtime} in-process: p50 {b['p50_ms']:.1f} ms, {b['rps']:.0f} req/s")
+        del detector, retriever
+
+    port = 18000 + os.getpid() % 1000
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    base = read_serve_config(None)
+    flags = {"artifact": artifact, "catalog": os.path.abspath(args.data), "detector_file": detector_file}
+    for runtime in RUNTIMES:
+        deploy_config(
+            serve_config(app_args(base, {**flags, "cache_size": 0, "encoder_runtime": runtime}, []), base)
+        )
+        urls = doors(f"http://127.0.0.1:{port}")["direct ingress"]
+        one = load(urls, bodies, 1, args.seconds)
+        eight = load(urls, bodies, 8, args.seconds)
+        paced = load(urls, bodies, 16, args.seconds, rate=args.rate)
+        m = {
+            "p50_ms_1": one["p50_ms"],
+            "p99_ms_1": one["p99_ms"],
+            "rps_8": eight["rps"],
+            "ratio": eight["rps"] / baselines[runtime]["rps"],
+            f"p50_ms_{args.rate:g}rps": paced["p50_ms"],
+            f"p99_ms_{args.rate:g}rps": paced["p99_ms"],
+            "paced_rps": paced["rps"],
+            "errors": one["errors"] + eight["errors"] + paced["errors"],
+        }
+        rows.append(row("serve: detect→retrieve, direct ingress", {"encoder_runtime": runtime}, m))
+        print(
+            f"{runtime} serve: 1 client p50 {m['p50_ms_1']:.1f} ms, 8 clients {m['rps_8']:.0f} req/s "
+            f"({m['ratio']:.2f}x), {args.rate:g} req/s paced p50 {paced['p50_ms']:.1f} / p99 "
+            f"{paced['p99_ms']:.1f} ms, errors {m['errors']}"
+        )
+    serve.shutdown()
+    ray.shutdown()
+
+    served = {r["config"]["encoder_runtime"]: r["metrics"] for r in rows if r["method"].startswith("serve")}
+    table = md_table(
+        [
+            "encoder runtime",
+            "in-process p50 ms",
+            "in-process batch-8 req/s",
+            "Serve 1 client p50 ms",
+            "Serve 8 clients req/s",
+            "× in-process",
+            f"{args.rate:g} req/s p50 ms",
+            f"{args.rate:g} req/s p99 ms",
+            "achieved req/s",
+            "errors",
+        ],
+        [
+            [
+                r,
+                f"{baselines[r]['p50_ms']:.1f}",
+                f"{baselines[r]['rps']:.0f}",
+                f"{served[r]['p50_ms_1']:.1f}",
+                f"{served[r]['rps_8']:.0f}",
+                f"{served[r]['ratio']:.2f}",
+                f"{served[r][f'p50_ms_{args.rate:g}rps']:.1f}",
+                f"{served[r][f'p99_ms_{args.rate:g}rps']:.1f}",
+                f"{served[r]['paced_rps']:.0f}",
+                str(served[r]["errors"]),
+            ]
+            for r in RUNTIMES
+        ],
+    )
+    notes = (
+        f"Run: `python -m benchmarks.serve_runtime --data {args.data} --seconds {args.seconds:g} "
+        f"--rate {args.rate:g}` on this {os.cpu_count()}-core machine (client, Ray and every replica "
+        f"on the same cores; 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
+        f"after). Serve environment: {settings}. Each load is {args.seconds:g} s after 1 s of warm-up, "
+        "one run per row.\n"
+    )
+    report = {"dataset": "toollens", "results": rows, "notes": notes}
+    title = "Served MiniLM detect → retrieve on each encoder runtime (PyTorch, ONNX Runtime fp32 / int8)"
+    write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()

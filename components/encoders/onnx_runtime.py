@@ -1,0 +1,133 @@
+"""Text encoders on ONNX Runtime, for CPU serving replicas.
+
+A served dense or MassTool model spends most of a request in its text encoder (a 6-layer MiniLM
+embeds one query in ~10-14 ms through PyTorch eager on this 2-core machine). ONNX Runtime runs the
+same graph with fused attention and layer-norm kernels and without Python between the layers; its
+dynamic int8 quantisation (weights int8, activations quantised per batch) cuts the matrix work
+again at a small cost in accuracy. ``benchmarks/encoder_runtime.py`` measures both against
+PyTorch, latency and ToolLens recall, and decides the default.
+
+What is exported is the whole :meth:`TextEncoder.forward`: backbone, pooling and, for a hybrid
+encoder, the hashed n-gram channel, so the runtime returns exactly the vector the PyTorch module
+would. Training never uses it: only :meth:`TextEncoder.encode` (inference) is routed here, and a
+GPU replica keeps PyTorch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from components.encoders.text_encoder import TextEncoder
+
+# "torch": the module itself; "onnx": the exported fp32 graph; "onnx-int8": dynamically quantised.
+RUNTIMES = ("torch", "onnx", "onnx-int8")
+OPSET = 17
+INPUTS = ("input_ids", "attention_mask")
+
+
+def check_runtime(runtime: str) -> str:
+    """``runtime`` if it is one of :data:`RUNTIMES`, else a ValueError naming them."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"encoder_runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
+    return runtime
+
+
+class _Forward(nn.Module):
+    """The encoder's forward as a graph root (input ids, mask) -> pooled vectors."""
+
+    def __init__(self, encoder: TextEncoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids, attention_mask)
+
+
+def export_onnx(encoder: TextEncoder, path: str, quantize: bool = False) -> str:
+    """Write ``encoder``'s forward to ``path`` as ONNX, batch and length dynamic; with ``quantize``,
+    the int8 graph (dynamic quantisation of the weights of every MatMul) instead. Returns ``path``."""
+    # Export in eval mode (no dropout) and leave the encoder in the mode it was in: export()
+    # restores the root's mode onto its children, so the wrapper must be in eval mode too.
+    was_training = encoder.training
+    root = _Forward(encoder).eval()
+    sample = encoder.tokenize(["a short query", "a somewhat longer second query text"])
+    args = tuple(sample[name].cpu() for name in INPUTS)
+    dynamic = {name: {0: "batch", 1: "length"} for name in INPUTS} | {"embedding": {0: "batch"}}
+    target = path if not quantize else path + ".fp32"
+    # The tracer warns about shapes it records as constants (the n-gram orders, a causal-mask
+    # test that the given attention mask already decides) and about advanced indexing with
+    # negative indices, which the encoder never uses: the export tests compare every case.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=".*advanced indexing.*")
+        torch.onnx.export(
+            root,
+            args,
+            target,
+            input_names=list(INPUTS),
+            output_names=["embedding"],
+            dynamic_axes=dynamic,
+            opset_version=OPSET,
+            dynamo=False,  # the TorchScript exporter: dynamic axes as declared, no onnxscript rewrite
+        )
+    encoder.train(was_training)
+    if quantize:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # The quantiser logs a pre-processing hint on the root logger at every call; the graph here
+        # is already what the exporter optimised, so the hint is silenced (errors still show).
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)
+        try:
+            quantize_dynamic(target, path, weight_type=QuantType.QInt8)
+        finally:
+            root.setLevel(level)
+        os.remove(target)
+    return path
+
+
+class OnnxEncoder:
+    """An exported encoder graph in an ONNX Runtime session; called like the module's forward.
+
+    Args:
+        path: The ``.onnx`` file (read once; the session keeps the model in memory).
+        threads: Intra-op threads; default what torch uses in this process (a Serve replica's
+            CPUs), so swapping runtimes does not change how many cores a replica takes.
+    """
+
+    def __init__(self, path: str, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(threads or torch.get_num_threads())
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        feeds = {
+            "input_ids": input_ids.cpu().numpy().astype(np.int64),
+            "attention_mask": attention_mask.cpu().numpy().astype(np.int64),
+        }
+        (vectors,) = self.session.run(["embedding"], feeds)
+        return torch.from_numpy(vectors)
+
+
+def onnx_encoder(encoder: TextEncoder, runtime: str) -> OnnxEncoder | None:
+    """The ONNX Runtime stand-in for ``encoder``'s inference under ``runtime`` (None for "torch"),
+    exported into a temporary file that is gone once the session has read it."""
+    if check_runtime(runtime) == "torch":
+        return None
+    with tempfile.TemporaryDirectory(prefix="toolscout-onnx-") as tmp:
+        path = export_onnx(encoder, os.path.join(tmp, "encoder.onnx"), quantize=runtime == "onnx-int8")
+        return OnnxEncoder(path)

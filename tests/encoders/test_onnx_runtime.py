@@ -1,0 +1,109 @@
+"""Text encoders on ONNX Runtime: the same vectors as PyTorch (fp32), close ones (int8), serving's
+switch for dense and MassTool artifacts, and training untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TINY_ENCODER, write_tiny_dataset
+
+from components.data import open_dataset
+from components.encoders.bi_encoder import BiEncoder
+from components.encoders.text_encoder import EncoderSpec, TextEncoder
+from components.methods.dense.method import DenseMethod
+from components.serving.models import RetrieverModel, load_method
+
+TEXTS = [
+    "weather forecast in Paris",
+    "find cheap flights from Oslo to Rome and a hotel near the station",
+    "x",
+    "",
+    "recipes with salmon and dill for a dinner party of eight",
+]
+
+
+def scratch_encoder(**extra: int) -> TextEncoder:
+    spec = EncoderSpec(**{**TINY_ENCODER, **extra})
+    return TextEncoder.from_spec(spec, TEXTS * 5, seed=0)
+
+
+@pytest.mark.parametrize("extra", [{}, {"ngram_buckets": 512, "ngram_order": 3}], ids=["bert", "hybrid"])
+def test_onnx_gives_the_vectors_pytorch_gives_at_any_batch_and_length(extra):
+    encoder = scratch_encoder(**extra)
+    expected = encoder.encode(TEXTS, batch_size=3)  # batches of 3 and 1, padded to different lengths
+    encoder.use_runtime("onnx")
+    got = encoder.encode(TEXTS, batch_size=3)
+    assert encoder.runtime == "onnx"
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    # A single text (batch 1, its own length) goes through the same graph.
+    torch.testing.assert_close(encoder.encode(TEXTS[1:2]), expected[1:2], atol=1e-5, rtol=1e-4)
+
+
+def test_training_still_runs_the_module_after_a_runtime_is_chosen():
+    encoder = scratch_encoder()
+    encoder.use_runtime("onnx")
+    encoder.train()
+    batch = encoder.tokenize(TEXTS)
+    out = encoder(batch["input_ids"], batch["attention_mask"])
+    assert out.requires_grad  # forward is PyTorch: gradients flow, nothing exported is trained
+    assert encoder.training  # encode() and the export left the mode as it was
+
+
+def test_an_unknown_runtime_is_refused_by_name():
+    encoder = scratch_encoder()
+    with pytest.raises(ValueError, match=r"encoder_runtime must be one of \['torch', 'onnx', 'onnx-int8'\]"):
+        encoder.use_runtime("tensorrt")
+    assert encoder.runtime == "torch"
+
+
+def test_int8_minilm_stays_close_and_keeps_a_paraphrase_nearer_than_an_unrelated_sentence():
+    encoder = TextEncoder.from_spec(EncoderSpec(name_or_path="minilm"))
+    texts = [
+        "What will the weather be like in Paris tomorrow?",
+        "Paris weather forecast for tomorrow",
+        "A recipe for apple pie",
+    ]
+    fp32 = F.normalize(encoder.encode(texts), dim=-1)
+    encoder.use_runtime("onnx-int8")
+    int8 = F.normalize(encoder.encode(texts), dim=-1)
+    agreement = (fp32 * int8).sum(-1)
+    assert bool((agreement > 0.95).all()), agreement
+    assert not torch.allclose(fp32, int8, atol=1e-4)  # quantised: not the fp32 graph again
+    assert float(int8[0] @ int8[1]) > float(int8[0] @ int8[2]) + 0.2
+
+
+@pytest.fixture(scope="module")
+def dense_artifact(tmp_path_factory) -> str:
+    """An untrained (initial) hybrid dense model on the tiny dataset, saved as an artifact."""
+    root = tmp_path_factory.mktemp("onnx-dense")
+    data = open_dataset(str(write_tiny_dataset(root / "data")))
+    method = DenseMethod(encoder={**TINY_ENCODER, "ngram_buckets": 512}, id_head=False)
+    method.initial_model(data, str(root / "init"), seed=0)
+    method.model = BiEncoder.load(str(root / "init"))
+    method.index(data.corpus)
+    method.save(str(root / "artifact"))
+    return str(root / "artifact")
+
+
+def test_a_served_dense_artifact_ranks_alike_on_either_runtime(dense_artifact):
+    artifact = dense_artifact
+    queries = ["weather in Rome", "flights and hotels", "salmon recipes", "hello"]
+    torch_model, onnx_model = RetrieverModel(artifact), RetrieverModel(artifact, "onnx")
+    assert [e.runtime for e in onnx_model.method.text_encoders()] == ["onnx"]
+    for a, b in zip(torch_model.retrieve(queries, 4), onnx_model.retrieve(queries, 4), strict=True):
+        assert [t for t, _ in a] == [t for t, _ in b]
+        assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-5)
+
+
+def test_bm25_has_no_encoder_to_move_and_loads_on_any_runtime(tiny_dataset, tmp_path):
+    from components.methods.bm25.method import BM25Method
+
+    method = BM25Method()
+    method.index(open_dataset(str(tiny_dataset)).corpus)
+    method.save(str(tmp_path / "bm25"))
+    loaded = load_method(str(tmp_path / "bm25"), "onnx-int8")
+    assert "text_encoders" not in loaded.capabilities and loaded.tool_ids == method.tool_ids
+    with pytest.raises(ValueError, match="encoder_runtime must be one of"):
+        load_method(str(tmp_path / "bm25"), "gpu")
