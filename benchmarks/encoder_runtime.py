@@ -39,13 +39,14 @@ from components.serving.models import RetrieverModel
 from workflows.report import md_table, write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "encoder_runtime.json")
-BOUND = 0.002  # largest valid R@3 / N@3 change from PyTorch a default runtime may cost
+BOUND = 0.002  # largest R@3 / N@3 change from PyTorch (valid and test) a default runtime may cost
 BATCH = 8
 ABOUT = (
     "The model is all-MiniLM-L6-v2 zero-shot (the served MiniLM of serve_batching.md); the fine-tuned "
     "MiniLM of toollens_dense_minilm_gpu.md was trained on a lent GPU and is not on this machine, so the "
     "recall changes are this model's; measure a fine-tuned encoder's before turning int8 on. Latency is "
-    "encode + exact search + ranking of one query (`RetrieverModel.retrieve`), one thread.\n"
+    "encode + exact search + ranking of one query (`RetrieverModel.retrieve`), one thread. The bound "
+    "is checked on test as issue 29 asks of an encoder option, so this decision reads test.\n"
 )
 
 

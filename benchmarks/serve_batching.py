@@ -40,7 +40,12 @@ from benchmarks.serve_load import doors, load, row, train_artifacts
 from components.data import open_dataset
 from components.serving.calibration import find_calibration
 from components.serving.deploy import APP_NAME, apply_serve_env, deploy_config, serve_config
-from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
+from components.serving.models import (
+    DEFAULT_ENCODER_RUNTIME,
+    DetectorModel,
+    RetrieverModel,
+    calibrate_artifact,
+)
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 from workflows.serve import app_args, read_serve_config
@@ -129,7 +134,9 @@ def main() -> None:
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
     rows, baselines = [], {}
     for name, path in artifacts.items():
-        detector, retriever = DetectorModel(path, detector_file), RetrieverModel(path)
+        # In process on the runtime Serve's replicas run (the app's default encoder_runtime).
+        detector = DetectorModel(path, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
+        retriever = RetrieverModel(path, DEFAULT_ENCODER_RUNTIME)
         baselines[name] = in_process(detector, retriever, queries, args.seconds)
         config = {"model": retriever.version, "batch": "1 (p50) / 8 (rps)"}
         rows.append(row("in-process: detect→retrieve", config, baselines[name]))

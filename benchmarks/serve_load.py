@@ -64,7 +64,12 @@ from components.serving.deploy import (
     serve_config,
     swap_artifact,
 )
-from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
+from components.serving.models import (
+    DEFAULT_ENCODER_RUNTIME,
+    DetectorModel,
+    RetrieverModel,
+    calibrate_artifact,
+)
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
@@ -454,8 +459,9 @@ def main() -> None:
         }
         app_config = serve_config(app_args(base, flags, []), base)
         deploy_config(app_config)
-        detector = DetectorModel(artifacts[key], detector_file)
-        retriever = RetrieverModel(artifacts[key])
+        # In process on the encoder runtime the replicas run (the app's default).
+        detector = DetectorModel(artifacts[key], detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
+        retriever = RetrieverModel(artifacts[key], DEFAULT_ENCODER_RUNTIME)
         lm = LMSelector(selector_path, load_catalog(catalog)) if selector else None
         base_metrics = in_process(detector, retriever, lm, queries, args.seconds)
         version = retriever.version

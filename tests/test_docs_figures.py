@@ -26,12 +26,15 @@ def figures(label: str) -> list[str]:
 
 
 def found(figure: str, text: str) -> bool:
-    """``figure`` is in ``text`` as written, or some number there rounds to it."""
-    if figure in text:
-        return True
+    """Some number of ``text`` (a whole token, thousands commas dropped) is ``figure`` as written or
+    rounds to it: 0.9424 is found in "0.94236" but not in "0.94256", 95 not in "0.9546"."""
     decimals = len(figure.split(".")[1]) if "." in figure else 0
     value = float(figure)
-    return any(round(float(n), decimals) == value for n in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", text))
+    for token in re.findall(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?", text):
+        number = token.replace(",", "")
+        if number == figure or round(float(number), decimals) == value:
+            return True
+    return False
 
 
 def linked_figures() -> list[tuple[str, str, str]]:
@@ -62,6 +65,7 @@ def test_each_linked_figure_is_in_its_results_file():
 
 
 def test_a_figure_typed_by_hand_is_caught():
-    assert found("0.9424", "recall@3 0.94236") and found("1309", "train_seconds 1309.3")
-    assert not found("0.9425", "recall@3 0.94236")
+    assert found("0.9424", "recall@3 0.94236") and found("1309", "train_seconds 1,309.3")
+    assert not found("0.9425", "recall@3 0.94256") and not found("95", "recall 0.9546")
+    assert not found("12.3", "p50 12.39 ms")
     assert figures("toollens_dense_minilm") == [] and figures("1,309 s") == ["1309"]

@@ -71,8 +71,10 @@ def extra_cell(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, float | int) else str(value)
 
 
-def recall_plot(report: dict[str, Any], path: str, split: str = "test") -> None:
-    """Recall@K against K for each method on ``split``, saved as PNG."""
+def recall_plot(
+    report: dict[str, Any], path: str, split: str = "test", storage_options: dict[str, Any] | None = None
+) -> None:
+    """Recall@K against K for each method on ``split``, saved as PNG (``storage_options`` for s3://)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,27 +95,32 @@ def recall_plot(report: dict[str, Any], path: str, split: str = "test") -> None:
     buffer = io_bytes.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
-    io.write_bytes(path, buffer.getvalue())
+    io.write_bytes(path, buffer.getvalue(), storage_options)
 
 
 def write_report(
-    report: dict[str, Any], out_json: str, title: str = "", plot: bool = True, table: str | None = None
+    report: dict[str, Any],
+    out_json: str,
+    title: str = "",
+    plot: bool = True,
+    table: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[str]:
     """Write ``out_json``, the ``.md`` beside it and (optionally) the ``.png`` plot.
 
     ``out_json`` is a local path or an ``s3://`` URL (a job submitted to a cluster runs in a
-    temporary copy of the working directory, so its results belong on shared storage).
+    temporary copy of the working directory, so its results belong on shared storage), reached with
+    ``storage_options`` (an endpoint, keys) when given.
     The ``.md`` is the title, ``report["notes"]`` and ``table``: by default :func:`markdown_table`,
     or a benchmark's own markdown (other columns, several tables).
     """
-    io.write_bytes(out_json, json.dumps(report, indent=2).encode())
+    io.write_bytes(out_json, json.dumps(report, indent=2).encode(), storage_options)
     stem = os.path.splitext(out_json)[0]
     header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
-    io.write_bytes(
-        stem + ".md", (header + "\n" + (markdown_table(report) if table is None else table)).encode()
-    )
+    markdown = header + "\n" + (markdown_table(report) if table is None else table)
+    io.write_bytes(stem + ".md", markdown.encode(), storage_options)
     written = [out_json, stem + ".md"]
     if plot:
-        recall_plot(report, stem + ".png")
+        recall_plot(report, stem + ".png", storage_options=storage_options)
         written.append(stem + ".png")
     return written

@@ -46,7 +46,7 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
     ``detector_file`` set.
     """
     from components.serving.calibration import find_calibration
-    from components.serving.models import calibrate_artifact
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
 
     args = dict(args)
     args.setdefault("detector_file", os.path.join("runs", "serving", "detector.json"))
@@ -59,7 +59,8 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
             f"{artifact} has no detect() and {args['detector_file']} no threshold for it: "
             "pass --data to calibrate one on its valid split"
         )
-    detector = calibrate_artifact(artifact, data, args["detector_file"], splits)
+    runtime = args.get("encoder_runtime") or DEFAULT_ENCODER_RUNTIME  # what the replicas will run
+    detector = calibrate_artifact(artifact, data, args["detector_file"], splits, runtime)
     assert detector is not None
     print(
         f"calibrated {artifact}: threshold {detector.threshold:.4f}, "

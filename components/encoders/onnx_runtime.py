@@ -9,8 +9,8 @@ PyTorch, latency and ToolLens recall, and decides the default.
 
 What is exported is the whole :meth:`TextEncoder.forward`: backbone, pooling and, for a hybrid
 encoder, the hashed n-gram channel, so the runtime returns exactly the vector the PyTorch module
-would. Training never uses it: only :meth:`TextEncoder.encode` (inference) is routed here, and a
-GPU replica keeps PyTorch.
+would. Training never uses it: only :meth:`TextEncoder.encode` (inference) is routed here, and
+training mode drops it. It runs on the CPU: a replica with a GPU keeps ``encoder_runtime: torch``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,17 @@ def export_onnx(encoder: TextEncoder, path: str, quantize: bool = False) -> str:
     args = tuple(sample[name].cpu() for name in INPUTS)
     dynamic = {name: {0: "batch", 1: "length"} for name in INPUTS} | {"embedding": {0: "batch"}}
     target = path if not quantize else path + ".fp32"
+    try:
+        _export(root, args, target, dynamic)
+    finally:
+        encoder.train(was_training)
+    if quantize:
+        _quantize(target, path)
+        os.remove(target)
+    return path
+
+
+def _export(root: nn.Module, args: tuple[torch.Tensor, ...], target: str, dynamic: dict) -> None:
     # The tracer warns about shapes it records as constants (the n-gram orders, a causal-mask
     # test that the given attention mask already decides) and about advanced indexing with
     # negative indices, which the encoder never uses: the export tests compare every case.
@@ -79,21 +90,25 @@ def export_onnx(encoder: TextEncoder, path: str, quantize: bool = False) -> str:
             opset_version=OPSET,
             dynamo=False,  # the TorchScript exporter: dynamic axes as declared, no onnxscript rewrite
         )
-    encoder.train(was_training)
-    if quantize:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        # The quantiser logs a pre-processing hint on the root logger at every call; the graph here
-        # is already what the exporter optimised, so the hint is silenced (errors still show).
-        root = logging.getLogger()
-        level = root.level
-        root.setLevel(logging.ERROR)
-        try:
-            quantize_dynamic(target, path, weight_type=QuantType.QInt8)
-        finally:
-            root.setLevel(level)
-        os.remove(target)
-    return path
+
+class _DropHint(logging.Filter):
+    """Drops the quantiser's pre-processing hint (logged on the root logger at every call; the
+    exported graph is already optimised), and nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
+def _quantize(source: str, target: str) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    hint = _DropHint()
+    logging.getLogger().addFilter(hint)
+    try:
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+    finally:
+        logging.getLogger().removeFilter(hint)
 
 
 class OnnxEncoder:

@@ -173,20 +173,32 @@ class TextEncoder(nn.Module):
         # is close to the mean of the channels' cosines.
         return F.normalize(pooled, dim=-1) + F.normalize(self.ngrams(input_ids, attention_mask), dim=-1)
 
+    def train(self, mode: bool = True) -> TextEncoder:
+        """As ``nn.Module.train``; training mode also drops an exported runtime (back to PyTorch),
+        since the graph holds the weights it was exported with and training changes them."""
+        if mode and self._compiled is not None:
+            self._compiled, self.runtime = None, "torch"
+        return super().train(mode)
+
+    def __getstate__(self) -> dict:
+        # An ONNX Runtime session cannot be pickled or deep-copied: a copy runs on PyTorch.
+        return {**self.__dict__, "_compiled": None, "runtime": "torch"}
+
     def use_runtime(self, runtime: str) -> None:
         """Run :meth:`encode` on ``runtime``: ``"torch"`` (this module), ``"onnx"`` or ``"onnx-int8"``
         (ONNX Runtime on the CPU, :mod:`components.encoders.onnx_runtime`).
 
         The graph is exported from the current weights, so this is for a trained encoder being
-        served; training (``forward``) never uses it.
+        served; training (``forward``) never uses it, and :meth:`train` drops it.
         """
         from components.encoders.onnx_runtime import onnx_encoder
 
         device = next(self.parameters()).device
         if runtime != "torch" and device.type != "cpu":
             raise ValueError(f"encoder_runtime {runtime!r} runs on the CPU; this encoder is on {device}")
-        self._compiled = onnx_encoder(self, runtime)
-        self.runtime = runtime
+        compiled = onnx_encoder(self, runtime)
+        self.eval()  # a served encoder; train() would drop the runtime again
+        self._compiled, self.runtime = compiled, runtime
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 256, max_length: int | None = None) -> torch.Tensor:

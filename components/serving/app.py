@@ -18,12 +18,13 @@ swap to the URI again (:func:`~components.serving.deploy.follow_model` pins what
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 from ray.serve import Application
 
+from components.encoders.onnx_runtime import check_runtime
 from components.methods import artifact_method
 from components.registry import resolve
 from components.serving import catalog as tool_catalog
@@ -71,7 +72,7 @@ class ServeArgs(BaseModel):
         description="Answers each Detector / Retriever replica keeps for repeated queries (LRU keyed "
         "by model version and normalised query, emptied on a hot-swap); 0: no cache.",
     )
-    encoder_runtime: Literal["torch", "onnx", "onnx-int8"] = Field(
+    encoder_runtime: str = Field(
         DEFAULT_ENCODER_RUNTIME,
         description="Where the Detector's and Retriever's text encoders (dense, MassTool) run on CPU "
         "replicas: PyTorch, or ONNX Runtime in fp32 or dynamic int8 (BM25 has none to move).",
@@ -90,6 +91,11 @@ class ServeArgs(BaseModel):
         description="Where models:/ URIs resolve (tracking_uri, root); null: $MLFLOW_TRACKING_URI, "
         "else the embedded store under runs/registry.",
     )
+
+    @field_validator("encoder_runtime")
+    @classmethod
+    def _known_runtime(cls, runtime: str) -> str:
+        return check_runtime(runtime)
 
 
 def _local(path: str | None) -> str | None:

@@ -25,14 +25,15 @@ from components.serving.calibration import (
 from components.serving.catalog import ToolCatalog
 
 Ranking = list[tuple[str, float]]
-# Where the Detector's and Retriever's text encoders run unless the config says otherwise (user
-# config ``encoder_runtime``): ONNX Runtime in fp32 gave the PyTorch model's ToolLens recall exactly
-# at 1.57x its single-query speed for MiniLM on one CPU thread; int8 was 2.9x but moved test R@3 by
-# 0.0028, past the 0.002 allowed for a default (benchmarks/results/encoder_runtime.md).
+# Where the served Detector's and Retriever's text encoders run unless the config says otherwise
+# (app arg / user config ``encoder_runtime``; the model classes below default to PyTorch, so what a
+# benchmark measures in process is what it asks for). ONNX Runtime in fp32 gave the PyTorch model's
+# ToolLens recall exactly at 1.57x its single-query speed for MiniLM on one CPU thread; int8 was
+# 2.9x but moved test R@3 by 0.0028, past the 0.002 a default may cost (results/encoder_runtime.md).
 DEFAULT_ENCODER_RUNTIME = "onnx"
 
 
-def load_method(artifact: str, encoder_runtime: str = DEFAULT_ENCODER_RUNTIME) -> Method:
+def load_method(artifact: str, encoder_runtime: str = "torch") -> Method:
     """The method saved at ``artifact``, its text encoders (dense, MassTool) running their inference
     on ``encoder_runtime`` (:data:`components.encoders.onnx_runtime.RUNTIMES`); a method without
     encoders (BM25) has nothing to move and is returned as loaded."""
@@ -48,7 +49,7 @@ class RetrieverModel:
     """A trained method's artifact (BM25, dense, MassTool, ...) ready to rank the catalog, its text
     encoders on ``encoder_runtime`` (see :func:`load_method`)."""
 
-    def __init__(self, artifact: str, encoder_runtime: str = DEFAULT_ENCODER_RUNTIME) -> None:
+    def __init__(self, artifact: str, encoder_runtime: str = "torch") -> None:
         self.artifact = os.path.abspath(resolve(artifact))
         self.method = load_method(self.artifact, encoder_runtime)
         self.version = model_version(self.artifact)
@@ -87,7 +88,7 @@ class DetectorModel:
         detector_file: str | None = None,
         calibration_data: str | None = None,
         splits: dict[str, Any] | None = None,
-        encoder_runtime: str = DEFAULT_ENCODER_RUNTIME,
+        encoder_runtime: str = "torch",
     ) -> None:
         self.artifact = os.path.abspath(resolve(artifact))
         self.version = model_version(self.artifact)
@@ -125,10 +126,18 @@ class DetectorModel:
 
 
 def calibrate_artifact(
-    artifact: str, data: str, detector_file: str, splits: dict[str, Any] | None = None
+    artifact: str,
+    data: str,
+    detector_file: str,
+    splits: dict[str, Any] | None = None,
+    encoder_runtime: str = "torch",
 ) -> ScoreThreshold | None:
-    """Calibrate ``artifact``'s threshold detector on ``data`` and store it (``None``: it has ``detect``)."""
-    method = methods.load(resolve(artifact))
+    """Calibrate ``artifact``'s threshold detector on ``data`` and store it (``None``: it has ``detect``).
+
+    The scores are those of the encoder runtime the replicas will serve on (int8 moves them a little);
+    the file keys calibrations by artifact, so a changed runtime should be calibrated afresh.
+    """
+    method = load_method(resolve(artifact), encoder_runtime)
     if "detect" in method.capabilities:
         return None
     detector = calibrate(method, open_dataset(data, splits))

@@ -41,14 +41,32 @@ def test_onnx_gives_the_vectors_pytorch_gives_at_any_batch_and_length(extra):
     torch.testing.assert_close(encoder.encode(TEXTS[1:2]), expected[1:2], atol=1e-5, rtol=1e-4)
 
 
-def test_training_still_runs_the_module_after_a_runtime_is_chosen():
+def test_training_drops_the_exported_graph_so_encode_follows_the_new_weights():
     encoder = scratch_encoder()
     encoder.use_runtime("onnx")
-    encoder.train()
+    assert not encoder.training  # a served encoder is in eval mode
+    encoder.train()  # training changes the weights the graph was exported with: back to PyTorch
+    assert encoder.runtime == "torch"
     batch = encoder.tokenize(TEXTS)
-    out = encoder(batch["input_ids"], batch["attention_mask"])
-    assert out.requires_grad  # forward is PyTorch: gradients flow, nothing exported is trained
-    assert encoder.training  # encode() and the export left the mode as it was
+    loss = encoder(batch["input_ids"], batch["attention_mask"]).pow(2).sum()
+    loss.backward()
+    torch.optim.SGD(encoder.parameters(), lr=0.5).step()
+    encoder.eval()
+    with torch.no_grad():
+        expected = encoder(batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(encoder.encode(TEXTS), expected)
+
+
+def test_a_copy_of_a_served_encoder_runs_on_pytorch():
+    import copy
+    import pickle
+
+    encoder = scratch_encoder()
+    expected = encoder.encode(TEXTS)
+    encoder.use_runtime("onnx")
+    for clone in (copy.deepcopy(encoder), pickle.loads(pickle.dumps(encoder))):
+        assert clone.runtime == "torch" and encoder.runtime == "onnx"
+        torch.testing.assert_close(clone.encode(TEXTS), expected)
 
 
 def test_an_unknown_runtime_is_refused_by_name():

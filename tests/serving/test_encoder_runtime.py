@@ -1,6 +1,7 @@
-"""The serve config's ``encoder_runtime`` reaches the replicas: a Retriever deployment (run in
-process, without Serve) loads its dense artifact's encoder on the runtime the args name, answers as
-the PyTorch one does, and an unknown runtime is refused on the driver."""
+"""The serve config's ``encoder_runtime`` reaches the replicas: the Retriever and Detector
+deployments (run in process, without Serve) load their artifact's encoder on the runtime the args
+name and answer as the PyTorch one does, for dense and MassTool (both towers); a query-generation
+artifact moves the retriever it wraps; an unknown runtime is refused on the driver."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 from serving_helpers import unbatched
 
 from components.serving.app import ServeArgs, user_configs
+from components.serving.deployments import Detector
+from components.serving.models import load_method
 from components.serving.retriever_deployment import Retriever
 
 
@@ -19,21 +22,37 @@ def test_the_runtime_in_the_args_is_the_one_the_retriever_replica_runs(duplicate
     data, artifact = duplicated_dense["data"], duplicated_dense["artifact"]
     query = "hotel in Berlin and the weather forecast"
 
-    async def answer(runtime: str) -> tuple[list[str], list[str]]:
-        configs = user_configs(ServeArgs(artifact=artifact, catalog=data, encoder_runtime=runtime))
-        assert configs["Detector"]["encoder_runtime"] == runtime
-        retriever = Retriever(data)
+    async def answer(runtime: str) -> tuple[list[str], list[str], float]:
+        args = ServeArgs(artifact=artifact, catalog=data, calibration_data=data, encoder_runtime=runtime)
+        configs = user_configs(args)
+        retriever, detector = Retriever(data), Detector()
         unbatched(retriever, "_retrieve_batch")
+        unbatched(detector, "_detect_batch")
         await retriever.reconfigure(configs["Retriever"])
-        assert retriever.model is not None
-        runtimes = [e.runtime for e in retriever.model.method.text_encoders()]
+        await detector.reconfigure(configs["Detector"])  # calibrates its threshold in the replica
+        assert retriever.model is not None and detector.model is not None
+        runtimes = [e.runtime for m in (retriever.model, detector.model) for e in m.method.text_encoders()]
         hits = (await retriever.retrieve((query, 4)))["tools"]
-        return runtimes, [h["id"] for h in hits]
+        return runtimes, [h["id"] for h in hits], (await detector.detect(query))["probability"]
 
-    torch_runtimes, torch_ids = asyncio.run(answer("torch"))
-    onnx_runtimes, onnx_ids = asyncio.run(answer("onnx"))
-    assert torch_runtimes == ["torch"] and onnx_runtimes == ["onnx"]
-    assert onnx_ids == torch_ids
+    torch_runtimes, torch_ids, torch_p = asyncio.run(answer("torch"))
+    onnx_runtimes, onnx_ids, onnx_p = asyncio.run(answer("onnx"))
+    assert torch_runtimes == ["torch", "torch"] and onnx_runtimes == ["onnx", "onnx"]
+    assert onnx_ids == torch_ids and onnx_p == pytest.approx(torch_p, abs=1e-4)
+
+
+def test_masstool_detects_and_retrieves_alike_on_onnx(trained_masstool, with_negatives, tmp_path):
+    trained_masstool[0].save(str(tmp_path / "masstool"))
+    torch_model = load_method(str(tmp_path / "masstool"), "torch")
+    onnx_model = load_method(str(tmp_path / "masstool"), "onnx")
+    assert [e.runtime for e in onnx_model.text_encoders()] == ["onnx"]
+    queries = dict(list(with_negatives.split_queries("test").items())[:6])
+    queries |= {f"neg{i}": q for i, q in enumerate(with_negatives.neg_split["test"][:4])}
+    expected, got = torch_model.detect(queries), onnx_model.detect(queries)
+    assert list(got) == list(expected)
+    assert [got[q] for q in queries] == pytest.approx([expected[q] for q in queries], abs=1e-4)
+    ranked = lambda results: {q: sorted(r, key=r.get, reverse=True) for q, r in results.items()}  # noqa: E731
+    assert ranked(onnx_model.retrieve(queries, 5)) == ranked(torch_model.retrieve(queries, 5))
 
 
 def test_an_unknown_runtime_is_refused_when_the_args_are_read(duplicated_dense):

@@ -168,3 +168,45 @@ def test_retrain_increment_is_read_from_s3(ray_session, s3_endpoint, tmp_path):
     assert sorted((r.file, r.line) for r in log.rejects) == [("qrels/train.tsv", 4), ("queries.jsonl", 3)]
     merged = merge(base, got)
     assert merged.qrels["train"]["n1"] == {"9": 1} and "9" in merged.corpus
+
+
+def test_a_sweep_keeps_its_trials_on_s3_and_restores_from_there(ray_session, s3_endpoint, tmp_path):
+    """``tune.storage_path: s3://...``: trials, the experiment state and the report live in the
+    bucket, and running the same sweep again restores it from there instead of re-running trials."""
+    from components.config import merge
+    from components.data import io
+    from components.data.quickstart import generate_quickstart
+    from workflows.cli_config import packaged_config
+    from workflows.tune.sweep import tune_sweep
+
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="sweeps")
+    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    data = tmp_path / "data"
+    generate_quickstart(str(data), seed=3, n_queries=300, n_neg=20)
+    cfg = merge(
+        packaged_config("default"),
+        {
+            "data": {"path": str(data)},
+            "method": {"name": "bm25", "params": {"profile": "default"}},
+            "train": {"storage_path": "s3://sweeps/train", "storage_options": opts},
+            "tune": {
+                "name": "bm",
+                "storage_path": "s3://sweeps/tune",
+                "search": "random",
+                "num_samples": 1,
+                "max_concurrent": 1,
+                "space": {"method.params.k1": {"grid_search": [0.9, 1.5]}},
+            },
+        },
+    )
+    report = tune_sweep(cfg)
+    assert [t["status"] for t in report["trials"]] == ["completed", "completed"]
+    fs = io.filesystem("s3://sweeps/tune/bm", opts)
+    stored = fs.find("sweeps/tune/bm")
+    results = [p for p in stored if p.endswith("/result.json")]
+    assert len(results) == 2 and any("experiment_state" in p for p in stored)
+    assert "sweeps/tune/bm/results.json" in stored  # tune.out defaults to the sweep's own prefix
+    assert json.loads(fs.cat("sweeps/tune/bm/results.json"))["best"] == report["best"]
+    again = tune_sweep(cfg)  # the same sweep: restored from S3, nothing trains again
+    assert sorted(t["trial_id"] for t in again["trials"]) == sorted(t["trial_id"] for t in report["trials"])
+    assert all(len(fs.cat(p).decode().splitlines()) == 1 for p in results)  # one report each: not re-run

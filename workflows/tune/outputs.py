@@ -84,7 +84,14 @@ def best_config(
     return out
 
 
-def trials_plot(rows: list[dict[str, Any]], keys: list[str], metric: str, mode: str, path: str) -> None:
+def trials_plot(
+    rows: list[dict[str, Any]],
+    keys: list[str],
+    metric: str,
+    mode: str,
+    path: str,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
     """The valid metric against each swept parameter, and the best-so-far curve in finishing order."""
     import matplotlib
 
@@ -118,7 +125,7 @@ def trials_plot(rows: list[dict[str, Any]], keys: list[str], metric: str, mode: 
     buffer = io_bytes.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    io.write_bytes(path, buffer.getvalue())
+    io.write_bytes(path, buffer.getvalue(), storage_options)
 
 
 def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
@@ -163,13 +170,15 @@ def write_outputs(
         entries = (cfg.get("bench") or {}).get("methods") or {}
         results += bench_entry(settings.baseline, entries[settings.baseline], dataset, cfg)
     out = settings.out or io.join(settings.experiment_path, "results.json")
+    # The outputs live where the trials do (or at tune.out), reached with the same options.
+    options = base["train"].get("storage_options") or {}
     stem = os.path.splitext(out)[0]
     chosen = best_config(cfg, base, row["params"], label)
     header = (
         f"# Selected by `toolscout tune` ({settings.name}): trial {row['trial_id']},"
         f" {settings.metric} = {row['valid']:.4f} of {len(trials)} trials.\n"
     )
-    io.write_bytes(stem + "_best.yaml", (header + yaml.safe_dump(chosen, sort_keys=False)).encode())
+    io.write_bytes(stem + "_best.yaml", (header + yaml.safe_dump(chosen, sort_keys=False)).encode(), options)
     report = {
         "dataset": dataset.name,
         "metric": settings.metric,
@@ -197,6 +206,8 @@ def write_outputs(
     )
     report["notes"] = notes
     table = markdown_table(report) + "\n## Trials (finishing order)\n\n" + trials_table(trials, keys)
-    write_report(report, out, title=settings.title or f"Tune: {settings.name}", table=table)
-    trials_plot(trials, keys, settings.metric, settings.mode, stem + "_trials.png")
+    write_report(
+        report, out, title=settings.title or f"Tune: {settings.name}", table=table, storage_options=options
+    )
+    trials_plot(trials, keys, settings.metric, settings.mode, stem + "_trials.png", options)
     return report

@@ -29,6 +29,7 @@ import ray
 
 from components import methods
 from components.data.types import Corpus, Dataset, Queries, Results
+from components.encoders.text_encoder import TextEncoder
 from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
 from components.generative.targeted import TargetedLM
 from components.methods.base import Method, read_config, write_config
@@ -56,7 +57,8 @@ class QueryGenMethod:
     name: ClassVar[str] = "querygen"
     stages: ClassVar[tuple[str, ...]] = ("retriever", "sft", "align")
     # Tools added after training are found as the wrapped retriever finds them: by their text.
-    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "cold_start"})
+    # text_encoders: the wrapped retriever's, when it has them (dense, MassTool).
+    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "cold_start", "text_encoders"})
 
     def __init__(self, **params: Any) -> None:
         self.params = QueryGenParams(**params)
@@ -69,6 +71,12 @@ class QueryGenMethod:
         self.tool_ids: list[str] = []
 
     # -- training ---------------------------------------------------------------------------
+    def text_encoders(self) -> list[TextEncoder]:
+        """The wrapped retriever's text encoders (none for BM25); the generator LM is not one."""
+        if self.retriever is None:
+            raise RuntimeError("querygen: fit or load first")
+        return self.retriever.text_encoders() if "text_encoders" in self.retriever.capabilities else []
+
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
         """Run one stage; returns its metrics (each stage ends with a retrieval check on valid)."""
         steps = {"retriever": self._fit_retriever, "sft": self._fit_sft, "align": self._fit_align}
