@@ -204,8 +204,8 @@ class TextEncoder(nn.Module):
     def encode(self, texts: list[str], batch_size: int = 256, max_length: int | None = None) -> torch.Tensor:
         """Embeddings of ``texts`` in eval mode, batched, on the encoder's device (on the runtime
         :meth:`use_runtime` chose)."""
-        # Switching modes walks every submodule (~1 ms for MiniLM, a tenth of a served query's
-        # encoding on ONNX Runtime): only when it is needed.
+        # Switching modes walks every submodule (eval and back cost ~0.4 ms for MiniLM here, per
+        # call, against ~5 ms for its ONNX Runtime encoding of one query): only when it is needed.
         was_training = self.training
         if was_training:
             self.eval()
