@@ -19,14 +19,10 @@ import logging
 import os
 import tempfile
 import warnings
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from components.encoders.text_encoder import TextEncoder
 
 # "torch": the module itself; "onnx": the exported fp32 graph; "onnx-int8": dynamically quantised.
 RUNTIMES = ("torch", "onnx", "onnx-int8")
@@ -44,7 +40,7 @@ def check_runtime(runtime: str) -> str:
 class _Forward(nn.Module):
     """The encoder's forward as a graph root (input ids, mask) -> pooled vectors."""
 
-    def __init__(self, encoder: TextEncoder) -> None:
+    def __init__(self, encoder: nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
 
@@ -52,14 +48,16 @@ class _Forward(nn.Module):
         return self.encoder(input_ids, attention_mask)
 
 
-def export_onnx(encoder: TextEncoder, path: str, quantize: bool = False) -> str:
-    """Write ``encoder``'s forward to ``path`` as ONNX, batch and length dynamic; with ``quantize``,
-    the int8 graph (dynamic quantisation of the weights of every MatMul) instead. Returns ``path``."""
+def export_onnx(
+    encoder: nn.Module, sample: dict[str, torch.Tensor], path: str, quantize: bool = False
+) -> str:
+    """Write ``encoder``'s forward ``(input_ids, attention_mask) -> vectors`` to ``path`` as ONNX,
+    batch and length dynamic, traced on ``sample`` (a tokenized batch); with ``quantize``, the int8
+    graph (dynamic quantisation of the weights of every MatMul) instead. Returns ``path``."""
     # Export in eval mode (no dropout) and leave the encoder in the mode it was in: export()
     # restores the root's mode onto its children, so the wrapper must be in eval mode too.
     was_training = encoder.training
     root = _Forward(encoder).eval()
-    sample = encoder.tokenize(["a short query", "a somewhat longer second query text"])
     args = tuple(sample[name].cpu() for name in INPUTS)
     dynamic = {name: {0: "batch", 1: "length"} for name in INPUTS} | {"embedding": {0: "batch"}}
     target = path if not quantize else path + ".fp32"
@@ -138,11 +136,12 @@ class OnnxEncoder:
         return torch.from_numpy(vectors)
 
 
-def onnx_encoder(encoder: TextEncoder, runtime: str) -> OnnxEncoder | None:
+def onnx_encoder(encoder: nn.Module, sample: dict[str, torch.Tensor], runtime: str) -> OnnxEncoder | None:
     """The ONNX Runtime stand-in for ``encoder``'s inference under ``runtime`` (None for "torch"),
-    exported into a temporary file that is gone once the session has read it."""
+    exported (see :func:`export_onnx`) into a temporary file that is gone once the session has
+    read it."""
     if check_runtime(runtime) == "torch":
         return None
     with tempfile.TemporaryDirectory(prefix="toolscout-onnx-") as tmp:
-        path = export_onnx(encoder, os.path.join(tmp, "encoder.onnx"), quantize=runtime == "onnx-int8")
-        return OnnxEncoder(path)
+        target = os.path.join(tmp, "encoder.onnx")
+        return OnnxEncoder(export_onnx(encoder, sample, target, quantize=runtime == "onnx-int8"))

@@ -196,7 +196,8 @@ class TextEncoder(nn.Module):
         device = next(self.parameters()).device
         if runtime != "torch" and device.type != "cpu":
             raise ValueError(f"encoder_runtime {runtime!r} runs on the CPU; this encoder is on {device}")
-        compiled = onnx_encoder(self, runtime)
+        sample = self.tokenize(["a short query", "a somewhat longer second query text"])
+        compiled = onnx_encoder(self, sample, runtime)
         self.eval()  # a served encoder; train() would drop the runtime again
         self._compiled, self.runtime = compiled, runtime
 
