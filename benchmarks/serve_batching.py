@@ -37,7 +37,7 @@ from ray import serve
 
 from benchmarks import serve_load
 from benchmarks.serve_load import doors, load, row, train_artifacts
-from components.data import open_dataset
+from components.data import Dataset, open_dataset
 from components.serving.calibration import find_calibration
 from components.serving.deploy import APP_NAME, apply_serve_env, deploy_config, serve_config
 from components.serving.models import (
@@ -112,6 +112,26 @@ def select(rows: list[dict]) -> tuple[int, float]:
     return max(both, key=both.get)
 
 
+def start(
+    data_path: str, work: str, keys: tuple[str, ...]
+) -> tuple[dict[str, str], Dataset, dict[str, str], str]:
+    """What a serving benchmark starts from: one torch thread (as each replica runs), Serve's
+    environment, a local Ray, the dataset, the ``keys`` artifacts (MiniLM for ``dense``) built
+    under ``work`` and calibrated in its detector file. Returns (Serve env, data, artifacts,
+    detector file)."""
+    torch.set_num_threads(1)
+    settings = apply_serve_env()
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    data = open_dataset(data_path)
+    work = os.path.abspath(work)
+    detector_file = os.path.join(work, "detector.json")
+    artifacts = train_artifacts(data, work, dense_epochs=0, keys=keys, dense=MINILM)
+    for path in artifacts.values():
+        if find_calibration(detector_file, path) is None:
+            calibrate_artifact(path, data_path, detector_file)
+    return settings, data, artifacts, detector_file
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/datasets/toollens")
@@ -120,16 +140,7 @@ def main() -> None:
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    torch.set_num_threads(1)  # as each replica runs
-    settings = apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
-    data = open_dataset(args.data)
-    work = os.path.abspath(args.work)
-    detector_file = os.path.join(work, "detector.json")
-    artifacts = train_artifacts(data, work, dense_epochs=0, keys=("bm25", "dense"), dense=MINILM)
-    for path in artifacts.values():
-        if find_calibration(detector_file, path) is None:
-            calibrate_artifact(path, args.data, detector_file)
+    settings, data, artifacts, detector_file = start(args.data, args.work, ("bm25", "dense"))
     queries = list(data.split_queries("test").values())
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
     rows, baselines = [], {}

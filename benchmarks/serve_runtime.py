@@ -21,17 +21,13 @@ import argparse
 import os
 
 import ray
-import torch
 from ray import serve
 
-from benchmarks.serve_batching import MINILM, in_process
-from benchmarks.serve_load import doors, load, row, train_artifacts
-from components.data import open_dataset
+from benchmarks.serve_batching import in_process, start
+from benchmarks.serve_load import doors, load, row
 from components.encoders.onnx_runtime import RUNTIMES
-from components.serving.calibration import find_calibration
-from components.serving.deploy import apply_serve_env, deploy_config, serve_config
-from components.serving.models import DetectorModel, RetrieverModel, calibrate_artifact
-from workflows.ray_env import init_ray
+from components.serving.deploy import deploy_config, serve_config
+from components.serving.models import DetectorModel, RetrieverModel
 from workflows.report import md_table, write_report
 from workflows.serve import app_args, read_serve_config
 
@@ -47,15 +43,8 @@ def main() -> None:
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    torch.set_num_threads(1)  # as each replica runs
-    settings = apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
-    data = open_dataset(args.data)
-    work = os.path.abspath(args.work)
-    detector_file = os.path.join(work, "detector.json")
-    artifact = train_artifacts(data, work, dense_epochs=0, keys=("dense",), dense=MINILM)["dense"]
-    if find_calibration(detector_file, artifact) is None:
-        calibrate_artifact(artifact, args.data, detector_file)
+    settings, data, artifacts, detector_file = start(args.data, args.work, ("dense",))
+    artifact = artifacts["dense"]
     queries = list(data.split_queries("test").values())
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
 
