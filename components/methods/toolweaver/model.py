@@ -89,7 +89,7 @@ def balanced_last_level(
         return sinkhorn(distances, epsilon, iters).argmax(1)
     _, group = torch.unique(torch.stack(prefixes, 1), dim=0, return_inverse=True)
     cost = (distances - distances.mean()) / distances.std().clamp_min(1e-8)
-    index = torch.empty(len(group), dtype=torch.long)
+    index = torch.empty(len(group), dtype=torch.long, device=group.device)
     for rows in _group_chunks(group, distances.shape[1]):
         index[rows] = _balance_groups(cost[rows], group[rows], epsilon, iters)
     return index
@@ -120,10 +120,10 @@ def _balance_groups(cost: torch.Tensor, group: torch.Tensor, epsilon: float, ite
     order = torch.argsort(group, stable=True)
     starts = torch.cumsum(sizes, 0) - sizes
     position = torch.empty_like(group)
-    position[order] = torch.arange(len(group)) - starts[group[order]]
-    log_q = torch.full((len(sizes), int(sizes.max()), cost.shape[1]), float("-inf"))
+    position[order] = torch.arange(len(group), device=group.device) - starts[group[order]]
+    log_q = torch.full((len(sizes), int(sizes.max()), cost.shape[1]), float("-inf"), device=cost.device)
     log_q[group, position] = -cost / epsilon
-    real = torch.zeros(log_q.shape[:2], dtype=torch.bool)
+    real = torch.zeros(log_q.shape[:2], dtype=torch.bool, device=cost.device)
     real[group, position] = True
     for _ in range(iters):
         log_q = log_q - log_q.logsumexp(1, keepdim=True)  # each code: equal mass within the group
@@ -143,7 +143,7 @@ def kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> t
         centroids = x[pick[:k]].clone()
     else:
         extra = x[torch.randint(n, (k - n,), generator=generator)]
-        noise = 0.01 * x.std() * torch.randn(extra.shape, generator=generator)
+        noise = 0.01 * x.std() * torch.randn(extra.shape, generator=generator).to(x.device)
         centroids = torch.cat([x[pick], extra + noise])
     for _ in range(iters):
         assign = squared_distances(x, centroids).argmin(1)

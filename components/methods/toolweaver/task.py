@@ -89,8 +89,9 @@ class QuantizerTask(StageTask):
         """Losses and code statistics over the whole catalog (the tools are the training data and
         there is no held-out tool; test is never read here). Ranked by reconstruction."""
         p = self.params
-        out = model(self.vectors, p.sinkhorn_epsilon, p.sinkhorn_iters)
-        codes = out["codes"].numpy()
+        device = next(model.parameters()).device  # the worker's GPU, where there is one
+        out = model(self.vectors.to(device), p.sinkhorn_epsilon, p.sinkhorn_iters)
+        codes = out["codes"].cpu().numpy()
         reconstruction = float(out["reconstruction_loss"])
         return {
             "reconstruction": reconstruction,
