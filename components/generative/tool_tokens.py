@@ -96,6 +96,12 @@ def name_embedding_rows(
     return torch.stack(rows) if rows else table.new_zeros(0, table.shape[1])
 
 
+def spoken_name(name: str) -> str:
+    """A tool name as its embedding rows should read it: "tool / api" as "tool api" (the separator
+    would add the same row to every mean)."""
+    return " ".join(name.split(" / "))
+
+
 def embedding_tables(model: PreTrainedModel) -> list[torch.Tensor]:
     """The input embedding table, and the output one when it is a separate (untied) table."""
     tables = [model.get_input_embeddings().weight]
@@ -131,8 +137,7 @@ def add_tool_tokens(
         # Two tools with one name (or a name that is already a token) still need distinct tokens.
         strings[t] = token if token not in taken else f"{token[:-2]}#{t}>>"
         taken.add(strings[t])
-    # "tool / api" is spoken as "tool api": the separator would add the same row to every mean.
-    spoken = [" ".join(names[t].split(" / ")) for t in new]
+    spoken = [spoken_name(names[t]) for t in new]
     rows = [name_embedding_rows(t.detach(), tokenizer, spoken) for t in embedding_tables(model)]
     tokenizer.add_tokens(list(strings.values()))
     ids = tokenizer.convert_tokens_to_ids(list(strings.values()))
@@ -179,3 +184,41 @@ def add_code_tokens(
             table[old:] = mean + std * noise
     ids = tokenizer.convert_tokens_to_ids(tokens)
     return [ids[level * size : (level + 1) * size] for level in range(levels)]
+
+
+@torch.no_grad()
+def init_code_rows(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    ids: Sequence[Sequence[int]],
+    codes: Mapping[str, Sequence[int]],
+    names: Mapping[str, str],
+) -> int:
+    """Start every code token that spells a tool at the mean name row of the tools it spells.
+
+    ToolGen (arXiv 2410.03439) starts a tool's token at the mean of its name's subword rows; a
+    ToolWeaver code is shared, so its row starts at the mean of those means over the tools whose
+    code has it at that level (about one tool at the last level, where codes are nearly unique).
+    On a pretrained LM this puts a code near the words of its tools, where the sampled rows of
+    :func:`add_code_tokens` start every code alike and leave LoRA's small updates far to travel.
+    Codes no tool uses keep their sampled rows.
+
+    Args:
+        ids: ``ids[level][code]``, as :func:`add_code_tokens` returns.
+        codes: Tool id -> its code (one code index per level).
+        names: Tool id -> tool name.
+
+    Returns:
+        The number of code tokens whose rows were set.
+    """
+    tools = list(codes)
+    members: dict[int, list[int]] = {}
+    for row, tool in enumerate(tools):
+        for level, code in enumerate(codes[tool]):
+            members.setdefault(int(ids[level][int(code)]), []).append(row)
+    spoken = [spoken_name(names[t]) for t in tools]
+    for table in embedding_tables(model):
+        name_rows = name_embedding_rows(table.detach(), tokenizer, spoken)
+        for token_id, rows in members.items():
+            table[token_id] = name_rows[rows].mean(0)
+    return len(members)

@@ -7,7 +7,13 @@ import torch
 from tiny_lm import NAMES, tiny_lm
 
 from components.generative.bundle import load_bundle, save_bundle
-from components.generative.tool_tokens import ToolCodebook, add_tool_tokens, tool_token
+from components.generative.tool_tokens import (
+    ToolCodebook,
+    add_code_tokens,
+    add_tool_tokens,
+    init_code_rows,
+    tool_token,
+)
 
 
 def test_tool_token_string_follows_toolgen():
@@ -40,6 +46,31 @@ def test_one_token_per_tool_initialised_as_mean_of_name_tokens(tied):
         assert token in ids
     # Old rows are untouched.
     torch.testing.assert_close(lm.get_input_embeddings().weight[:before], inputs)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_code_rows_start_at_the_mean_name_row_of_the_tools_they_spell(tied):
+    lm, tokenizer, _ = tiny_lm(tools=False, tied=tied)
+    torch.manual_seed(0)
+    ids = add_code_tokens(lm, tokenizer, levels=2, size=3)
+    tables = [lm.get_input_embeddings().weight, lm.get_output_embeddings().weight]
+    sampled = [t.detach().clone() for t in tables]
+    # Tools 0 and 1 share first-level code 0; tool 2 has code 1; first-level code 2 spells nothing.
+    codes = {"0": (0, 0), "1": (0, 1), "2": (1, 2)}
+    assert init_code_rows(lm, tokenizer, ids, codes, NAMES) == 5
+
+    def name_row(table, tool):
+        spoken = tokenizer(" ".join(NAMES[tool].split(" / ")), add_special_tokens=False)["input_ids"]
+        return table[spoken].mean(0)
+
+    for table, before in zip(tables, sampled, strict=True):
+        first = (name_row(before, "0") + name_row(before, "1")) / 2
+        torch.testing.assert_close(table[ids[0][0]], first)
+        torch.testing.assert_close(table[ids[0][1]], name_row(before, "2"))
+        torch.testing.assert_close(table[ids[1][1]], name_row(before, "1"))
+        torch.testing.assert_close(table[ids[1][2]], name_row(before, "2"))
+        torch.testing.assert_close(table[ids[0][2]], before[ids[0][2]])  # unused: still sampled
+        assert not torch.equal(table[ids[0][0]], before[ids[0][0]])
 
 
 def test_adding_is_idempotent_and_extends_an_existing_codebook():

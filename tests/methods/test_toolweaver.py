@@ -286,6 +286,8 @@ def test_bad_params_fail_on_the_driver(quickstart_1200, tmp_path):
         ToolWeaverMethod(levels=0)
     with pytest.raises(ValueError, match="cooccurrence_norm"):
         ToolWeaverMethod(cooccurrence_norm="l2")
+    with pytest.raises(ValueError, match="code_init must be one of"):
+        ToolWeaverMethod(code_init="zeros")
     with pytest.raises(ValueError, match="unknown codes settings"):
         ToolWeaverMethod(stages={"codes": {"epoch": 3}})
     method = ToolWeaverMethod(levels=2, codebook_size=8)  # 64 addresses for 100 tools

@@ -34,7 +34,7 @@ from components.encoders.batch_embed import embed_local, embed_ray, load_encoder
 from components.generative import sequences as td
 from components.generative.bundle import load_bundle, save_bundle
 from components.generative.lm import lm_spec_from
-from components.generative.tool_tokens import add_code_tokens
+from components.generative.tool_tokens import add_code_tokens, init_code_rows
 from components.methods.codelm import CodeLMMethod
 from components.methods.toolweaver.codes import assign, collision_rate, resolve_collisions
 from components.methods.toolweaver.model import RQVAE
@@ -176,6 +176,10 @@ class ToolWeaverMethod(CodeLMMethod):
         torch.manual_seed(run.seed)  # the new rows are sampled around the mean row
         lm, tokenizer, codebook = load_bundle(init, lm_spec_from(self.params.lm).dtype)
         ids = add_code_tokens(lm, tokenizer, self.params.levels, self.params.codebook_size)
+        if self.params.code_init == "names":
+            names = td.tool_names(data.corpus, list(self.tool_codes))
+            rows_set = init_code_rows(lm, tokenizer, ids, self.tool_codes, names)
+            self.report.setdefault("codes", {})["code_rows_from_names"] = rows_set
         for tool, code in self.tool_codes.items():
             codebook.add(tool, [ids[level][c] for level, c in enumerate(code)])
         path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-coded")

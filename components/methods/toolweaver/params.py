@@ -17,6 +17,7 @@ TOOLWEAVER_STAGES: dict[str, dict[str, Any]] = {
     **DEFAULT_STAGES,
 }
 NORMALISATIONS = ("symmetric", "row", "none")
+CODE_INITS = ("sampled", "names")
 
 
 @dataclass
@@ -40,6 +41,10 @@ class ToolWeaverParams(CodeLMParams):
         sinkhorn_iters: Sinkhorn–Knopp iterations.
         kmeans_iters: k-means iterations of the codebook initialisation on the first batch.
         passes_per_epoch: Passes over the tools per quantizer epoch (see ``TOOLWEAVER_STAGES``).
+        code_init: Where the code tokens' rows start: ``sampled`` (around the vocabulary's mean
+            row, every code alike) or ``names`` (each code at the mean name row of the tools it
+            spells, ToolGen's initialisation carried to shared codes; see
+            :func:`components.generative.tool_tokens.init_code_rows`).
     """
 
     method: ClassVar[str] = "toolweaver"
@@ -60,6 +65,7 @@ class ToolWeaverParams(CodeLMParams):
     sinkhorn_iters: int = 50
     kmeans_iters: int = 20
     passes_per_epoch: int = 50
+    code_init: str = "sampled"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,6 +80,8 @@ class ToolWeaverParams(CodeLMParams):
             )
         if self.collab_weight < 0 or self.sinkhorn_epsilon < 0 or self.beta < 0:
             raise ValueError("toolweaver: collab_weight, sinkhorn_epsilon and beta must be >= 0")
+        if self.code_init not in CODE_INITS:
+            raise ValueError(f"toolweaver: code_init must be one of {CODE_INITS}, got {self.code_init!r}")
         if self.cooccurrence_norm not in NORMALISATIONS:
             raise ValueError(
                 f"toolweaver: cooccurrence_norm must be one of {NORMALISATIONS}, "
