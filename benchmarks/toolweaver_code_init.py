@@ -23,18 +23,16 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see toolgen.py
 
-from train_curves import epoch_rows, stage_runs  # noqa: E402
-
+from benchmarks.train_curves import epoch_rows, stage_runs, table  # noqa: E402
 from components import methods  # noqa: E402
 from components.config import load_file, load_yaml, merge  # noqa: E402
 from components.data import open_dataset  # noqa: E402
 from components.data.quickstart import generate_quickstart  # noqa: E402
 from workflows.evaluate import score  # noqa: E402
 from workflows.ray_env import init_ray  # noqa: E402
-from workflows.report import md_table, write_report  # noqa: E402
+from workflows.report import write_report  # noqa: E402
 from workflows.train import fit_method, run_spec  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "workflows", "configs", "toolweaver_code_init.yaml")
@@ -65,6 +63,13 @@ def run_init(cfg: dict[str, Any], data: Any, init: str, stamp: str) -> tuple[lis
     return curves, final
 
 
+def curve_notes(curves: list[dict[str, Any]]) -> str:
+    """The per-epoch valid curves, one :func:`benchmarks.train_curves.table` per ``code_init``."""
+    labels = dict.fromkeys(r["method"] for r in curves)
+    parts = [f"{label}:\n\n" + table([r for r in curves if r["method"] == label]) for label in labels]
+    return "\n\nPer-epoch valid curves.\n\n" + "\n".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=CONFIG)
@@ -91,24 +96,8 @@ def main() -> None:
         "select_metric": "valid memorization_acc and ndcg@3",
         "results": results,
         "curves": curves,
-        "notes": cfg["bench"]["notes"],
+        "notes": cfg["bench"]["notes"] + curve_notes(curves),
     }
-    curve_table = md_table(
-        ["init", "stage", "epoch", "memorization_acc", "valid recall@3", "valid ndcg@3", "epoch seconds"],
-        [
-            [
-                r["method"],
-                r["config"]["stage"],
-                str(r["config"]["epoch"]),
-                f"{r['metrics']['memorization_acc']:.4f}" if "memorization_acc" in r["metrics"] else "",
-                f"{r['metrics']['recall@3']:.4f}" if "recall@3" in r["metrics"] else "",
-                f"{r['metrics']['ndcg@3']:.4f}" if "ndcg@3" in r["metrics"] else "",
-                f"{r['metrics'].get('epoch_seconds', 0):.1f}",
-            ]
-            for r in curves
-        ],
-    )
-    report["notes"] += "\n\nPer-epoch valid curves:\n\n" + "\n".join(curve_table) + "\n"
     write_report(report, args.out or cfg["bench"]["out"], title=cfg["bench"]["title"], plot=False)
 
 
