@@ -3,7 +3,7 @@
 ToolWeaver (arXiv 2601.21947) adds L×K shared code tokens. ``code_init: sampled`` starts them all
 around the vocabulary's mean row; ``code_init: names`` starts each at the mean name row of the tools
 it spells (ToolGen's initialisation, arXiv 2410.03439, carried to shared codes). On SmolLM2 with LoRA
-(one H100, toollens_toolweaver_gpu_curves.md) sampled rows left memorization at 0.07 after four
+(one H100, toollens_toolweaver_gpu_sampled_curves.md) sampled rows left memorization at 0.07 after four
 epochs where ToolGen's name-initialised tokens reached 0.95. This trains both on the same codes,
 the same LM and the same schedule (codes, memorization, one retrieval epoch, each a Ray Train
 stage) and reports the valid curves: memorization accuracy per epoch, then valid retrieval. Test is
