@@ -33,7 +33,7 @@ import torch
 from benchmarks.serve_batching import MINILM
 from benchmarks.serve_load import train_artifacts
 from components.data import open_dataset
-from components.encoders.onnx_runtime import RUNTIMES
+from components.encoders.runtimes import RUNTIMES
 from components.metrics import evaluate_retrieval
 from components.serving.models import RetrieverModel
 from workflows.report import md_table, write_report

@@ -25,7 +25,7 @@ from ray import serve
 
 from benchmarks.serve_batching import in_process, start
 from benchmarks.serve_load import doors, load, row
-from components.encoders.onnx_runtime import RUNTIMES
+from components.encoders.runtimes import RUNTIMES
 from components.serving.deploy import deploy_config, serve_config
 from components.serving.models import DetectorModel, RetrieverModel
 from workflows.report import md_table, write_report

@@ -24,17 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
-# "torch": the module itself; "onnx": the exported fp32 graph; "onnx-int8": dynamically quantised.
-RUNTIMES = ("torch", "onnx", "onnx-int8")
+from components.encoders.runtimes import check_runtime
+
 OPSET = 17
 INPUTS = ("input_ids", "attention_mask")
-
-
-def check_runtime(runtime: str) -> str:
-    """``runtime`` if it is one of :data:`RUNTIMES`, else a ValueError naming them."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"encoder_runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
-    return runtime
 
 
 class _Forward(nn.Module):

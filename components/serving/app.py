@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 from ray.serve import Application
 
-from components.encoders.onnx_runtime import check_runtime
+from components.encoders.runtimes import check_runtime
 from components.methods import artifact_method
 from components.registry import resolve
 from components.serving import catalog as tool_catalog

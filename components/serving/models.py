@@ -11,7 +11,7 @@ from typing import Any
 
 from components import methods
 from components.data import open_dataset
-from components.encoders.onnx_runtime import check_runtime
+from components.encoders.runtimes import check_runtime
 from components.methods.base import Method
 from components.registry import resolve
 from components.serving.calibration import (
@@ -35,7 +35,7 @@ DEFAULT_ENCODER_RUNTIME = "onnx"
 
 def load_method(artifact: str, encoder_runtime: str = "torch") -> Method:
     """The method saved at ``artifact``, its text encoders (dense, MassTool) running their inference
-    on ``encoder_runtime`` (:data:`components.encoders.onnx_runtime.RUNTIMES`); a method without
+    on ``encoder_runtime`` (:data:`components.encoders.runtimes.RUNTIMES`); a method without
     encoders (BM25) has nothing to move and is returned as loaded."""
     check_runtime(encoder_runtime)
     method = methods.load(artifact)
