@@ -24,6 +24,7 @@ sys.path.insert(0, ROOT)
 from components.generative.bundle import load_bundle  # noqa: E402
 from components.generative.lm import to_inference_device  # noqa: E402
 from components.generative.perplexity import document_perplexity  # noqa: E402
+from workflows.quiet import quiet_libraries  # noqa: E402
 from workflows.report import md_table, write_report  # noqa: E402
 
 TEXT = os.path.join(ROOT, "benchmarks", "data", "sherlock_holmes_i_vi.txt")
@@ -59,10 +60,7 @@ def main() -> None:
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--about", default="", help="where the models come from, for the notes")
     args = parser.parse_args()
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    quiet_libraries()
     with open(args.text) as f:
         text = f.read()
     label = os.path.splitext(os.path.basename(args.text))[0]

@@ -27,6 +27,7 @@ from components.data import open_dataset  # noqa: E402
 from components.methods.querygen.data import choose_fusion  # noqa: E402
 from components.metrics import evaluate_retrieval, paired_bootstrap, per_query  # noqa: E402
 from components.training.spec import RunSpec  # noqa: E402
+from workflows.quiet import quiet_libraries  # noqa: E402
 from workflows.ray_env import init_ray  # noqa: E402
 from workflows.report import md_table, write_report  # noqa: E402
 
@@ -49,10 +50,7 @@ def main() -> None:
     )
     parser.add_argument("--work", default=os.path.join(ROOT, "runs", "querygen_bench"))
     args = parser.parse_args()
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    quiet_libraries()
     data = open_dataset(args.data)
     init_ray({"num_cpus": 2, "progress_bars": False})
     params = {

@@ -37,12 +37,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from components import methods
-from components.config import load_file, load_yaml, merge
+from components.config import load_config, merge
 from components.data import Dataset, dataset_from_config
 from components.generative.hallucination import hallucination_rate, outputs_to_results
 from components.methods.codelm import CodeLMMethod
 from components.metrics import DEFAULT_KS, evaluate_retrieval
 from workflows.bench import add_training, device_name, report_splits, split_rows
+from workflows.cli_config import packaged_config
+from workflows.quiet import quiet_libraries
 from workflows.ray_env import init_ray
 from workflows.report import markdown_table, md_table, write_report
 from workflows.train import fit_method, run_spec
@@ -240,11 +242,8 @@ def main() -> None:
         "--resume", default=None, metavar="STAMP", help="resume the runs of this time stamp (YYYYmmdd-HHMMSS)"
     )
     args = parser.parse_args()
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    cfg = merge(load_yaml(os.path.join(ROOT, "workflows", "configs", "default.yaml")), load_file(args.config))
+    quiet_libraries()
+    cfg = load_config(args.config, defaults=packaged_config("default"))
     # The 2-core machine by default; a config's ``ray.num_cpus`` (a GPU machine's cores) wins.
     init_ray({"num_cpus": 2, **(cfg.get("ray") or {}), "progress_bars": False})
     started = time.perf_counter()

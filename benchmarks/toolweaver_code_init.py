@@ -27,10 +27,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see toolgen.py
 
 from benchmarks.train_curves import epoch_rows, stage_runs, table  # noqa: E402
 from components import methods  # noqa: E402
-from components.config import load_file, load_yaml, merge  # noqa: E402
+from components.config import load_config  # noqa: E402
 from components.data import open_dataset  # noqa: E402
 from components.data.quickstart import generate_quickstart  # noqa: E402
+from workflows.cli_config import packaged_config  # noqa: E402
 from workflows.evaluate import score  # noqa: E402
+from workflows.quiet import quiet_libraries  # noqa: E402
 from workflows.ray_env import init_ray  # noqa: E402
 from workflows.report import write_report  # noqa: E402
 from workflows.train import fit_method, run_spec  # noqa: E402
@@ -75,11 +77,8 @@ def main() -> None:
     parser.add_argument("--config", default=CONFIG)
     parser.add_argument("--out", default=None, help="results JSON (default: the config's bench.out)")
     args = parser.parse_args()
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    cfg = merge(load_yaml(os.path.join(ROOT, "workflows", "configs", "default.yaml")), load_file(args.config))
+    quiet_libraries()
+    cfg = load_config(args.config, defaults=packaged_config("default"))
     init_ray({"num_cpus": 2, **(cfg.get("ray") or {}), "progress_bars": False})
     generated = cfg["data"]["generate"]
     root = tempfile.mkdtemp(prefix="code-init-")

@@ -45,6 +45,7 @@ from components.generative.targeted import TargetedLM
 from components.generative.tool_tokens import ToolCodebook, add_code_tokens, add_tool_tokens
 from components.methods.toolweaver.method import ToolWeaverMethod
 from components.training.spec import RunSpec
+from workflows.quiet import quiet_libraries
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 
@@ -156,8 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    quiet_libraries()
     torch.manual_seed(0)
     started = time.perf_counter()
     data, sizes = assemble(args.providers, args.sessions)

@@ -75,7 +75,7 @@ def _terminal(stream: IO[str]) -> tuple[IO[str], IO[str] | None]:
     return dup, dup
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     """Hugging Face's progress bars and advisory warnings off in this process (already imported)."""
     with contextlib.suppress(ImportError):
         import transformers
@@ -119,7 +119,7 @@ def quiet_output(log_path: str) -> Iterator[Console]:
         root.addHandler(handler)
         root.setLevel(logging.INFO)
         logging.captureWarnings(True)
-        _quiet_libraries()
+        quiet_libraries()
         yield console
     except BaseException:
         failed = True
