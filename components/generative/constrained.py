@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from components.generative.targeted import TargetedLM, last_logprobs
+from components.generative.targeted import NextTokenScorer, TargetedLM, last_logprobs
 from components.generative.trie import TokenTrie
 
 Hits = list[tuple[str, float]]  # (trie value, e.g. a tool id; score), best first
@@ -35,7 +35,7 @@ def _chunks(items: list, size: int) -> Iterator[tuple[int, list]]:
 
 
 def single_step_top_k(
-    model: TargetedLM,
+    model: TargetedLM | NextTokenScorer,
     prompts: Sequence[Sequence[int]],
     tries: TokenTrie | Sequence[TokenTrie],
     k: int,
@@ -72,7 +72,7 @@ def single_step_top_k(
 
 
 def trie_beam_search(
-    model: TargetedLM,
+    model: TargetedLM | NextTokenScorer,
     prompts: Sequence[Sequence[int]],
     tries: TokenTrie | Sequence[TokenTrie],
     k: int,
@@ -136,7 +136,7 @@ def trie_beam_search(
 
 
 def constrained_top_k(
-    model: TargetedLM,
+    model: TargetedLM | NextTokenScorer,
     prompts: Sequence[Sequence[int]],
     tries: TokenTrie | Sequence[TokenTrie],
     k: int,
@@ -145,8 +145,12 @@ def constrained_top_k(
     end_token: int | None = None,
     batch_size: int = 64,
 ) -> list[Hits]:
-    """Top-``k`` distinct tools per prompt; the exact one-step shortcut when every code is one token."""
-    model.eval()
+    """Top-``k`` distinct tools per prompt; the exact one-step shortcut when every code is one token.
+
+    ``model`` is the PyTorch LM or another engine's scorer (llama.cpp's); the search is the same.
+    """
+    if isinstance(model, torch.nn.Module):
+        model.eval()
     per_prompt = _per_prompt(tries, len(prompts))
     with torch.no_grad():
         if all(t.depth <= 1 for t in per_prompt):

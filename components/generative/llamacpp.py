@@ -14,6 +14,9 @@ instruction) across requests.
 - :meth:`LlamaCppLM.choose`: constrained decoding on this engine: a GBNF grammar that spells
   exactly the given options, so the answer is always one of them (a tool outside the candidates
   cannot be generated), scored by the model like any other continuation.
+- :class:`LlamaCppScorer`: next-token log-probabilities for the trie-constrained beam search of
+  ToolGen / ToolWeaver, on their own trained LMs exported to GGUF
+  (:mod:`components.generative.gguf_export`).
 """
 
 from __future__ import annotations
@@ -146,3 +149,86 @@ class LlamaCppLM:
         # token is at least one byte, so its length in bytes always suffices.
         longest = max(len(o.encode()) for o in options)
         return self.complete(system, text, longest + 1, grammar=grammar)
+
+
+@dataclass
+class LlamaCppScorer:
+    """Next-token log-probabilities from llama.cpp, for the trie-constrained decoder.
+
+    :func:`components.generative.constrained.constrained_top_k` asks for the next-token
+    distribution after many sequences that share a prompt (one query's beams differ only in their
+    last code tokens). llama.cpp keeps one KV cache; each sequence is decoded from the longest
+    prefix it shares with the previous one, so a beam step costs its few new tokens, not the prompt.
+    Token ids come from the method's own tokenizer (the GGUF's vocabulary has the same ids, see
+    :mod:`components.generative.gguf_export`).
+
+    Attributes:
+        model: Path to the ``.gguf`` file.
+        n_ctx: Context length (the longest prompt + code).
+        n_threads: CPU threads; None: llama.cpp's default (half the cores).
+    """
+
+    model: str
+    n_ctx: int = 512
+    n_threads: int | None = None
+    _llm: Any = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_lm(
+        cls, lm: Any, tokenizer: Any, dtype: str = "f32", n_ctx: int = 512, n_threads: int | None = None
+    ) -> LlamaCppScorer:
+        """A scorer over a Hugging Face Llama LM, exported to GGUF in a temporary directory that is
+        removed with the scorer."""
+        import shutil
+        import tempfile
+        import weakref
+
+        from components.generative.gguf_export import export_gguf
+
+        folder = tempfile.mkdtemp(prefix="toolscout-gguf-")
+        scorer = cls(export_gguf(lm, tokenizer, os.path.join(folder, "lm.gguf"), dtype), n_ctx, n_threads)
+        weakref.finalize(scorer, shutil.rmtree, folder, True)
+        return scorer
+
+    def llm(self) -> Any:
+        """The loaded ``llama_cpp.Llama`` (loaded on first use, with logits kept per position)."""
+        if self._llm is None:
+            import llama_cpp
+
+            self._llm = llama_cpp.Llama(
+                model_path=gguf_file(self.model),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                logits_all=True,
+                verbose=False,
+            )
+        return self._llm
+
+    def next_logprobs(self, sequences: Sequence[Sequence[int]]) -> Any:
+        """``(len(sequences), vocab)`` log-probabilities (a torch tensor) of the token after each."""
+        import numpy as np
+        import torch
+
+        sequences = [[int(t) for t in seq] for seq in sequences]
+        for row, seq in enumerate(sequences):
+            if not seq or len(seq) > self.n_ctx:
+                raise ValueError(
+                    f"llama.cpp scorer: sequence {row} has {len(seq)} tokens; "
+                    f"expected 1 to n_ctx ({self.n_ctx})"
+                )
+        llm = self.llm()
+        out = np.empty((len(sequences), llm.n_vocab()), dtype=np.float32)
+        for row, seq in enumerate(sequences):
+            shared = 0
+            for a, b in zip(llm.input_ids[: llm.n_tokens], seq, strict=False):
+                if a != b:
+                    break
+                shared += 1
+            # At least the last token is decoded again: its logits are what is asked for.
+            llm.n_tokens = min(shared, len(seq) - 1)
+            llm.eval(seq[llm.n_tokens :])
+            logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+            logits -= logits.max()
+            out[row] = logits - np.log(np.exp(logits).sum())
+        return torch.from_numpy(out)

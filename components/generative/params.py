@@ -15,6 +15,9 @@ from components.data.tooltext import TOOL_FIELDS
 from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import check_select_metric
 
+# Engines for the constrained decoder at inference (see CodeLMParams.engine).
+ENGINES = ("transformers", "llama.cpp")
+
 # Stage order: an LM warm-up on plain text (only when the LM is built here from scratch), then
 # the three fine-tuning stages. Each is one Ray Train run.
 LM_STAGES = ("warmup", "memorization", "retrieval", "agent")
@@ -49,6 +52,11 @@ class CodeLMParams:
         free_max_new_tokens: Longest free (unconstrained) output, in tokens.
         valid_queries: Cap on valid queries scored per epoch for checkpoint choice (None = all).
         perplexity_texts: Valid queries whose perplexity is reported before/after (0 skips it).
+        engine: What runs the constrained decoder at inference: ``transformers`` (PyTorch, CPU or
+            GPU) or ``llama.cpp`` (the trained LM exported to GGUF, CPU; free decoding stays on
+            transformers). Training always uses PyTorch.
+        engine_dtype: The GGUF's weights for ``llama.cpp``: ``f32`` or ``f16``.
+        engine_threads: llama.cpp's CPU threads (None: its default, half the cores).
     """
 
     method: ClassVar[str] = "codelm"
@@ -75,6 +83,9 @@ class CodeLMParams:
     perplexity_texts: int = 500
     select_metric: str = "ndcg@3"
     progress: bool = False
+    engine: str = "transformers"
+    engine_dtype: str = "f32"
+    engine_threads: int | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.stages) - set(self.STAGES))
@@ -99,6 +110,10 @@ class CodeLMParams:
             raise ValueError(
                 f"{self.method}: decoding must be constrained or unconstrained, got {self.decoding!r}"
             )
+        if self.engine not in ENGINES:
+            raise ValueError(f"{self.method}: engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine_dtype not in ("f32", "f16"):
+            raise ValueError(f"{self.method}: engine_dtype must be f32 or f16, got {self.engine_dtype!r}")
 
     def lora_spec(self) -> LoraSpec | None:
         """The adapter of the tool stages, or None for full fine-tuning."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -111,11 +112,24 @@ def targets_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
     return (losses * batch["weights"]).sum() / batch["weights"].sum().clamp_min(1e-12)
 
 
+@runtime_checkable
+class NextTokenScorer(Protocol):
+    """Another engine's next-token distribution (e.g. llama.cpp's
+    :class:`components.generative.llamacpp.LlamaCppScorer`), usable wherever a :class:`TargetedLM`
+    is scored for decoding."""
+
+    def next_logprobs(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """``(len(sequences), vocab)`` log-probabilities of the token after each sequence."""
+        ...
+
+
 @torch.no_grad()
 def last_logprobs(
-    model: TargetedLM, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int = 64
+    model: TargetedLM | NextTokenScorer, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int = 64
 ) -> torch.Tensor:
     """``(len(sequences), vocab)`` next-token log-probabilities after each sequence (full softmax)."""
+    if isinstance(model, NextTokenScorer):
+        return model.next_logprobs(sequences)
     device = next(model.parameters()).device
     out = []
     for i in range(0, len(sequences), batch_size):

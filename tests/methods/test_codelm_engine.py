@@ -1,0 +1,95 @@
+"""A ToolGen model decoded on llama.cpp (``engine: llama.cpp``) retrieves what it retrieves on
+transformers, keeps to the catalog, re-exports when indexing grows its vocabulary, and survives
+save / load with the engine setting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import QUERIES, TOOLS
+
+from components.generative.bundle import save_bundle
+from components.generative.lm import LMSpec, build_causal_lm
+from components.generative.tool_tokens import add_tool_tokens
+from components.methods.toolgen.method import ToolGenMethod
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python (the pretrained extra) is not installed")
+
+PARAMS = {"query_max_length": 24, "num_beams": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    spec = LMSpec(
+        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64
+    )
+    lm, tokenizer = build_causal_lm(spec, list(QUERIES.values()) * 10, seed=5)
+    codebook = add_tool_tokens(
+        lm,
+        tokenizer,
+        {
+            "0": "Sky / forecast",
+            "1": "Fly / search flights",
+            "2": "Stay / hotel search",
+            "3": "Chef / recipes",
+        },
+    )
+    torch.manual_seed(6)
+    with torch.no_grad():  # off the initialisation, as a trained LM is
+        for p in lm.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    path = tmp_path_factory.mktemp("toolgen") / "lm"
+    save_bundle(lm, tokenizer, codebook, str(path))
+    return str(path)
+
+
+def method(model_dir, corpus, **params):
+    m = ToolGenMethod.from_dir(model_dir, {**PARAMS, **params})
+    m.index(corpus)
+    return m
+
+
+def ranking(results):
+    return {q: list(hits) for q, hits in results.items()}
+
+
+def test_llamacpp_engine_retrieves_what_transformers_does(model_dir, tmp_path):
+    corpus = {t: {"text": x} for t, x in TOOLS.items()}
+    reference = method(model_dir, corpus).retrieve(QUERIES, 3)
+    fast = method(model_dir, corpus, engine="llama.cpp", engine_threads=1)
+    ours = fast.retrieve(QUERIES, 3)
+    assert ranking(ours) == ranking(reference)
+    for q in QUERIES:
+        assert list(ours[q].values()) == pytest.approx(list(reference[q].values()), abs=1e-2)
+    # Candidates narrow the constraint on this engine too.
+    narrowed = fast.retrieve({"q1": QUERIES["q1"]}, 2, candidates={"q1": ["2", "3"]})
+    assert set(narrowed["q1"]) <= {"2", "3"}
+    # Saved with its engine setting, loaded back, it still decodes on llama.cpp, the same way.
+    fast.save(str(tmp_path / "artifact"))
+    again = ToolGenMethod.load(str(tmp_path / "artifact"))
+    assert again.params.engine == "llama.cpp"
+    assert ranking(again.retrieve(QUERIES, 3)) == ranking(reference)
+
+
+def test_a_tool_indexed_later_gets_a_token_the_llamacpp_engine_can_generate(model_dir):
+    corpus = {t: {"text": x} for t, x in TOOLS.items()}
+    m = method(model_dir, corpus, engine="llama.cpp", engine_threads=1)
+    m.retrieve({"q1": QUERIES["q1"]}, 2)  # exports the LM as it is now
+    grown = {
+        **corpus,
+        "9": {
+            "text": "category_name:Music, tool_name:Tune, api_name:play song, "
+            "api_description:Play a song by name"
+        },
+    }
+    m.index(grown)
+    hits = m.retrieve({"q1": QUERIES["q1"]}, 1, candidates={"q1": ["9"]})
+    assert list(hits["q1"]) == ["9"]  # the new token exists in the re-exported GGUF
+
+
+def test_engine_settings_are_checked(model_dir):
+    with pytest.raises(ValueError, match="engine must be one of"):
+        ToolGenMethod.from_dir(model_dir, {**PARAMS, "engine": "vllm"})
+    m = ToolGenMethod.from_dir(model_dir, PARAMS)
+    with pytest.raises(ValueError, match="engine_dtype must be f32 or f16"):
+        m.use_engine("llama.cpp", dtype="q4")
