@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.data.tooltext import TOOL_FIELDS
+from components.generative.engines import check_engine
 from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import check_select_metric
-
-# Engines for the constrained decoder at inference (see CodeLMParams.engine).
-ENGINES = ("transformers", "llama.cpp")
 
 # Stage order: an LM warm-up on plain text (only when the LM is built here from scratch), then
 # the three fine-tuning stages. Each is one Ray Train run.
@@ -110,8 +108,7 @@ class CodeLMParams:
             raise ValueError(
                 f"{self.method}: decoding must be constrained or unconstrained, got {self.decoding!r}"
             )
-        if self.engine not in ENGINES:
-            raise ValueError(f"{self.method}: engine must be one of {ENGINES}, got {self.engine!r}")
+        check_engine(self.engine, self.method)
         if self.engine_dtype not in ("f32", "f16"):
             raise ValueError(f"{self.method}: engine_dtype must be f32 or f16, got {self.engine_dtype!r}")
 

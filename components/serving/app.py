@@ -25,6 +25,7 @@ from ray import serve
 from ray.serve import Application
 
 from components.encoders.runtimes import check_runtime
+from components.generative.engines import check_engine
 from components.methods import artifact_method
 from components.registry import resolve
 from components.serving import catalog as tool_catalog
@@ -77,6 +78,11 @@ class ServeArgs(BaseModel):
         description="Where the Detector's and Retriever's text encoders (dense, MassTool) run on CPU "
         "replicas: PyTorch, or ONNX Runtime in fp32 or dynamic int8 (BM25 has none to move).",
     )
+    lm_engine: str | None = Field(
+        None,
+        description="Where a ToolGen / ToolWeaver artifact's constrained decoder runs: transformers "
+        "(PyTorch) or llama.cpp (a GGUF export of the trained LM, CPU); null: as it was saved.",
+    )
     needs_tool_threshold: float | None = Field(
         None,
         ge=0.0,
@@ -96,6 +102,11 @@ class ServeArgs(BaseModel):
     @classmethod
     def _known_runtime(cls, runtime: str) -> str:
         return check_runtime(runtime)
+
+    @field_validator("lm_engine")
+    @classmethod
+    def _known_engine(cls, engine: str | None) -> str | None:
+        return engine if engine is None else check_engine(engine, "lm_engine")
 
 
 def _local(path: str | None) -> str | None:
@@ -186,6 +197,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
             "artifact": retriever,
             "cache_size": args.cache_size,
             "encoder_runtime": args.encoder_runtime,
+            "lm_engine": args.lm_engine,
             "catalog_version": catalog_version(_local(args.catalog)),
         },
         "QueryRewriter": dict(args.rewriter),

@@ -33,25 +33,29 @@ Ranking = list[tuple[str, float]]
 DEFAULT_ENCODER_RUNTIME = "onnx"
 
 
-def load_method(artifact: str, encoder_runtime: str = "torch") -> Method:
+def load_method(artifact: str, encoder_runtime: str = "torch", lm_engine: str | None = None) -> Method:
     """The method saved at ``artifact``, its text encoders (dense, MassTool) running their inference
-    on ``encoder_runtime`` (:data:`components.encoders.runtimes.RUNTIMES`); a method without
-    encoders (BM25) has nothing to move and is returned as loaded."""
+    on ``encoder_runtime`` (:data:`components.encoders.runtimes.RUNTIMES`) and, with ``lm_engine``
+    (``transformers`` / ``llama.cpp``), a generative method's (ToolGen, ToolWeaver) constrained
+    decoder on that engine instead of the one it was saved with. What a method does not have
+    (BM25's encoders, dense's LM) has nothing to move."""
     check_runtime(encoder_runtime)
     method = methods.load(artifact)
     if encoder_runtime != "torch" and "text_encoders" in method.capabilities:
         for encoder in method.text_encoders():
             encoder.use_runtime(encoder_runtime)
+    if lm_engine is not None and "generate" in method.capabilities:
+        method.use_engine(lm_engine)
     return method
 
 
 class RetrieverModel:
     """A trained method's artifact (BM25, dense, MassTool, ...) ready to rank the catalog, its text
-    encoders on ``encoder_runtime`` (see :func:`load_method`)."""
+    encoders on ``encoder_runtime`` and its LM decoder on ``lm_engine`` (see :func:`load_method`)."""
 
-    def __init__(self, artifact: str, encoder_runtime: str = "torch") -> None:
+    def __init__(self, artifact: str, encoder_runtime: str = "torch", lm_engine: str | None = None) -> None:
         self.artifact = os.path.abspath(resolve(artifact))
-        self.method = load_method(self.artifact, encoder_runtime)
+        self.method = load_method(self.artifact, encoder_runtime, lm_engine)
         self.version = model_version(self.artifact)
 
     def retrieve(self, texts: list[str], k: int) -> list[Ranking]:

@@ -93,3 +93,30 @@ def test_engine_settings_are_checked(model_dir):
     m = ToolGenMethod.from_dir(model_dir, PARAMS)
     with pytest.raises(ValueError, match="engine_dtype must be f32 or f16"):
         m.use_engine("llama.cpp", dtype="q4")
+
+
+def test_serving_moves_a_saved_decoder_to_the_engine_the_app_names(model_dir, tmp_path):
+    from pydantic import ValidationError
+
+    from components.serving.app import ServeArgs, user_configs
+    from components.serving.models import RetrieverModel
+
+    corpus = {t: {"text": x} for t, x in TOOLS.items()}
+    saved = tmp_path / "artifact"
+    method(model_dir, corpus).save(str(saved))  # saved on transformers
+    reference = RetrieverModel(str(saved)).retrieve([QUERIES["q1"], QUERIES["q4"]], 3)
+    served = RetrieverModel(str(saved), lm_engine="llama.cpp")
+    assert served.method.params.engine == "llama.cpp"
+    assert [[t for t, _ in r] for r in served.retrieve([QUERIES["q1"], QUERIES["q4"]], 3)] == [
+        [t for t, _ in r] for r in reference
+    ]
+    # The app's setting reaches the Retriever replicas' config; a wrong one fails when the app is built.
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.jsonl").write_text(
+        "".join(f'{{"_id": "{t}", "text": "{x}"}}\n' for t, x in TOOLS.items())
+    )
+    configs = user_configs(ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="llama.cpp"))
+    assert configs["Retriever"]["lm_engine"] == "llama.cpp"
+    with pytest.raises(ValidationError, match="lm_engine: engine must be one of"):
+        ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="vllm")
