@@ -108,6 +108,10 @@ def trials_plot(
         ax.scatter(xs, [r["valid"] for r in scored], c=[colours.get(r["status"], "k") for r in scored], s=18)
         if numeric and values and min(values) > 0 and max(values) / min(values) > 20:
             ax.set_xscale("log")
+        elif numeric and values and min(values) == 0 and max(values) > 0:
+            # A grid such as lambda in {0, 0.01, ..., 10}: log-like above the smallest non-zero
+            # value, linear through 0, so the small settings do not pile up at the origin.
+            ax.set_xscale("symlog", linthresh=min(v for v in values if v > 0))
         ax.set_xlabel(key.split(".")[-1])
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
