@@ -76,7 +76,14 @@ def top3(results: dict[str, dict[str, float]]) -> dict[str, list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--artifact", required=True, help="a saved toolgen / toolweaver model directory")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--artifact", help="a saved toolgen / toolweaver model directory")
+    source.add_argument(
+        "--lm",
+        help="instead, an LM (hub name, path, smollm2-135m) given one new token per catalog tool, "
+        "initialised from the tool's name and not trained: times the engines at that LM's size "
+        "(its rankings mean nothing; `changed@3` still compares the engines)",
+    )
     parser.add_argument("--data", default="../shared/datasets/toollens")
     parser.add_argument("--split", default="test")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for both engines")
@@ -96,7 +103,10 @@ def main() -> None:
     timed = list(queries)[: args.timed]
     rows, reference = [], None
     for label, (engine, dtype) in ENGINES.items():
-        method = methods.load(args.artifact)
+        if args.artifact:
+            method = methods.load(args.artifact)
+        else:  # ToolGen's token initialisation (mean of the name's subword rows) happens in index()
+            method = methods.method_class("toolgen").from_dir(args.lm, {"query_max_length": 48})
         method.use_engine(engine, dtype=dtype, threads=args.threads)
         method.index(data.corpus)
         print(f"{label}: {len(queries)} queries ...", flush=True)
@@ -112,7 +122,7 @@ def main() -> None:
         print(f"  {metrics}", flush=True)
     config = rows[0]["config"]
     notes = (
-        f"One saved {rows[0]['method'].split(' ')[0]} model ({args.note or args.artifact}), its "
+        f"One {rows[0]['method'].split(' ')[0]} model ({args.note or args.artifact or args.lm}), its "
         f"trie-constrained decoder ({config.get('num_beams')} beams) on PyTorch and on llama.cpp over a "
         f"GGUF export of the same weights, {args.threads} CPU threads each, {len(queries)} {args.split} "
         f"queries in one call (rps) and the first {len(timed)} one at a time (p50 / p99 per query). "
