@@ -62,6 +62,21 @@ def gbnf_literal(text: str) -> str:
     return f'"{escaped}"'
 
 
+def open_gguf(model: str, n_ctx: int, n_threads: int | None, **options: Any) -> Any:
+    """A quiet ``llama_cpp.Llama`` over ``model`` (see :func:`gguf_file`), ``n_threads`` for both
+    single-token and prompt decoding (None: llama.cpp's default)."""
+    import llama_cpp
+
+    return llama_cpp.Llama(
+        model_path=gguf_file(model),
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        verbose=False,
+        **options,
+    )
+
+
 def choice_grammar(options: Sequence[str]) -> str:
     """A GBNF grammar whose only sentences are ``options`` (each once, in the given order)."""
     unique = list(dict.fromkeys(o for o in options if o))
@@ -111,16 +126,7 @@ class LlamaCppLM:
     def llm(self) -> Any:
         """The loaded ``llama_cpp.Llama`` (loaded on first use)."""
         if self._llm is None:
-            import llama_cpp
-
-            self._llm = llama_cpp.Llama(
-                model_path=gguf_file(self.model),
-                n_ctx=self.n_ctx,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                seed=self.seed,
-                verbose=False,
-            )
+            self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, seed=self.seed)
         return self._llm
 
     def complete(self, system: str, text: str, max_tokens: int, grammar: str | None = None) -> str:
@@ -193,16 +199,7 @@ class LlamaCppScorer:
     def llm(self) -> Any:
         """The loaded ``llama_cpp.Llama`` (loaded on first use, with logits kept per position)."""
         if self._llm is None:
-            import llama_cpp
-
-            self._llm = llama_cpp.Llama(
-                model_path=gguf_file(self.model),
-                n_ctx=self.n_ctx,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                logits_all=True,
-                verbose=False,
-            )
+            self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, logits_all=True)
         return self._llm
 
     def next_logprobs(self, sequences: Sequence[Sequence[int]]) -> Any:
