@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see benchmarks/toolgen.py
 
+import numpy as np
 import torch
 
 from components import methods
@@ -38,11 +38,6 @@ ENGINES = {  # row name -> (engine, GGUF dtype)
     "llama.cpp f32": ("llama.cpp", "f32"),
     "llama.cpp f16": ("llama.cpp", "f16"),
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def measure(method: Any, queries: dict[str, str], qrels: dict, timed: list[str]) -> dict[str, Any]:
@@ -63,8 +58,8 @@ def measure(method: Any, queries: dict[str, str], qrels: dict, timed: list[str])
             "recall@3": metrics["recall@3"],
             "ndcg@3": metrics["ndcg@3"],
             "recall@5": metrics["recall@5"],
-            "p50_ms": statistics.median(latencies),
-            "p99_ms": percentile(latencies, 0.99),
+            "p50_ms": float(np.percentile(latencies, 50)),
+            "p99_ms": float(np.percentile(latencies, 99)),
             "rps": len(queries) / split_seconds,
         },
     }
@@ -101,14 +96,14 @@ def main() -> None:
         queries = dict(list(queries.items())[: args.limit])
         qrels = {q: qrels[q] for q in queries}
     timed = list(queries)[: args.timed]
+    if args.artifact:
+        method = methods.load(args.artifact)
+    else:  # ToolGen's token initialisation (mean of the name's subword rows) happens in index()
+        method = methods.method_class("toolgen").from_dir(args.lm, {"query_max_length": 48})
+    method.index(data.corpus)
     rows, reference = [], None
     for label, (engine, dtype) in ENGINES.items():
-        if args.artifact:
-            method = methods.load(args.artifact)
-        else:  # ToolGen's token initialisation (mean of the name's subword rows) happens in index()
-            method = methods.method_class("toolgen").from_dir(args.lm, {"query_max_length": 48})
-        method.use_engine(engine, dtype=dtype, threads=args.threads)
-        method.index(data.corpus)
+        method.use_engine(engine, dtype=dtype, threads=args.threads)  # the same weights, another engine
         print(f"{label}: {len(queries)} queries ...", flush=True)
         got = measure(method, queries, qrels, timed)
         metrics = got["metrics"]

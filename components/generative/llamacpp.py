@@ -225,7 +225,5 @@ class LlamaCppScorer:
             # At least the last token is decoded again: its logits are what is asked for.
             llm.n_tokens = min(shared, len(seq) - 1)
             llm.eval(seq[llm.n_tokens :])
-            logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-            logits -= logits.max()
-            out[row] = logits - np.log(np.exp(logits).sum())
-        return torch.from_numpy(out)
+            out[row] = llm.scores[llm.n_tokens - 1]
+        return torch.log_softmax(torch.from_numpy(out), dim=-1)
