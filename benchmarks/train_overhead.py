@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from components.data import open_dataset
 from components.methods.dense.method import DenseMethod
-from components.training.loop import train_in_process
+from components.training.plain import train_in_process
 from components.training.runner import run_stage
 from components.training.spec import RunSpec
 from workflows.ray_env import init_ray

@@ -13,6 +13,15 @@ TOOLLENS = Path(
 )
 
 
+# Ray Train's local mode (``train.num_workers: 0``): the shared fixtures' stages run in the test
+# process through the same TorchTrainer and loop, without the ~18 s of worker start-up each stage
+# costs on 2 cores. Worker actors are tested where they are the point: tests/training/test_runner.py
+# (1 and 2 workers, DDP, FSDP, a killed worker, a local run resumed on a worker), the quickstart job
+# in tests/workflows/test_cli.py, S3 storage in tests/workflows/test_s3.py, query generation's
+# alignment (an LM stage), the selector trained by `toolscout train-selector` and every Ray Tune trial.
+LOCAL_MODE = {"num_workers": 0}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def lm_cache(tmp_path_factory):
     """One cache of dequantized packaged LMs (SmolLM2) for the whole session, in its temp dir: the
@@ -181,7 +190,9 @@ def trained_dense(ray_session, small_quickstart, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dense")
     method = DenseMethod(encoder={**TINY_ENCODER, "ngram_buckets": 4096}, epochs=4, batch_size=32, lr=3e-3)
-    run = RunSpec(name="dense-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    run = RunSpec(
+        name="dense-test", storage_path=str(root / "store"), local_dir=str(root / "local"), **LOCAL_MODE
+    )
     report = method.fit("contrastive", small_quickstart, run)
     method.index(small_quickstart.corpus)
     return method, report, root
@@ -213,7 +224,9 @@ def trained_masstool(ray_session, with_negatives, tmp_path_factory):
         neighbours=5,
         epsilon=0.3,
     )
-    run = RunSpec(name="masstool-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    run = RunSpec(
+        name="masstool-test", storage_path=str(root / "store"), local_dir=str(root / "local"), **LOCAL_MODE
+    )
     reports = {stage: method.fit(stage, with_negatives, run) for stage in method.stages}
     method.index(with_negatives.corpus)
     return method, reports, root, run
@@ -247,6 +260,8 @@ def trained_toolgen(ray_session, quickstart_1200, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("toolgen")
     method = ToolGenMethod(**TOOLGEN_TINY)
-    run = RunSpec(name="toolgen-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    run = RunSpec(
+        name="toolgen-test", storage_path=str(root / "store"), local_dir=str(root / "local"), **LOCAL_MODE
+    )
     report = fit_method(method, quickstart_1200, run)
     return method, report, root

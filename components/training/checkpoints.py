@@ -65,3 +65,35 @@ def best_of(found: list[tuple[str, dict]], score: str) -> tuple[str, dict]:
     if not found:
         raise FileNotFoundError("no complete checkpoint found for this run")
     return max(found, key=lambda item: (item[1]["history"][-1][score], -item[1]["epoch"]))
+
+
+def persist(
+    directory: str, storage_path: str, run_name: str, epoch: int, storage_options: dict | None = None
+) -> str:
+    """Copy a checkpoint the loop wrote into the run's storage, as Ray Train's controller would.
+
+    For Ray Train's local mode, which keeps only the last reported checkpoint, in memory. The
+    trainer state goes last: :func:`persisted` trusts no checkpoint whose state is missing, so a
+    copy cut short is never resumed from.
+    """
+    target = io.join(run_dir(storage_path, run_name), f"checkpoint_local_epoch{epoch:06d}")
+    io.remove(target, storage_options)  # a partial copy of this epoch from an interrupted run
+    fs = io.filesystem(target, storage_options)
+    fs.makedirs(target, exist_ok=True)
+    names = sorted(os.listdir(directory), key=lambda name: name == TRAINER_STATE)
+    for name in names:
+        fs.put(os.path.join(directory, name), io.join(target, name), recursive=True)
+    return target
+
+
+def prune(
+    storage_path: str, run_name: str, keep: int, score: str, storage_options: dict | None = None
+) -> None:
+    """Keep the ``keep`` best checkpoints by ``score`` and the newest (what a resume needs), as
+    Ray Train's ``CheckpointConfig(num_to_keep)`` does; delete the rest."""
+    found = persisted(storage_path, run_name, storage_options)
+    ranked = sorted(found, key=lambda item: (item[1]["history"][-1][score], -item[1]["epoch"]), reverse=True)
+    kept = {path for path, _ in ranked[:keep]} | ({found[-1][0]} if found else set())
+    for path, _ in found:
+        if path not in kept:
+            io.remove(path, storage_options)

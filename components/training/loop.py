@@ -1,4 +1,5 @@
-"""The one training loop every method stage runs in, inside Ray Train workers.
+"""The one training loop every method stage runs in, inside Ray Train workers (or, in Ray Train's
+local mode, ``train.num_workers: 0``, in the driver's process).
 
 Per epoch: shuffle (seeded by epoch, so a resumed run sees the same order), train, validate,
 then report the metrics and a checkpoint (model weights, optimizer and RNG state in safetensors,
@@ -23,7 +24,7 @@ from safetensors.torch import load_model, save_model
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT
+from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT, persist
 from components.training.parallel import (
     WholeModel,
     clip_gradients,
@@ -70,7 +71,7 @@ def _log_report(config: StageConfig, record: dict[str, Any]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def _save_checkpoint(
+def save_checkpoint(
     path: str,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -199,10 +200,32 @@ def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
     """Ray Train entry point: build the task from ``loop_config["stage"].task`` and train it epoch
     by epoch (Ray Train passes a dict; it holds the one :class:`StageConfig`)."""
     config = loop_config["stage"]
+    if config.local:
+        # Ray Train's local mode runs this in the driver's process: leave its setting as found.
+        with deterministic_kernels(bool(config.deterministic)):
+            _train(config)
+    else:
+        # The worker process is this stage's alone: the setting need not be restored.
+        torch.use_deterministic_algorithms(bool(config.deterministic), warn_only=True)
+        _train(config)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool) -> Iterator[None]:
+    """``torch.use_deterministic_algorithms`` inside the block (warn-only: an op without a
+    deterministic kernel warns instead of failing), restored after it."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+
+
+def _train(config: StageConfig) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    # The worker process is this stage's alone: the setting need not be restored.
-    torch.use_deterministic_algorithms(bool(config.deterministic), warn_only=True)
     torch.manual_seed(int(config.seed))
     task = make_task(config)
     model = build_model(task, config)
@@ -251,47 +274,10 @@ def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
             ckpt = None
             saved = whole(model)  # every rank: gathering FSDP's shards is a collective
             if rank == 0:
-                _save_checkpoint(tmp, saved, optimizer, task, epoch, history, settings)
+                save_checkpoint(tmp, saved, optimizer, task, epoch, history, settings)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
+                if config.local:
+                    # Local mode keeps only the last report, in memory: persist each as Ray would.
+                    persist(tmp, config.storage_path, config.run_name, epoch, config.storage_options)
             ray.train.report(metrics, checkpoint=ckpt)
-
-
-def train_in_process(config: StageConfig, checkpoint_root: str) -> list[dict[str, float]]:
-    """The same stage as :func:`train_loop_per_worker`, in this process without Ray Train.
-
-    Used to measure what Ray Train costs: identical task, batches, optimizer, validation and
-    per-epoch checkpoint files, written under ``checkpoint_root/epoch_<n>``.
-    """
-    with deterministic_kernels(bool(config.deterministic)):
-        return _train_in_process(config, checkpoint_root)
-
-
-@contextlib.contextmanager
-def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """``torch.use_deterministic_algorithms`` inside the block (warn-only: an op without a
-    deterministic kernel warns instead of failing), restored after it."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(enabled, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
-
-
-def _train_in_process(config: StageConfig, checkpoint_root: str) -> list[dict[str, float]]:
-    torch.manual_seed(int(config.seed))
-    task = make_task(config)
-    model = build_model(task, config)
-    optimizer = build_optimizer(model, config, task)
-    generator = torch.Generator()
-    loader = make_loader(task, config, 1, generator)
-    history: list[dict[str, float]] = []
-    for epoch in range(int(config.epochs)):
-        generator.manual_seed(int(config.seed) * 1000 + epoch)
-        history.append(run_epoch(task, model, optimizer, loader, config, epoch, bool(config.progress)))
-        path = os.path.join(checkpoint_root, f"epoch_{epoch}")
-        os.makedirs(path, exist_ok=True)
-        _save_checkpoint(path, model, optimizer, task, epoch, history)
-    return history

@@ -53,6 +53,7 @@ RESUMABLE_KEYS = frozenset(
         "storage_options",
         "storage_path",
         "run_name",
+        "local",
     }
 )
 

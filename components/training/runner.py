@@ -4,14 +4,17 @@ This is the one training path: every stage of every method (and the serving sele
 :class:`components.training.spec.StageConfig` run here. Scaling (workers, GPUs, resources per
 worker), failure handling and checkpoint selection come from the ``train`` section of the config
 (:class:`components.training.spec.RunSpec`). A run started again with the same name and storage
-path resumes from its latest checkpoint.
+path resumes from its latest checkpoint. ``num_workers: 0`` is Ray Train's local mode: the same
+loop in this process, without worker actors, its checkpoints persisted to the same storage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -46,6 +49,21 @@ def worker_env(run: RunSpec) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set in this process for the block (local mode has no workers to hand it to)."""
+    previous = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def tune_callbacks(run: RunSpec) -> list:
     """Ray Train callbacks that forward each epoch's report to the Ray Tune trial running this stage."""
     if not run.report_to_tune:
@@ -71,6 +89,14 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
         # Checked here, once, before any worker starts: a clear error instead of a failed run.
         check_resumable(previous[1], config)
     env = worker_env(run)
+    local = run.num_workers == 0
+    if local and (run.report_to_tune or config.chaos is not None):
+        # Ray refuses ray.train's APIs inside a Tune function, and a planned worker failure would
+        # kill this process.
+        raise ValueError(
+            "train.num_workers: 0 (Ray Train's local mode) runs the stage in this process: it cannot "
+            "run inside a Ray Tune trial or take a planned worker failure; use num_workers >= 1"
+        )
     trainer = TorchTrainer(
         train_loop_per_worker,
         # Ray Train takes a dict here; it carries the one typed object.
@@ -98,7 +124,10 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
             ),
         ),
     )
-    trainer.fit()  # raises (Train V2: TrainingFailedError) when the run fails
+    with environment(env if local else {}):
+        trainer.fit()  # raises (Train V2: TrainingFailedError) when the run fails
+    if local and run.keep_checkpoints is not None:
+        checkpoints.prune(run.storage_path, name, run.keep_checkpoints, score, run.storage_options)
     # Choose from what is persisted, not only from what the controller registered (see checkpoints).
     found = checkpoints.persisted(run.storage_path, name, run.storage_options)
     best_path, best_state = checkpoints.best_of(found, score)

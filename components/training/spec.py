@@ -21,6 +21,8 @@ class RunSpec:
 
     name: str = "toolscout"
     storage_path: str = "runs"
+    # 0 is Ray Train's local mode: the stage runs in this process, no worker actors (debugging,
+    # small stages, tests); the loop then persists each epoch's checkpoint to storage itself.
     num_workers: int = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] = field(default_factory=dict)
@@ -110,6 +112,7 @@ class StageConfig:
             run by :meth:`for_run`: the same name and storage resume the run.
         progress / report_log / chaos: A progress bar, a JSON-lines log of each reported epoch
             (to audit resumes) and a planned failure; none of them changes what is trained.
+        local: Ray Train's local mode (``num_workers: 0``), filled by :meth:`for_run`.
     """
 
     task: str
@@ -136,6 +139,7 @@ class StageConfig:
     progress: bool = False
     report_log: str | None = None
     chaos: Chaos | None = None
+    local: bool = False
 
     def __post_init__(self) -> None:
         if ":" not in self.task:
@@ -185,6 +189,7 @@ class StageConfig:
             grad_accumulation=run.grad_accumulation,
             gradient_checkpointing=run.gradient_checkpointing,
             parallel_strategy=run.parallel_strategy,
+            local=run.num_workers == 0,
         )
 
 

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from conftest import LOCAL_MODE
 from test_toolgen import TINY_PARAMS
 
 from components.generative.bundle import load_bundle
@@ -16,8 +17,8 @@ from components.methods.toolgen.method import ToolGenMethod
 from components.training.spec import RunSpec
 from workflows.train import fit_method
 
-# The plain-text warm-up is skipped (test_toolgen.py trains it): each Ray Train run costs seconds of
-# worker start-up on 2 cores, and the adapter is checked on the two stages that learn tool tokens.
+# The plain-text warm-up is skipped (test_toolgen.py trains it): the adapter is checked on the two
+# stages that learn tool tokens.
 LORA_STAGES = {
     "warmup": {"epochs": 0},
     "memorization": {"epochs": 1, "batch_size": 16, "lr": 5.0e-3},
@@ -31,7 +32,9 @@ def adapted(ray_session, quickstart_1200, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     params = {**TINY_PARAMS, "stages": LORA_STAGES, "lora": {"r": 4, "alpha": 8}, "perplexity_texts": 0}
     method = ToolGenMethod(**params)
-    run = RunSpec(name="lora-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    run = RunSpec(
+        name="lora-test", storage_path=str(root / "store"), local_dir=str(root / "local"), **LOCAL_MODE
+    )
     return method, fit_method(method, quickstart_1200, run)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from conftest import TINY_LM
+from conftest import LOCAL_MODE, TINY_LM
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from components.encoders.batch_embed import embed_local, load_encoder
@@ -28,7 +28,7 @@ from components.methods.toolweaver.params import ToolWeaverParams
 from components.methods.toolweaver.task import COOCCURRENCE, TOOLS, VECTORS
 from components.metrics import evaluate_retrieval
 from components.training.checkpoints import STAGE_OUTPUT
-from components.training.loop import train_in_process
+from components.training.plain import train_in_process
 from components.training.spec import RunSpec, StageConfig, StageInputs
 from workflows.train import fit_method
 
@@ -197,7 +197,9 @@ def trained(ray_session, quickstart_1200, trained_toolgen, tmp_path_factory):
     root = tmp_path_factory.mktemp("toolweaver")
     warmed = trained_toolgen[0].stage_dirs["warmup"]
     method = ToolWeaverMethod(**{**TINY_PARAMS, "lm": {**TINY_LM, "name_or_path": warmed}})
-    run = RunSpec(name="tw-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
+    run = RunSpec(
+        name="tw-test", storage_path=str(root / "store"), local_dir=str(root / "local"), **LOCAL_MODE
+    )
     return method, fit_method(method, quickstart_1200, run)
 
 

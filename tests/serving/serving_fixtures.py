@@ -69,9 +69,13 @@ def _bm25_versions() -> dict[str, str]:
 
 @functools.cache
 def _selector_lm() -> tuple[str, dict[str, Any]]:
+    from conftest import LOCAL_MODE
+
     from components.serving.selector_train import train_selector_lm
+    from components.training.spec import RunSpec
 
     out = str(_root() / "selector_lm")
+    run = RunSpec(name="selector", storage_path=f"{out}.train", local_dir=f"{out}.train/local", **LOCAL_MODE)
     with torch_threads(1):
         report = train_selector_lm(
             open_dataset(_data()),
@@ -81,6 +85,7 @@ def _selector_lm() -> tuple[str, dict[str, Any]]:
             steps=400,
             batch_size=16,
             lr=3e-3,
+            run=run,
         )
     return out, report
 

@@ -176,3 +176,26 @@ def rewrite_corpus(data: Path, drop: str, rename: str) -> None:
             r["text"] = r["text"].replace("api_name:", "api_name:renamed_", 1)
         kept.append(r)
     (data / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups."""
+    inner = getattr(error, "exceptions", None)
+    return [e for sub in inner for e in leaves(sub)] if inner else [error]
+
+
+def mcp_refusal_and_access(endpoint: str) -> None:
+    """The MCP door is behind the same key: a client without it cannot even connect."""
+    import pytest
+    import requests
+    from mcp import MCPError
+
+    async def names(client):
+        return sorted(t.name for t in (await client.list_tools()).tools)
+
+    with pytest.raises(BaseException) as refused:  # the SDK raises an ExceptionGroup at connect
+        mcp_session(endpoint, names)
+    assert any(isinstance(e, MCPError) for e in leaves(refused.value)), refused.value
+    r = requests.post(endpoint, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    assert mcp_session(endpoint, names, key="k-123") == ["find_tools", "get_tool"]

@@ -150,56 +150,6 @@ def test_unknown_route_and_method_are_json(url):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 
-def test_api_key(url, app_args):
-    from components.serving.deploy import deploy_config, serve_config
-    from workflows.serve import read_serve_config
-
-    # With the shipped config file as base, as `toolscout serve` deploys: its Ingress entry has its
-    # own ray_actor_options, which Serve applies in place of the ones build_app sets. Mounted under a
-    # route prefix: the key must not depend on where the app is mounted.
-    config = serve_config({**app_args, "api_key": "k-123"}, base=read_serve_config(None))
-    config["applications"][0]["route_prefix"] = "/api"
-    deploy_config(config)
-    api = f"{url}/api"
-    try:
-        good = {"Authorization": "Bearer k-123"}
-        assert post(api, {"query": "weather in Paris"}).status_code == 401
-        wrong = post(api, {"query": "weather in Paris"}, headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
-        assert wrong.headers["WWW-Authenticate"] == "Bearer"
-        assert post(api, {"query": 5}).status_code == 401  # no schema hints before authentication
-        for path in ("/v1/tools", "/v1/nope", "/admin"):  # every path but the public ones
-            assert requests.get(f"{api}{path}", timeout=10).status_code == 401, path
-        assert post(api, {"query": "weather in Paris"}, headers=good).status_code == 200
-        for path in ("/healthz", "/docs", "/openapi.json"):
-            assert requests.get(f"{api}{path}", timeout=10).status_code == 200, path
-        mcp_refusal_and_access(f"{api}/mcp/")
-    finally:
-        deploy(app_args)
-    assert post(url, {"query": "weather in Paris"}).status_code == 200
-
-
-def leaves(error: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups."""
-    inner = getattr(error, "exceptions", None)
-    return [e for sub in inner for e in leaves(sub)] if inner else [error]
-
-
-def mcp_refusal_and_access(endpoint: str) -> None:
-    """The MCP door is behind the same key: a client without it cannot even connect."""
-    from mcp import MCPError
-
-    async def names(client):
-        return sorted(t.name for t in (await client.list_tools()).tools)
-
-    with pytest.raises(BaseException) as refused:  # the SDK raises an ExceptionGroup at connect
-        mcp_session(endpoint, names)
-    assert any(isinstance(e, MCPError) for e in leaves(refused.value)), refused.value
-    r = requests.post(endpoint, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=10)
-    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
-    assert mcp_session(endpoint, names, key="k-123") == ["find_tools", "get_tool"]
-
-
 def test_mcp_find_tools_answers_as_the_http_api_with_catalog_tools_only(url, dataset, catalog):
     queries = list(dataset.split_queries("test").values())[:3]
 

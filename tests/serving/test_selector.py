@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+from conftest import LOCAL_MODE
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import SELECTOR_LM, torch_threads
 
@@ -16,6 +17,7 @@ from components.methods import load
 from components.serving.catalog import load_catalog
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
+from components.training.spec import RunSpec
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +154,12 @@ def decimal_selector(ray_session, tmp_path_factory) -> tuple[LMSelector, dict[st
     catalog = load_catalog(str(root))
     tiny = {**SELECTOR_LM, "vocab_size": 300, "hidden_size": 32, "num_layers": 1, "max_length": 48}
     with torch_threads(1):
-        train_selector_lm(open_dataset(str(root)), catalog, str(root / "lm"), lm=tiny, steps=150, lr=3e-3)
+        run = RunSpec(
+            name="selector", storage_path=str(root / "train"), local_dir=str(root / "local"), **LOCAL_MODE
+        )
+        train_selector_lm(
+            open_dataset(str(root)), catalog, str(root / "lm"), lm=tiny, steps=150, lr=3e-3, run=run
+        )
     return LMSelector(str(root / "lm"), catalog), {q: queries[q] for q in list(queries)[100:]}
 
 

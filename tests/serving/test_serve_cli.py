@@ -10,7 +10,7 @@ import ray
 import requests
 import yaml
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
-from serving_helpers import free_port
+from serving_helpers import free_port, mcp_refusal_and_access
 from typer.testing import CliRunner
 
 from components.registry import resolve
@@ -110,36 +110,64 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
 
     monkeypatch.chdir(Path(bm25_versions["root"]).parents[1])  # paths relative to here
     args = app_args(read_serve_config(None), {}, [])
+    # With an API key, deployed from the shipped config file as `toolscout serve` does: its Ingress
+    # entry has its own ray_actor_options, which Serve applies in place of the ones build_app sets,
+    # and the key must still reach the replica.
     args |= {
         "artifact": "models/bm25/v0002",
         "catalog": serving_data,
         "calibration_data": serving_data,
         "detector_file": str(Path(bm25_versions["detector_file"]).relative_to(Path.cwd())),
+        "api_key": "k-123",
     }
+    key = {"Authorization": "Bearer k-123"}
     port = free_port()
     try:
         url = run_server(args, "127.0.0.1", port, read_serve_config(None), blocking=False)
-        info = requests.get(f"{url}/v1/tools", timeout=10).json()
+        info = requests.get(f"{url}/v1/tools", headers=key, timeout=10).json()
         assert info["model_version"] == "bm25/v0002"
         body = {"query": "weather forecast in Paris"}
-        r = requests.post(f"{url}/v1/select", json=body, timeout=30)
+        r = requests.post(f"{url}/v1/select", json=body, headers=key, timeout=30)
         assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"
+        refused_without_the_key(url)
         # Direct ingress: the ingress replica's own port answers the same, and binds loopback only.
         (direct,) = ingress_urls("127.0.0.1")
         assert ingress_urls("127.0.0.1", "no-such-app") == []
         assert direct != url
-        d = requests.post(f"{direct}/v1/select", json=body, timeout=30)
+        d = requests.post(f"{direct}/v1/select", json=body, headers=key, timeout=30)
         assert d.status_code == 200 and d.json()["tools"] == r.json()["tools"]
-        assert requests.post(f"{direct}/v1/select", json={"query": " "}, timeout=30).status_code == 422
+        invalid = requests.post(f"{direct}/v1/select", json={"query": " "}, headers=key, timeout=30)
+        assert invalid.status_code == 422
+        assert requests.post(f"{direct}/v1/select", json=body, timeout=30).status_code == 401
         node_ip = ray.util.get_node_ip_address()
         if node_ip != "127.0.0.1":
             with pytest.raises(requests.ConnectionError):
                 requests.get(f"http://{node_ip}:{direct.rsplit(':', 1)[1]}/healthz", timeout=5)
-        # The builder also works with serve.run (a restart on every update, see components.serving.deploy).
-        serve.run(build_app(absolute_paths(args)), name="toolscout", route_prefix="/")
-        assert requests.get(f"{url}/v1/tools", timeout=10).json()["model_version"] == "bm25/v0002"
+        # The builder also works with serve.run (a restart on every update, see
+        # components.serving.deploy); mounted under a route prefix, the key guards the same paths.
+        serve.run(build_app(absolute_paths(args)), name="toolscout", route_prefix="/api")
+        info = requests.get(f"{url}/api/v1/tools", headers=key, timeout=10).json()
+        assert info["model_version"] == "bm25/v0002"
+        refused_without_the_key(f"{url}/api")
     finally:
         serve.shutdown()
+
+
+def refused_without_the_key(api: str) -> None:
+    """Every path but the public ones answers 401 without ``Bearer k-123``, MCP's included."""
+    body = {"query": "weather in Paris"}
+    assert requests.post(f"{api}/v1/select", json=body, timeout=30).status_code == 401
+    wrong = requests.post(f"{api}/v1/select", json=body, headers={"Authorization": "Bearer nope"}, timeout=30)
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
+    assert wrong.headers["WWW-Authenticate"] == "Bearer"
+    assert (
+        requests.post(f"{api}/v1/select", json={"query": 5}, timeout=30).status_code == 401
+    )  # no schema hints
+    for path in ("/v1/tools", "/v1/nope", "/admin"):
+        assert requests.get(f"{api}{path}", timeout=10).status_code == 401, path
+    for path in ("/healthz", "/docs", "/openapi.json"):
+        assert requests.get(f"{api}{path}", timeout=10).status_code == 200, path
+    mcp_refusal_and_access(f"{api}/mcp/")
 
 
 def test_train_selector_then_serve_it(serving_data, tmp_path):

@@ -13,7 +13,7 @@ from components.encoders.bi_encoder import BiEncoder
 from components.methods.masstool.method import JOINT_TASK
 from components.methods.masstool.params import MassToolParams
 from components.training.checkpoints import MODEL_STATE
-from components.training.loop import train_in_process
+from components.training.plain import train_in_process
 from components.training.runner import worker_env
 from components.training.spec import RunSpec, StageConfig, StageInputs
 

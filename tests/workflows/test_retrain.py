@@ -83,6 +83,7 @@ def config(data: Path, registry: Path, out: Path, **extra) -> dict:
             "method.name=dense",
             f"train.storage_path={out / 'train'}",
             f"train.local_dir={out / 'ck'}",
+            "train.num_workers=0",  # Ray Train's local mode: see LOCAL_MODE in conftest.py
             "retrain.gate.latency_budget_ms=1000",
         ],
     )

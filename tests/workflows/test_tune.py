@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_ENCODER
+from conftest import LOCAL_MODE, TINY_ENCODER
 from ray import tune
 
 from components.config import ConfigError, load_yaml, merge
@@ -78,6 +78,9 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=says):
             tune_settings(merge(cfg, {"tune": bad}), "x")
+    # Ray refuses ray.train's APIs in a Tune function: trials cannot train in local mode.
+    with pytest.raises(ConfigError, match=r"train.num_workers: 0 .* cannot run inside Tune trials"):
+        tune_settings(merge(cfg, {"train": {"num_workers": 0}}), "x")
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +153,8 @@ def test_the_best_yaml_trains_unchanged_with_the_selected_setting(dense_sweep):
     best = load_yaml(root / "out" / "planted_best.yaml")
     assert best["method"]["params"]["lr"] == 3e-3 and best["bench"]["run"] == ["dense_tuned"]
     assert best["bench"]["methods"]["dense_tuned"]["params"] == best["method"]["params"]
-    cfg = merge(packaged_config("default"), best)
+    # In Ray Train's local mode (see LOCAL_MODE in conftest.py): the sweep's trials ran on workers.
+    cfg = merge(merge(packaged_config("default"), best), {"train": LOCAL_MODE})
     out = train(cfg)
     saved = json.loads((Path(out["artifact"]) / "config.json").read_text())
     assert saved["lr"] == 3e-3

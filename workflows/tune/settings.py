@@ -78,6 +78,12 @@ class TuneSettings:
 def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
     """Read and check ``cfg["tune"]``; every error names the key."""
     raw = copy.deepcopy(cfg.get("tune") or {})
+    if int((cfg.get("train") or {}).get("num_workers", 1)) == 0:
+        # Ray refuses ray.train's APIs (get_context, report) inside a Tune function trainable.
+        raise ConfigError(
+            "train.num_workers: 0 (Ray Train's local mode) cannot run inside Tune trials; "
+            "a sweep trains on Ray Train workers: use num_workers >= 1"
+        )
     if not raw.get("space"):
         raise ConfigError("tune.space is not set: name at least one dotted config key to sweep")
     known = set(TuneSettings.__dataclass_fields__)
