@@ -14,11 +14,12 @@ TOOLLENS = Path(
 
 
 # Ray Train's local mode (``train.num_workers: 0``): the shared fixtures' stages run in the test
-# process through the same TorchTrainer and loop, without the ~18 s of worker start-up each stage
-# costs on 2 cores. Worker actors are tested where they are the point: tests/training/test_runner.py
-# (1 and 2 workers, DDP, FSDP, a killed worker, a local run resumed on a worker), the quickstart job
-# in tests/workflows/test_cli.py, S3 storage in tests/workflows/test_s3.py, query generation's
-# alignment (an LM stage), the selector trained by `toolscout train-selector` and every Ray Tune trial.
+# process through the same TorchTrainer and loop, without the worker start-up that dominates a
+# small stage on 2 cores (benchmarks/results/train_local_mode.md). Worker actors are tested where
+# they are the point: tests/training/test_runner.py (1 and 2 workers, DDP, FSDP, a killed worker, a
+# local run resumed on a worker), the quickstart job in tests/workflows/test_cli.py, S3 storage in
+# tests/workflows/test_s3.py, query generation's alignment (an LM stage), the selector trained by
+# `toolscout serve`'s train_selector, and every Ray Tune trial.
 LOCAL_MODE = {"num_workers": 0}
 
 
