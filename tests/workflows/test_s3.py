@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,15 @@ def test_ray_train_reads_its_inputs_from_and_checkpoints_to_s3(
     assert result.model_dir.startswith(local) and os.path.isdir(result.model_dir)
     assert [h["epoch"] for h in result.history] == [0, 1]
     assert sorted(os.listdir(io.fetch(source, opts))) == files
+    # Ray Train's local mode persists its checkpoints to the same bucket itself (the whole
+    # checkpoint, model directory included), and the runner reads the best one back from there.
+    local_run = replace(run, name="s3local", num_workers=0)
+    again = run_stage(method.stage_config(source, small_quickstart), local_run)
+    kept = checkpoints.persisted("s3://train/runs", "s3local-contrastive", opts)
+    assert [state["epoch"] for _, state in kept] == [0, 1]
+    assert again.model_uri.startswith("s3://train/runs/s3local-contrastive/checkpoint_local_epoch")
+    assert sorted(os.listdir(again.model_dir)) == sorted(os.listdir(result.model_dir))
+    assert [h["valid_ndcg@3"] for h in again.history] == [h["valid_ndcg@3"] for h in result.history]
 
 
 def test_stage_inputs_pass_through_or_are_copied_into_the_run_storage(tmp_path):
