@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from conftest import TINY_LM, write_tiny_dataset
+from conftest import LOCAL_MODE, TINY_LM, write_tiny_dataset
 
 from components import methods
 from components.data import open_dataset
@@ -73,7 +75,13 @@ def aligned(ray_session, small_quickstart, tmp_path_factory):
         },
     )
     run = RunSpec(name="qg-test", storage_path=str(root / "store"), local_dir=str(root / "local"))
-    report = {stage: method.fit(stage, small_quickstart, run) for stage in method.stages}
+    # The alignment round trains on a Ray Train worker; the stages before it in local mode (see
+    # LOCAL_MODE in conftest.py).
+    local = replace(run, **LOCAL_MODE)
+    report = {
+        stage: method.fit(stage, small_quickstart, run if stage == "align" else local)
+        for stage in method.stages
+    }
     return method, report
 
 
