@@ -23,6 +23,10 @@ import ray
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# tests/conftest.py's constants (it imports nothing heavier than pytest).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+from conftest import TINY_ENCODER
 
 from components.data import open_dataset
 from components.data.quickstart import generate_quickstart
@@ -32,16 +36,9 @@ from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "train_local_mode.json")
-# The tiny encoder the test suite trains (tests/conftest.py TINY_ENCODER, with its n-gram bag).
-ENCODER = {
-    "vocab_size": 400,
-    "hidden_size": 32,
-    "num_layers": 1,
-    "num_heads": 2,
-    "intermediate_size": 64,
-    "max_length": 24,
-    "ngram_buckets": 4096,
-}
+# The stage the suite's session dense fixture trains (tests/conftest.py: trained_dense), which is
+# what local mode saves the tests from starting workers for.
+ENCODER = {**TINY_ENCODER, "ngram_buckets": 4096}
 PARAMS = {"encoder": ENCODER, "epochs": 4, "batch_size": 32, "lr": 3e-3}
 
 

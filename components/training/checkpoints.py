@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 from components.data import io
 from components.training.state import OPTIMIZER_META, OPTIMIZER_TENSORS, TRAINER_STATE
@@ -60,11 +61,16 @@ def latest(storage_path: str, run_name: str, storage_options: dict | None = None
     return found[-1] if found else None
 
 
+def _rank(score: str) -> Callable[[tuple[str, dict]], tuple[float, int]]:
+    """Sort key of a :func:`persisted` checkpoint: its own epoch's ``score``, the earlier epoch on a tie."""
+    return lambda item: (item[1]["history"][-1][score], -item[1]["epoch"])
+
+
 def best_of(found: list[tuple[str, dict]], score: str) -> tuple[str, dict]:
     """Of :func:`persisted` checkpoints, the one whose own epoch scored highest on ``score``."""
     if not found:
         raise FileNotFoundError("no complete checkpoint found for this run")
-    return max(found, key=lambda item: (item[1]["history"][-1][score], -item[1]["epoch"]))
+    return max(found, key=_rank(score))
 
 
 def persist(
@@ -87,13 +93,14 @@ def persist(
 
 
 def prune(
-    storage_path: str, run_name: str, keep: int, score: str, storage_options: dict | None = None
-) -> None:
-    """Keep the ``keep`` best checkpoints by ``score`` and the newest (what a resume needs), as
-    Ray Train's ``CheckpointConfig(num_to_keep)`` does; delete the rest."""
-    found = persisted(storage_path, run_name, storage_options)
-    ranked = sorted(found, key=lambda item: (item[1]["history"][-1][score], -item[1]["epoch"]), reverse=True)
-    kept = {path for path, _ in ranked[:keep]} | ({found[-1][0]} if found else set())
+    found: list[tuple[str, dict]], keep: int, score: str, storage_options: dict | None = None
+) -> list[tuple[str, dict]]:
+    """Of :func:`persisted` checkpoints, keep the ``keep`` best by ``score`` and the newest (what a
+    resume needs), as Ray Train's ``CheckpointConfig(num_to_keep)`` does; delete the rest from
+    storage and return the kept ones, oldest epoch first."""
+    kept = {path for path, _ in sorted(found, key=_rank(score), reverse=True)[:keep]}
+    kept |= {path for path, _ in found[-1:]}
     for path, _ in found:
         if path not in kept:
             io.remove(path, storage_options)
+    return [item for item in found if item[0] in kept]

@@ -89,8 +89,7 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
         # Checked here, once, before any worker starts: a clear error instead of a failed run.
         check_resumable(previous[1], config)
     env = worker_env(run)
-    local = run.num_workers == 0
-    if local and (run.report_to_tune or config.chaos is not None):
+    if config.local and (run.report_to_tune or config.chaos is not None):
         # Ray refuses ray.train's APIs inside a Tune function, and a planned worker failure would
         # kill this process.
         raise ValueError(
@@ -124,12 +123,12 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
             ),
         ),
     )
-    with environment(env if local else {}):
+    with environment(env if config.local else {}):
         trainer.fit()  # raises (Train V2: TrainingFailedError) when the run fails
-    if local and run.keep_checkpoints is not None:
-        checkpoints.prune(run.storage_path, name, run.keep_checkpoints, score, run.storage_options)
     # Choose from what is persisted, not only from what the controller registered (see checkpoints).
     found = checkpoints.persisted(run.storage_path, name, run.storage_options)
+    if config.local and run.keep_checkpoints is not None:
+        found = checkpoints.prune(found, run.keep_checkpoints, score, run.storage_options)
     best_path, best_state = checkpoints.best_of(found, score)
     local = best_path
     if io.is_remote(run.storage_path):
