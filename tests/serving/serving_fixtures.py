@@ -158,16 +158,26 @@ def duplicated_dense() -> dict[str, str]:
     return _duplicated_dense()
 
 
+@functools.cache
+def _serve_port() -> int:
+    """The loopback port of the session's Serve HTTP proxy (one per process, see above)."""
+    return free_port()
+
+
 @pytest.fixture(scope="module")
 def serve_instance(ray_session) -> Iterator[str]:
-    """Serve's HTTP proxy on a free loopback port for one test module; shut down afterwards so the
-    replicas' CPUs are free again for other modules' Ray Train runs."""
+    """Serve's HTTP proxy on the session's loopback port: started by the first module that needs it
+    (or again, after a test that runs its own Serve shut it down) and kept up between modules;
+    starting and shutting down the controller and proxy cost ~8 s a module on 2 cores, and neither
+    holds a CPU. Each module deletes its applications afterwards, so their replicas' CPUs are free
+    for other modules' Ray Train runs."""
     from ray import serve
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port = _serve_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})  # a no-op while it runs
     yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
+    for name in serve.status().applications:
+        serve.delete(name)
 
 
 __all__ = [

@@ -67,7 +67,9 @@ def test_the_artifacts_own_detect_threshold_decides_unless_the_request_sets_one(
     shutil.copytree(masstool_version, lenient)
     config = json.loads((lenient / "config.json").read_text())
     (lenient / "config.json").write_text(json.dumps({**config, "detect_threshold": 0.0}))
-    deploy({"artifact": str(lenient), "catalog": str(with_negatives_dir)})
+    # Swapped in as a new version of the app the test above deployed (a user-config change: the
+    # replicas reload in place instead of restarting).
+    deploy({"artifact": masstool_version, "catalog": str(with_negatives_dir)}, artifact=str(lenient))
     chitchat = dataset.neg_split["test"][:4]
     for query in chitchat:
         request = {"query": query, "top_k": 3}

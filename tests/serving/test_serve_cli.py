@@ -108,6 +108,8 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
 ):
     from ray import serve
 
+    # `toolscout serve` starts Serve itself, on its own port: end the one other modules share.
+    serve.shutdown()
     monkeypatch.chdir(Path(bm25_versions["root"]).parents[1])  # paths relative to here
     args = app_args(read_serve_config(None), {}, [])
     # With an API key, deployed from the shipped config file as `toolscout serve` does: its Ingress

@@ -53,18 +53,27 @@ def launch(
 @pytest.fixture(scope="module")
 def runs(ray_session, small_quickstart, tmp_path_factory):
     """Runs several tests read (each Ray Train run costs seconds of actor start-up on 2 cores):
-    ``straight`` trains 4 epochs uninterrupted on one worker; ``split`` trains 2 epochs in Ray
-    Train's local mode, then is started again under the same name with 4 epochs on a worker, so
-    it resumes from the last checkpoint the local run persisted."""
+    ``straight`` trains 4 epochs uninterrupted in Ray Train's local mode (this process), keeping one
+    checkpoint; ``chaos`` trains the same 4 epochs on a worker that is killed at epoch 2 and
+    restarted by Ray; ``split`` trains 2 epochs in local mode, then is started again under the same
+    name with 4 epochs on a worker, so it resumes from the last checkpoint the local run persisted."""
     root = tmp_path_factory.mktemp("runs")
-    straight = launch(small_quickstart, root, "straight", epochs=4)
+    straight = launch(small_quickstart, root, "straight", epochs=4, workers=0, keep_checkpoints=1)
+    chaos = Chaos(kill_at_epoch=2, marker=str(root / "killed"))
+    killed = launch(small_quickstart, root, "chaos", epochs=4, max_failures=1, chaos=chaos)
     first_half = launch(small_quickstart, root, "split", epochs=2, workers=0)
     resumed = launch(small_quickstart, root, "split", epochs=4)
-    return {"root": root, "straight": straight, "first_half": first_half, "resumed": resumed}
+    return {
+        "root": root,
+        "straight": straight,
+        "chaos": (*killed, chaos),
+        "first_half": first_half,
+        "resumed": resumed,
+    }
 
 
 def test_every_epoch_checkpointed_and_best_selected(runs):
-    result, reports = runs["straight"]
+    result, reports, _ = runs["chaos"]  # a worker's run: Ray Train persisted its checkpoints
     assert [r["epoch"] for r in reports] == [0, 1, 2, 3]
     assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]
     assert result.metrics["valid_ndcg@3"] == max(r["valid_ndcg@3"] for r in reports)
@@ -81,15 +90,15 @@ def test_every_epoch_checkpointed_and_best_selected(runs):
     assert not any(f.endswith((".pt", ".pkl", ".bin")) for f in walked)
 
 
-def test_worker_killed_mid_run_resumes_without_losing_or_repeating_epochs(
-    ray_session, small_quickstart, tmp_path
-):
-    chaos = Chaos(kill_at_epoch=2, marker=str(tmp_path / "killed"))
-    result, reports = launch(small_quickstart, tmp_path, "chaos", epochs=4, max_failures=1, chaos=chaos)
+def test_worker_killed_mid_run_resumes_without_losing_or_repeating_epochs(runs):
+    result, reports, chaos = runs["chaos"]
     assert os.path.exists(chaos.marker)  # the worker really died once
     assert [r["epoch"] for r in reports] == [0, 1, 2, 3]
     assert len({r["pid"] for r in reports}) == 2  # epochs 0-1 and 2-3 ran in different worker processes
-    assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]
+    assert os.getpid() not in {r["pid"] for r in reports}
+    # Restored from its epoch-1 checkpoint, the new worker trains exactly as an unbroken run does.
+    straight, _ = runs["straight"]
+    assert [h["valid_ndcg@3"] for h in result.history] == [h["valid_ndcg@3"] for h in straight.history]
 
 
 def test_resumed_run_trains_exactly_like_an_uninterrupted_one(runs):
@@ -116,15 +125,15 @@ def test_restarted_run_with_other_settings_is_refused(runs, small_quickstart):
         launch(small_quickstart, runs["root"], "split", epochs=4, lr=1e-3)
 
 
-def test_local_mode_trains_as_a_worker_does_and_keeps_what_ray_would(runs, small_quickstart, tmp_path):
+def test_local_mode_trains_as_a_worker_does_and_keeps_what_ray_would(runs):
     # num_workers 0 is Ray Train's local mode: the loop runs in this process, no worker actor.
-    straight, _ = runs["straight"]
-    local, reports = launch(small_quickstart, tmp_path, "local", epochs=4, workers=0, keep_checkpoints=1)
+    local, reports = runs["straight"]
+    worker, _, _ = runs["chaos"]  # the same 4 epochs on worker actors
     assert {r["pid"] for r in reports} == {os.getpid()}
-    assert [h["valid_ndcg@3"] for h in local.history] == [h["valid_ndcg@3"] for h in straight.history]
-    assert local.metrics["valid_ndcg@3"] == straight.metrics["valid_ndcg@3"]
+    assert [h["valid_ndcg@3"] for h in local.history] == [h["valid_ndcg@3"] for h in worker.history]
+    assert local.metrics["valid_ndcg@3"] == worker.metrics["valid_ndcg@3"]
     # keep_checkpoints 1 leaves the best epoch and the newest (what a resume needs), as Ray would.
-    epochs = sorted(os.listdir(tmp_path / "store" / "local-contrastive"))
+    epochs = sorted(os.listdir(runs["root"] / "store" / "straight-contrastive"))
     best_epoch = max(range(4), key=lambda e: (local.history[e]["valid_ndcg@3"], -e))
     assert epochs == sorted({f"checkpoint_local_epoch{e:06d}" for e in (best_epoch, 3)})
 
@@ -137,7 +146,7 @@ def test_local_mode_refuses_what_needs_a_worker(ray_session, small_quickstart, t
 
 
 def test_two_gloo_workers_match_one_worker(runs, small_quickstart, tmp_path):
-    one, _ = runs["straight"]  # 4 epochs on one worker
+    one, _ = runs["straight"]  # the same 4 epochs in one process
     two, _ = launch(small_quickstart, tmp_path, "two", epochs=4, workers=2)
     a, b = one.metrics["valid_ndcg@3"], two.metrics["valid_ndcg@3"]
     assert b == pytest.approx(a, abs=0.1), (a, b)
