@@ -15,11 +15,15 @@ runner = CliRunner()
 
 def test_run_quickstart_end_to_end(ray_session, tmp_path):
     work = tmp_path / "qs"
+    # The README's main job with its stages in Ray Train's local mode (see LOCAL_MODE in
+    # tests/conftest.py): three worker start-ups were most of this test's time on 2 cores; the same
+    # loop on worker actors is tested in tests/training/test_runner.py.
     result = runner.invoke(
         app,
         [
             "run",
             f"run.workdir={work}",
+            "train.num_workers=0",
             "run.n_queries=400",
             "run.n_neg=50",
             "run.params.dense.epochs=1",

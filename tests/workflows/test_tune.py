@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
+import ray
 import yaml
 from conftest import LOCAL_MODE, TINY_ENCODER
 from ray import tune
@@ -83,12 +85,22 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
         tune_settings(merge(cfg, {"train": {"num_workers": 0}}), "x")
 
 
+def cpus_free_again(before: float, timeout_s: float = 60.0) -> bool:
+    """Whether Ray's free CPUs get back to ``before`` within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 @pytest.fixture(scope="module")
 def dense_sweep(ray_session, tmp_path_factory):
-    """Three dense trials on Ray Train, one at a time, each worker holding both CPUs: two alike and,
-    between them, one planted to learn nothing (lr 1e-9). ASHA stops the planted one; the trial
-    after it can only start if the stopped trial's Ray Train placement group was released (the time
-    budget ends the sweep, as interrupted, if it never is)."""
+    """Two dense trials on Ray Train, one at a time, each worker holding both CPUs: a good one, then
+    one planted to learn nothing (lr 1e-9), which ASHA stops at its first rung. A stopped trial's
+    Ray Train controller dies without finishing, so its placement group is released by Ray Train's
+    cleaner, not by the run: ``released`` says whether both CPUs came back after the sweep."""
     from components.data.quickstart import generate_quickstart
 
     root = tmp_path_factory.mktemp("tune")
@@ -101,28 +113,30 @@ def dense_sweep(ray_session, tmp_path_factory):
         name="planted",
         num_samples=1,
         out=str(root / "out" / "planted.json"),
-        space={"method.params.lr": {"grid_search": [3e-3, 1e-9, 3e-3]}},
+        space={"method.params.lr": {"grid_search": [3e-3, 1e-9]}},
         time_budget_s=600,
     )
     cfg["train"]["resources_per_worker"] = {"CPU": 2}
-    return cfg, tune_sweep(cfg), root
+    free_before = ray.available_resources().get("CPU", 0.0)
+    report = tune_sweep(cfg)
+    return cfg, report, root, cpus_free_again(free_before)
 
 
-def test_asha_stops_the_planted_bad_trial_and_the_good_ones_finish(dense_sweep):
-    _, report, _ = dense_sweep
-    by_lr = {}
-    for t in report["trials"]:
-        by_lr.setdefault(t["params"]["method.params.lr"], []).append(t)
-    assert [t["status"] for t in by_lr[3e-3]] == ["completed", "completed"]
-    assert [t["epochs_reported"] for t in by_lr[3e-3]] == [3, 3]
-    (bad,) = by_lr[1e-9]
+def test_asha_stops_the_planted_bad_trial_and_the_good_one_finishes(dense_sweep):
+    _, report, _, released = dense_sweep
+    by_lr = {t["params"]["method.params.lr"]: t for t in report["trials"]}
+    good, bad = by_lr[3e-3], by_lr[1e-9]
+    assert good["status"] == "completed" and good["epochs_reported"] == 3
     assert bad["status"] == "stopped" and bad["epochs_reported"] < 3
-    assert bad["valid"] < by_lr[3e-3][0]["valid"]
+    assert bad["valid"] < good["valid"]
     assert report["best"]["params"] == {"method.params.lr": 3e-3}
+    # Without the cleaner (it needs the dashboard's State API, see workflows/ray_env.py) the stopped
+    # trial's group would keep both CPUs reserved, and a next trial would wait for them forever.
+    assert released
 
 
 def test_sweep_writes_every_trial_a_table_plots_and_one_test_reading(dense_sweep):
-    _, _, root = dense_sweep
+    _, _, root, _ = dense_sweep
     out = root / "out"
     assert sorted(os.listdir(out)) == [
         "planted.json",
@@ -132,7 +146,7 @@ def test_sweep_writes_every_trial_a_table_plots_and_one_test_reading(dense_sweep
         "planted_trials.png",
     ]
     saved = json.loads((out / "planted.json").read_text())
-    assert len(saved["trials"]) == 3 and all(
+    assert len(saved["trials"]) == 2 and all(
         {"params", "valid", "status", "seconds"} <= set(t) for t in saved["trials"]
     )
     assert [(r["method"], r["split"]) for r in saved["results"]] == [
@@ -149,7 +163,7 @@ def test_sweep_writes_every_trial_a_table_plots_and_one_test_reading(dense_sweep
 def test_the_best_yaml_trains_unchanged_with_the_selected_setting(dense_sweep):
     from workflows.train import train
 
-    _, _, root = dense_sweep
+    _, _, root, _ = dense_sweep
     best = load_yaml(root / "out" / "planted_best.yaml")
     assert best["method"]["params"]["lr"] == 3e-3 and best["bench"]["run"] == ["dense_tuned"]
     assert best["bench"]["methods"]["dense_tuned"]["params"] == best["method"]["params"]
