@@ -58,37 +58,14 @@ def running_server(tmp_path, *overrides: str, env: dict[str, str] | None = None)
         proc.wait(timeout=30)
 
 
-@pytest.fixture
-def server(tmp_path):
-    with running_server(tmp_path) as url:
-        yield url
-
-
-def test_versions_through_the_server_resolve_by_download(server, tmp_path):
-    artifact = tmp_path / "artifact"
-    artifact.mkdir()
-    (artifact / "config.json").write_text(json.dumps({"method": "bm25"}))
-    (artifact / "index.npy").write_bytes(b"\x93NUMPY")
-    # A client as on a cluster node: the tracking URI names the server, the root is its own.
-    settings = RegistrySettings(tracking_uri=server, root=str(tmp_path / "client"))
-    registry = ModelRegistry(settings)
-    version = registry.log_version("served", str(artifact), metrics={"valid/ndcg_at_3": 0.7})
-    registry.promote("served", version.number)
-    assert version.source.startswith("mlflow-artifacts:")  # the server proxies the artifact store
-    local = resolve("models:/served@champion", settings)
-    assert local == str(tmp_path / "client" / "versions" / "served" / "v1")
-    assert not os.path.islink(local)  # downloaded, not linked
-    assert sorted(os.listdir(local)) == ["config.json", "index.npy"]
-    assert (tmp_path / "store" / "mlflow.db").exists()  # the server's sqlite store
-    # The server's artifact store holds the files (what a cluster would keep on s3://).
-    stored = [p.name for p in (tmp_path / "store" / "artifacts").rglob("*") if p.is_file()]
-    assert sorted(stored) == ["config.json", "index.npy"]
-
-
-def test_a_server_with_its_artifacts_on_s3(tmp_path):
-    """The cluster set-up: clients talk to the server only; the server keeps the files on s3://."""
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """One server for the module (an MLflow server costs seconds to start on 2 cores), set up as on
+    a cluster: clients talk to the server only, and the server keeps the files in an S3 bucket (a
+    moto server on loopback). Yields the server's URL, an S3 client, and the server's root."""
     moto_server = pytest.importorskip("moto.server", reason="moto[server] is needed for the S3 test")
     boto3 = pytest.importorskip("boto3")
+    root = tmp_path_factory.mktemp("registry-server")
     s3 = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     s3.start()
     try:
@@ -103,18 +80,50 @@ def test_a_server_with_its_artifacts_on_s3(tmp_path):
             "AWS_DEFAULT_REGION": "us-east-1",
             "MLFLOW_S3_ENDPOINT_URL": endpoint,  # the server's S3 client talks to moto
         }
-        with running_server(tmp_path, "registry.artifact_root=s3://models/registry", env=env) as url:
-            artifact = tmp_path / "artifact"
-            artifact.mkdir()
-            (artifact / "config.json").write_text(json.dumps({"method": "bm25"}))
-            settings = RegistrySettings(tracking_uri=url, root=str(tmp_path / "client"))
-            registry = ModelRegistry(settings)
-            registry.promote("s3model", registry.log_version("s3model", str(artifact)).number)
-            local = resolve("models:/s3model@champion", settings)
-            assert os.listdir(local) == ["config.json"]
-        listed = client.list_objects_v2(Bucket="models", Prefix="registry/")
-        stored = [o["Key"] for o in listed.get("Contents", [])]
-        assert len(stored) == 1 and stored[0].endswith("/artifacts/model/config.json"), stored
-        assert not (tmp_path / "store" / "artifacts").exists()  # nothing kept on the server's disk
+        with running_server(root, "registry.artifact_root=s3://models/registry", env=env) as url:
+            yield url, client, root
     finally:
         s3.stop()
+
+
+def bucket_keys(client) -> set[str]:
+    listed = client.list_objects_v2(Bucket="models", Prefix="registry/")
+    return {o["Key"] for o in listed.get("Contents", [])}
+
+
+def test_versions_through_the_server_resolve_by_download(s3_server, tmp_path):
+    url, client, root = s3_server
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / "config.json").write_text(json.dumps({"method": "bm25"}))
+    (artifact / "index.npy").write_bytes(b"\x93NUMPY")
+    # A client as on a cluster node: the tracking URI names the server, the root is its own.
+    settings = RegistrySettings(tracking_uri=url, root=str(tmp_path / "client"))
+    registry = ModelRegistry(settings)
+    before = bucket_keys(client)
+    version = registry.log_version("served", str(artifact), metrics={"valid/ndcg_at_3": 0.7})
+    registry.promote("served", version.number)
+    assert version.source.startswith("mlflow-artifacts:")  # the server proxies the artifact store
+    local = resolve("models:/served@champion", settings)
+    assert local == str(tmp_path / "client" / "versions" / "served" / "v1")
+    assert not os.path.islink(local)  # downloaded, not linked
+    assert sorted(os.listdir(local)) == ["config.json", "index.npy"]
+    assert (root / "store" / "mlflow.db").exists()  # the server's sqlite store
+    # The server's artifact store (the bucket) holds the files.
+    assert sorted(k.rsplit("/", 1)[1] for k in bucket_keys(client) - before) == ["config.json", "index.npy"]
+
+
+def test_a_server_keeps_its_artifacts_on_s3_only(s3_server, tmp_path):
+    url, client, root = s3_server
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / "config.json").write_text(json.dumps({"method": "bm25"}))
+    settings = RegistrySettings(tracking_uri=url, root=str(tmp_path / "client"))
+    registry = ModelRegistry(settings)
+    before = bucket_keys(client)
+    registry.promote("s3model", registry.log_version("s3model", str(artifact)).number)
+    local = resolve("models:/s3model@champion", settings)
+    assert os.listdir(local) == ["config.json"]
+    (new,) = bucket_keys(client) - before  # the version's one file, in the bucket
+    assert new.endswith("/artifacts/model/config.json"), new
+    assert not (root / "store" / "artifacts").exists()  # nothing kept on the server's disk
