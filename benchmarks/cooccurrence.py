@@ -143,7 +143,7 @@ def write_report_cooc(report: dict, out: str) -> None:
     ]
     table = md_table(["input", "method", "pairs", "seconds (median)", "ratio"], rows)
     title = "Co-occurrence build: Ray Data vs single process"
-    write_report(report, out, title=title, plot=False, table="\n".join(table) + "\n")
+    write_report(report, out, title=title, plot=False, table=table)
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ def main() -> None:
     )
     report = {"dataset": "toollens", "results": rows, "chosen": chosen, "eligible": eligible, "notes": notes}
     title = "Served text encoder on CPU: PyTorch vs ONNX Runtime (fp32, int8), MiniLM dense"
-    write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
+    write_report(report, args.out, title=title, plot=False, table=table)
     print("\n".join(table))
 
 

@@ -88,7 +88,7 @@ def main() -> None:
     )
     report = {"dataset": label, "results": rows, "notes": args.about + "\n"}
     title = f"Perplexity of a general-English text ({label}) under each LM"
-    write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
+    write_report(report, args.out, title=title, plot=False, table=table)
 
 
 if __name__ == "__main__":

@@ -154,7 +154,7 @@ def main() -> None:
         args.out,
         title="ToolLens: query generation in front of " + args.retriever,
         plot=False,
-        table="\n".join(table) + "\n",
+        table=table,
     )
 
 

@@ -304,7 +304,7 @@ def main() -> None:
         args.out,
         title="Serve autoscaling under a ramped load",
         plot=False,
-        table="\n".join(table) + "\n",
+        table=table,
     )
     plot(rows, os.path.splitext(args.out)[0] + ".png")
     print(notes)

@@ -128,7 +128,7 @@ def main() -> None:
     )
     report = {"dataset": "toollens", "results": rows, "notes": notes}
     title = "Served MiniLM detect → retrieve on each encoder runtime (PyTorch, ONNX Runtime fp32 / int8)"
-    write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
+    write_report(report, args.out, title=title, plot=False, table=table)
     print("\n".join(table))
 
 

@@ -270,7 +270,7 @@ def main() -> None:
         args.out,
         title="ToolWeaver at 47k tools: codes, tokens, trie and decoding latency vs ToolGen",
         plot=False,
-        table="\n".join(md_table(["metric", *(r["method"] for r in rows)], body)) + "\n",
+        table=md_table(["metric", *(r["method"] for r in rows)], body),
     )
 
 

@@ -111,7 +111,7 @@ def main() -> None:
         args.out,
         title="Ray Train local mode vs a worker actor",
         plot=False,
-        table="\n".join(table) + "\n",
+        table=table,
     )
 
 

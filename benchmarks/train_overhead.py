@@ -122,7 +122,7 @@ def main() -> None:
     ]
     table = md_table(["run", "wall seconds", "epoch seconds", "valid ndcg@3", "ratio"], cells)
     title = "Ray Train overhead vs plain PyTorch"
-    write_report(report, args.out, title=title, plot=False, table="\n".join(table) + "\n")
+    write_report(report, args.out, title=title, plot=False, table=table)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def write_report(
     out_json: str,
     title: str = "",
     plot: bool = True,
-    table: str | None = None,
+    table: str | Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> list[str]:
     """Write ``out_json``, the ``.md`` beside it and (optionally) the ``.png`` plot.
@@ -112,12 +112,17 @@ def write_report(
     temporary copy of the working directory, so its results belong on shared storage), reached with
     ``storage_options`` (an endpoint, keys) when given.
     The ``.md`` is the title, ``report["notes"]`` and ``table``: by default :func:`markdown_table`,
-    or a benchmark's own markdown (other columns, several tables).
+    or a benchmark's own markdown (other columns, several tables), as text or as lines (e.g. from
+    :func:`md_table`).
     """
     io.write_bytes(out_json, json.dumps(report, indent=2).encode(), storage_options)
     stem = os.path.splitext(out_json)[0]
     header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
-    markdown = header + "\n" + (markdown_table(report) if table is None else table)
+    if table is None:
+        table = markdown_table(report)
+    elif not isinstance(table, str):
+        table = "\n".join(table) + "\n"
+    markdown = header + "\n" + table
     io.write_bytes(stem + ".md", markdown.encode(), storage_options)
     written = [out_json, stem + ".md"]
     if plot:

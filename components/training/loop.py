@@ -200,13 +200,8 @@ def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
     """Ray Train entry point: build the task from ``loop_config["stage"].task`` and train it epoch
     by epoch (Ray Train passes a dict; it holds the one :class:`StageConfig`)."""
     config = loop_config["stage"]
-    if config.local:
-        # Ray Train's local mode runs this in the driver's process: leave its setting as found.
-        with deterministic_kernels(bool(config.deterministic)):
-            _train(config)
-    else:
-        # The worker process is this stage's alone: the setting need not be restored.
-        torch.use_deterministic_algorithms(bool(config.deterministic), warn_only=True)
+    # Restored afterwards: in Ray Train's local mode this runs in the driver's process.
+    with deterministic_kernels(bool(config.deterministic)):
         _train(config)
 
 
