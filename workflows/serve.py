@@ -12,10 +12,13 @@ import copy
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.config import apply_overrides, load_yaml
 from components.registry import resolve
+
+if TYPE_CHECKING:
+    from components.training.spec import RunSpec
 
 DEFAULT_SERVE_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "serve_config.yaml"
 
@@ -78,15 +81,25 @@ def has_detect(artifact: str) -> bool:
 
 
 def train_selector(
-    args: dict[str, Any], data: str, out: str, splits: dict[str, Any] | None
+    args: dict[str, Any],
+    data: str,
+    out: str,
+    splits: dict[str, Any] | None,
+    run: RunSpec | None = None,
 ) -> dict[str, Any]:
-    """Train the local selector LM (``args.selector_training``: lm, steps, ...) and select it."""
+    """Train the local selector LM (``args.selector_training``: lm, steps, ...) and select it.
+
+    Args:
+        run: The Ray Train run (workers, GPU, storage): ``toolscout serve`` passes its config's
+            ``train`` section, as every training does; None trains on one CPU worker beside ``out``.
+    """
     from components.data import open_dataset
     from components.serving.catalog import load_catalog
     from components.serving.selector_train import train_selector_lm
 
     settings = dict(args.pop("selector_training", None) or {})
-    report = train_selector_lm(open_dataset(data, splits), load_catalog(args["catalog"]), out, **settings)
+    catalog = load_catalog(args["catalog"])
+    report = train_selector_lm(open_dataset(data, splits), catalog, out, run=run, **settings)
     loss = f"{report['first_loss']:.3f} -> {report['last_loss']:.3f}"
     print(f"selector LM: loss {loss} in {report['seconds']:.0f}s")
     return {**args, "selector": {**dict(args.get("selector") or {}), "backend": "lm", "model": out}}

@@ -18,7 +18,7 @@ from components.encoders import EncoderSpec, TextEncoder
 from components.generative.constrained import constrained_top_k
 from components.generative.lm import load_causal_lm
 from components.generative.lora import LoraSpec, add_lora, load_adapter, save_adapter
-from components.generative.packaged import CACHE_ENV, resolve_lm
+from components.generative.packaged import CACHE_ENV, parse_each_gguf_once, resolve_lm
 from components.generative.targeted import TargetedLM
 from components.generative.tool_tokens import add_tool_tokens
 
@@ -63,6 +63,28 @@ def test_smollm2_is_dequantized_once_into_a_safetensors_cache(smollm):
         # A real LM: it continues a fact, which a random one would not.
         out = model.generate(**ids, max_new_tokens=3, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids["input_ids"].shape[1] :])
+
+
+def test_a_gguf_is_parsed_once_while_loading_and_the_library_is_restored_after(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = str(tmp_path / "tiny.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", torch.arange(12, dtype=torch.float32).reshape(3, 4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with parse_each_gguf_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is first  # parsed once, the same read-only reader handed out
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(
+            gguf.MODEL_ARCH.LLAMA, 2
+        )
+    assert gguf.GGUFReader is original_reader and gguf.get_tensor_name_map is original_map
+    (tensor,) = original_reader(path).tensors
+    assert tensor.name == "token_embd.weight" and first.tensors[0].data.tolist() == tensor.data.tolist()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ SELECTOR_LM = {
 
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """One torch thread while training here: on a shared 2-core machine two threads contend."""
+    """Run the block with ``n`` torch threads (the tiny LMs here decode faster on one)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

@@ -172,15 +172,22 @@ def refused_without_the_key(api: str) -> None:
     mcp_refusal_and_access(f"{api}/mcp/")
 
 
-def test_train_selector_then_serve_it(serving_data, tmp_path):
+def test_train_selector_on_the_configs_train_section_then_serve_it(ray_session, serving_data, tmp_path):
+    from conftest import LOCAL_MODE
+
     from workflows.serve import train_selector
+    from workflows.train import run_spec
 
     small = {"vocab_size": 300, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
     args = {"catalog": serving_data, "selector_training": {"lm": small, "steps": 3, "max_examples": 50}}
     out = str(tmp_path / "lm")
-    updated = train_selector(args, serving_data, out, None)
+    # As `toolscout serve --train-selector` builds it: the config's train section (here Ray Train's
+    # local mode, see conftest.py; the default is one worker) decides where the run goes.
+    train = {"storage_path": str(tmp_path / "runs"), "local_dir": str(tmp_path / "ckpt"), **LOCAL_MODE}
+    updated = train_selector(args, serving_data, out, None, run_spec({"train": train}, "selector-1"))
     assert updated["selector"] == {"backend": "lm", "model": out} and "selector_training" not in updated
     assert (tmp_path / "lm" / "selector.json").exists() and (tmp_path / "lm" / "config.json").exists()
+    assert (tmp_path / "ckpt" / "selector-1-init").is_dir() and any((tmp_path / "runs").iterdir())
     ServeArgs.model_validate({**updated, "artifact": "any"})
 
 
