@@ -213,12 +213,9 @@ def serve(
     apply_serve_env()  # before Ray starts: a local Ray's Serve processes inherit it
     start_ray(cfg)
     if train_selector:  # a Ray Train stage on the config's train section, like every training
-        import time
+        from workflows.train import new_run
 
-        from workflows.train import run_spec
-
-        run = run_spec(cfg, f"selector-{time.strftime('%Y%m%d-%H%M%S')}")  # a new run, as train's
-        args = fit_selector(args, data_path, train_selector, cfg.get("splits"), run)
+        args = fit_selector(args, data_path, train_selector, cfg.get("splits"), new_run(cfg, "selector"))
     run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)), file)
 
 

@@ -26,6 +26,12 @@ from components.registry import ModelRegistry, RegistrySettings, Version
 TRAIN_KEYS = {f.name for f in fields(RunSpec)} - {"name", "report_to_tune"} | {"run_name"}
 
 
+def new_run(cfg: dict[str, Any], name: str) -> RunSpec:
+    """:func:`run_spec` for a run of its own: ``name`` plus a time stamp, so that two trainings never
+    resume each other's Ray Train runs (resuming is what an explicit ``train.run_name`` is for)."""
+    return run_spec(cfg, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpec:
     """The ``train`` section of a config as a :class:`RunSpec`.
 
@@ -125,10 +131,7 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     dataset = dataset_from_config(cfg)
     method = methods.build(mcfg["name"], mcfg.get("params"))
     name = model_name(cfg, dataset.name)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    # The default run name adds a time stamp so that two trainings never resume each other's Ray
-    # Train runs; resuming is what an explicit train.run_name is for.
-    report = fit_method(method, dataset, run_spec(cfg, f"{name}-{stamp}"))
+    report = fit_method(method, dataset, new_run(cfg, name))
     registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
     version = register(registry, cfg, method, name, report)
     if "champion" not in registry.aliases(name):

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from components.packages import require_distribution
 
@@ -121,14 +122,11 @@ def parse_each_gguf_once() -> Iterator[None]:
     """
     import gguf
 
-    readers: dict[str, object] = {}
     original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parsed = functools.cache(original_reader)
 
-    def reader(path, mode="r"):
-        key = (os.path.realpath(path), mode)
-        if key not in readers:
-            readers[key] = original_reader(path, mode)
-        return readers[key]
+    def reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+        return parsed(os.path.realpath(path), mode)  # one parse per file, however it is named
 
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(original_map)
     try:

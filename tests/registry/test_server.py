@@ -91,14 +91,20 @@ def bucket_keys(client) -> set[str]:
     return {o["Key"] for o in listed.get("Contents", [])}
 
 
-def test_versions_through_the_server_resolve_by_download(s3_server, tmp_path):
-    url, client, root = s3_server
+def artifact_and_client(url: str, tmp_path: Path, **files: bytes) -> tuple[Path, RegistrySettings]:
+    """A BM25 artifact dir (config.json plus ``files``) and a client's settings as on a cluster node:
+    the tracking URI names the server, the root is the client's own."""
     artifact = tmp_path / "artifact"
     artifact.mkdir()
     (artifact / "config.json").write_text(json.dumps({"method": "bm25"}))
-    (artifact / "index.npy").write_bytes(b"\x93NUMPY")
-    # A client as on a cluster node: the tracking URI names the server, the root is its own.
-    settings = RegistrySettings(tracking_uri=url, root=str(tmp_path / "client"))
+    for name, data in files.items():
+        (artifact / name).write_bytes(data)
+    return artifact, RegistrySettings(tracking_uri=url, root=str(tmp_path / "client"))
+
+
+def test_versions_through_the_server_resolve_by_download(s3_server, tmp_path):
+    url, client, root = s3_server
+    artifact, settings = artifact_and_client(url, tmp_path, **{"index.npy": b"\x93NUMPY"})
     registry = ModelRegistry(settings)
     before = bucket_keys(client)
     version = registry.log_version("served", str(artifact), metrics={"valid/ndcg_at_3": 0.7})
@@ -115,10 +121,7 @@ def test_versions_through_the_server_resolve_by_download(s3_server, tmp_path):
 
 def test_a_server_keeps_its_artifacts_on_s3_only(s3_server, tmp_path):
     url, client, root = s3_server
-    artifact = tmp_path / "artifact"
-    artifact.mkdir()
-    (artifact / "config.json").write_text(json.dumps({"method": "bm25"}))
-    settings = RegistrySettings(tracking_uri=url, root=str(tmp_path / "client"))
+    artifact, settings = artifact_and_client(url, tmp_path)
     registry = ModelRegistry(settings)
     before = bucket_keys(client)
     registry.promote("s3model", registry.log_version("s3model", str(artifact)).number)

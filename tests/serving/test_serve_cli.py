@@ -9,6 +9,7 @@ import pytest
 import ray
 import requests
 import yaml
+from conftest import LOCAL_MODE
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import free_port, mcp_refusal_and_access
 from typer.testing import CliRunner
@@ -173,8 +174,6 @@ def refused_without_the_key(api: str) -> None:
 
 
 def test_train_selector_on_the_configs_train_section_then_serve_it(ray_session, serving_data, tmp_path):
-    from conftest import LOCAL_MODE
-
     from workflows.serve import train_selector
     from workflows.train import run_spec
 

@@ -98,7 +98,7 @@ def test_worker_killed_mid_run_resumes_without_losing_or_repeating_epochs(runs):
 
 def test_resumed_run_trains_exactly_like_an_uninterrupted_one(runs):
     # Same batches, weights, optimizer and RNG state (dropout masks) after each restart: the report
-    # log shows epochs 0-1 from the first start and only epochs 2-3 from the second.
+    # log shows epochs 0-1 from the first start and only epochs 2-3 from the later ones.
     straight, _ = runs["straight"]
     resumed, reports = runs["resumed"]
     assert [h["epoch"] for h in runs["first_half"][0].history] == [0, 1]
