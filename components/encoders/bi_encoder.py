@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from components.encoders import TextEncoder
+from components.encoders.layer_cache import upper_forward
 
 HEADS = "heads.safetensors"
 META = "bi_encoder.json"
@@ -33,6 +34,9 @@ class BiEncoder(nn.Module):
     def __init__(self, encoder: TextEncoder, id_tool_ids: list[str] | None = None) -> None:
         super().__init__()
         self.encoder = encoder
+        # Training-time setting (see components.encoders.layer_cache): inputs given as states
+        # start after this many frozen layers. Not saved: a loaded model runs every layer.
+        self.frozen_layers = 0
         self.id_tool_ids = list(id_tool_ids or [])
         self.id_embeddings = nn.Embedding(len(self.id_tool_ids), encoder.dim) if id_tool_ids else None
         if self.id_embeddings is not None:
@@ -49,17 +53,32 @@ class BiEncoder(nn.Module):
 
     def forward(
         self,
-        query_ids: torch.Tensor,
+        query_ids: torch.Tensor | None,
         query_mask: torch.Tensor,
-        tool_ids: torch.Tensor,
-        tool_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Query embeddings, in-batch tool embeddings and the normalised ID table (or None).
+        tool_ids: torch.Tensor | None = None,
+        tool_mask: torch.Tensor | None = None,
+        query_states: torch.Tensor | None = None,
+        tool_states: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Query embeddings, in-batch tool embeddings (None without tools) and the normalised ID
+        table (or None).
 
-        Everything the loss needs comes out of one call so that DDP sees every used parameter.
+        ``*_states`` stand in for ``*_ids``: cached hidden states after the encoder's
+        ``frozen_layers`` lowest layers, so only the top layers run. Everything the loss needs
+        comes out of one call so that DDP sees every used parameter.
         """
         ids = F.normalize(self.id_embeddings.weight, dim=-1) if self.id_embeddings is not None else None
-        return self.embed(query_ids, query_mask), self.embed(tool_ids, tool_mask), ids
+        query = self._side(query_ids, query_mask, query_states)
+        tools = self._side(tool_ids, tool_mask, tool_states) if tool_mask is not None else None
+        return query, tools, ids
+
+    def _side(
+        self, token_ids: torch.Tensor | None, mask: torch.Tensor, states: torch.Tensor | None
+    ) -> torch.Tensor:
+        if states is None:
+            assert token_ids is not None, "token ids or cached states"
+            return self.embed(token_ids, mask)
+        return F.normalize(upper_forward(self.encoder, states, mask, self.frozen_layers), dim=-1)
 
     def save(self, path: str) -> None:
         """Encoder in HF layout under ``encoder/``, ID table in safetensors, ids in JSON."""

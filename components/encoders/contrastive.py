@@ -4,6 +4,10 @@ built inside each Ray Train worker.
 It turns the training qrels into (query, positive tool, all relevant tools) examples, batches
 them with pre-tokenized tool documents, and computes the in-batch text loss plus the ID-head loss
 (see :func:`components.encoders.bi_encoder.contrastive_loss`).
+
+Two settings make a pretrained backbone trainable on a CPU (``frozen_layers``, ``tool_vectors``):
+the lowest layers' outputs are cached per text (:mod:`components.encoders.layer_cache`), and the
+tools may be encoded once per epoch and scored as fixed vectors, every tool a negative.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from components.data import io
 from components.data.tooltext import tool_texts
 from components.data.types import Dataset
 from components.encoders.bi_encoder import BiEncoder, contrastive_loss
+from components.encoders.layer_cache import freeze_lower, lower_states, pad_states
 from components.encoders.retriever import BiEncoderParams, BiEncoderRetriever
 from components.metrics import EPOCH_METRICS, evaluate_retrieval
 
@@ -43,6 +48,9 @@ class ContrastiveTask:
         self.tool_ids: list[str] = list(self.data.corpus)
         self.tool_index = {t: i for i, t in enumerate(self.tool_ids)}
         self._tokens: dict[str, torch.Tensor] | None = None
+        self._query_states: dict[str, torch.Tensor] = {}  # text -> states after the frozen layers
+        self._tool_states: list[torch.Tensor] = []
+        self._tool_vectors: torch.Tensor | None = None  # tool_vectors "epoch": this epoch's tools
 
     def build_model(self) -> BiEncoder:
         assert self.config.inputs.init_dir is not None, "the contrastive stage starts from a saved bi-encoder"
@@ -55,6 +63,15 @@ class ContrastiveTask:
         # Corpus index -> row of the ID table (training tools only); -1 for tools without a row.
         row = {t: i for i, t in enumerate(model.id_tool_ids)}
         self._id_row = torch.tensor([row.get(t, -1) for t in self.tool_ids])
+        n = self.params.frozen_layers
+        if n:
+            freeze_lower(model.encoder, n)
+            model.frozen_layers = n
+            # The frozen layers' output is a fixed function of the text: computed once, here.
+            queries = sorted({self.data.queries[q] for q in self.data.qrels["train"]})
+            self._query_states = dict(zip(queries, lower_states(model.encoder, queries, n), strict=True))
+            if self.params.tool_vectors == "batch":
+                self._tool_states = lower_states(model.encoder, texts, n, self.params.tool_max_length)
         return model
 
     def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -66,39 +83,51 @@ class ContrastiveTask:
 
     def collate(self, items: list[tuple[str, int, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
         assert self._tokens is not None, "build_model() runs before batches are made"
-        queries = self._tokenizer(
-            [q for q, _, _ in items],
-            padding=True,
-            truncation=True,
-            max_length=self._max_length,
-            return_tensors="pt",
-        )
+        texts = [q for q, _, _ in items]
+        if self._query_states:
+            states, mask = pad_states([self._query_states[q] for q in texts])
+            batch = {"query_states": states, "query_mask": mask}
+        else:
+            tokens = self._tokenizer(
+                texts, padding=True, truncation=True, max_length=self._max_length, return_tensors="pt"
+            )
+            batch = {"query_ids": tokens["input_ids"], "query_mask": tokens["attention_mask"]}
         positives = torch.tensor([p for _, p, _ in items])
-        unique, target = torch.unique(positives, return_inverse=True)
         relevant = torch.zeros(len(items), len(self.tool_ids), dtype=torch.bool)
         for i, (_, _, rel) in enumerate(items):
             relevant[i, list(rel)] = True
         seen = self._id_row >= 0
         relevant_id = torch.zeros(len(items), int(seen.sum()), dtype=torch.bool)
         relevant_id[:, self._id_row[seen]] = relevant[:, seen]
+        batch |= {"id_target": self._id_row[positives], "relevant_id": relevant_id}
+        if self.params.tool_vectors == "epoch":
+            # Scored against every tool's vector of this epoch: the target is the corpus index.
+            return batch | {"target": positives, "relevant_batch": relevant}
+        unique, target = torch.unique(positives, return_inverse=True)
+        batch |= {"target": target, "relevant_batch": relevant[:, unique]}
+        if self._tool_states:
+            states, mask = pad_states([self._tool_states[i] for i in unique.tolist()])
+            return batch | {"tool_states": states, "tool_mask": mask}
         tool_mask = self._tokens["attention_mask"][unique]
         width = int(tool_mask.sum(1).max())
-        return {
-            "query_ids": queries["input_ids"],
-            "query_mask": queries["attention_mask"],
+        return batch | {
             "tool_ids": self._tokens["input_ids"][unique, :width],
             "tool_mask": tool_mask[:, :width],
-            "target": target,
-            "id_target": self._id_row[positives],
-            "relevant_batch": relevant[:, unique],
-            "relevant_id": relevant_id,
         }
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         p = self.params
         query, tools, ids = model(
-            batch["query_ids"], batch["query_mask"], batch["tool_ids"], batch["tool_mask"]
+            batch.get("query_ids"),
+            batch["query_mask"],
+            batch.get("tool_ids"),
+            batch.get("tool_mask"),
+            query_states=batch.get("query_states"),
+            tool_states=batch.get("tool_states"),
         )
+        if tools is None:  # tool_vectors "epoch": this epoch's fixed vectors of every tool
+            assert self._tool_vectors is not None, "start_epoch() encodes the tools first"
+            tools = self._tool_vectors.to(query.device)
         loss = contrastive_loss(query, tools, batch["target"], batch["relevant_batch"], p.temperature)
         if ids is not None:
             loss = loss + p.id_loss_weight * contrastive_loss(
@@ -129,4 +158,8 @@ class ContrastiveTask:
         return model.parameters()
 
     def start_epoch(self, model: torch.nn.Module, epoch: int) -> None:
-        """Nothing to refresh: tool tokens are fixed and embeddings are computed per batch."""
+        """With ``tool_vectors: epoch``, encode every tool with the encoder as it is now; otherwise
+        nothing to refresh (tool tokens are fixed and embeddings are computed per batch)."""
+        if self.params.tool_vectors == "epoch":
+            texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
+            self._tool_vectors = model.embed_texts(texts, self.params.tool_max_length)

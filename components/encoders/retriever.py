@@ -43,6 +43,13 @@ class BiEncoderParams:
     tool_fields: tuple[str, ...] = TOOL_FIELDS
     tool_max_length: int = 96
     select_metric: str = "ndcg@3"
+    # The CPU profile of a pretrained backbone (components/encoders/layer_cache.py): the embeddings
+    # and this many lowest layers stay frozen, their outputs computed once per training text.
+    frozen_layers: int = 0
+    # "batch": each batch encodes its positives' tool texts with gradients (in-batch negatives);
+    # "epoch": every tool is encoded once per epoch by the current encoder, without gradients, and
+    # each query is scored against all of them (cheaper: no tool text runs through backward).
+    tool_vectors: str = "batch"
     # How tool vectors are searched (components/encoders/vector_index.py): "auto" = exact below
     # index_exact_below tools, HNSW above; or "exact" (torch matmul), "faiss" (FAISS flat), "hnsw".
     index_backend: str = "auto"
@@ -54,6 +61,11 @@ class BiEncoderParams:
 
     def __post_init__(self) -> None:
         check_select_metric("dense", self.select_metric)
+        if self.frozen_layers < 0 or self.tool_vectors not in ("batch", "epoch"):
+            raise ValueError(
+                f"frozen_layers must be >= 0 and tool_vectors 'batch' or 'epoch'; got "
+                f"{self.frozen_layers} and {self.tool_vectors!r}"
+            )
         self.index_settings()  # a bad index kind or size fails here, not at the first query
         if self.epochs < 0 or (self.epochs == 0 and self.id_head):
             # epochs 0 is the zero-shot row: an untrained ID head would only add noise to it.

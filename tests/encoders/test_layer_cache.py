@@ -1,0 +1,57 @@
+"""Fine-tuning only the top layers from cached lower-layer states (components/encoders/layer_cache.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from components.encoders import EncoderSpec, TextEncoder
+from components.encoders.layer_cache import freeze_lower, lower_states, pad_states, upper_forward
+
+TEXTS = [
+    "get the weather forecast for a city",
+    "search flights between two airports",
+    "find hotels",
+    "recipes using an ingredient like salmon and a long tail of words to pad the others",
+] * 3
+SPEC = EncoderSpec(
+    vocab_size=200, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64, max_length=24
+)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_top_layers_from_cached_states_equal_the_full_forward(pooling, attention):
+    enc = TextEncoder.from_spec(EncoderSpec(**{**SPEC.__dict__, "pooling": pooling}), TEXTS).eval()
+    enc.backbone.set_attn_implementation(attention)
+    full = enc.encode(TEXTS[:4])
+    for n in range(3):
+        states = lower_states(enc, TEXTS[:4], n)
+        # Stored without padding: each text keeps only its own tokens.
+        assert [len(s) for s in states] == enc.tokenize(TEXTS[:4])["attention_mask"].sum(1).tolist()
+        hidden, mask = pad_states(states)
+        with torch.no_grad():
+            torch.testing.assert_close(upper_forward(enc, hidden, mask, n), full, atol=1e-5, rtol=1e-4)
+
+
+def test_freezing_stops_gradients_below_the_cut_only():
+    enc = TextEncoder.from_spec(SPEC, TEXTS)
+    freeze_lower(enc, 2)
+    hidden, mask = pad_states(lower_states(enc, TEXTS[:4], 2))
+    upper_forward(enc, hidden, mask, 2).sum().backward()
+    layers = enc.backbone.encoder.layer
+    assert all(p.grad is None for p in enc.backbone.embeddings.parameters())
+    assert all(p.grad is None for layer in layers[:2] for p in layer.parameters())
+    assert all(p.grad is not None for p in layers[2].parameters())
+
+
+def test_bad_cuts_and_backbones_are_clear_errors():
+    enc = TextEncoder.from_spec(SPEC, TEXTS)
+    with pytest.raises(ValueError, match=r"frozen_layers must be in \[0, 2\]"):
+        freeze_lower(enc, 3)  # nothing would be left to train
+    hybrid = TextEncoder.from_spec(EncoderSpec(**{**SPEC.__dict__, "ngram_buckets": 64}), TEXTS)
+    with pytest.raises(ValueError, match="n-gram channel"):
+        freeze_lower(hybrid, 1)
+    with pytest.raises(ValueError, match=r"BERT-style backbone.*Linear"):
+        freeze_lower(TextEncoder(nn.Linear(4, 4), tokenizer=None), 1)
