@@ -11,12 +11,14 @@ Peers, each on all-MiniLM-L6-v2 exactly as toolscout's dense baseline embeds (th
   at least five routes can score;
 
 next to toolscout's BM25, dense MiniLM zero-shot, and any trained artifact (``--model NAME=DIR``,
-e.g. MassTool). On ToolLens test (standard split, and the unseen-tool split of the cold-start
-mode: 10 % of tools held out of training) and LiveMCPBench (zero-shot). Latency: one query at a
-time on CPU, p50 / p99 over every test query; memory: the process's RSS growth while building.
+e.g. MassTool; ``--cold-model NAME=DIR`` for one trained on the cold-start split). On ToolLens
+test (standard split, and the unseen-tool split of the cold-start mode: 10 % of tools held out of
+training) and LiveMCPBench (zero-shot). Latency: one query at a time on CPU, p50 / p99 over every
+test query; memory: the process's RSS growth while building.
 
     pip install -e ".[peers]"
-    python benchmarks/peers.py [--model masstool=DIR] [--toollens ../shared/datasets/toollens]
+    python benchmarks/peers.py [--model masstool=DIR] [--cold-model masstool=DIR] \
+        [--toollens ../shared/datasets/toollens]
 """
 
 from __future__ import annotations
@@ -192,6 +194,12 @@ def main() -> None:
     parser.add_argument("--toollens", default="../shared/datasets/toollens")
     parser.add_argument("--livemcpbench", default="../shared/datasets/livemcpbench")
     parser.add_argument("--model", action="append", default=[], help="NAME=DIR, trained on ToolLens (repeat)")
+    parser.add_argument(
+        "--cold-model",
+        action="append",
+        default=[],
+        help="NAME=DIR, trained on ToolLens's cold-start split (its unseen tools held out; repeat)",
+    )
     parser.add_argument("--datasets", default="toollens,toollens_cold_start,livemcpbench")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
@@ -202,7 +210,7 @@ def main() -> None:
         rows += run_dataset(open_dataset(args.toollens, name="toollens"), "test", minilm, args.model, k)
     if "toollens_cold_start" in wanted:
         cold = open_dataset(args.toollens, {"mode": "cold_start"}, name="toollens_cold_start")
-        rows += run_dataset(cold, "test_unseen", minilm, [], k)
+        rows += run_dataset(cold, "test_unseen", minilm, args.cold_model, k)
     if "livemcpbench" in wanted:
         convert(args.livemcpbench, "runs/livemcpbench")
         data = load_dataset("runs/livemcpbench", name="livemcpbench")
