@@ -63,16 +63,20 @@ class ContrastiveTask:
         # Corpus index -> row of the ID table (training tools only); -1 for tools without a row.
         row = {t: i for i, t in enumerate(model.id_tool_ids)}
         self._id_row = torch.tensor([row.get(t, -1) for t in self.tool_ids])
-        n = self.params.frozen_layers
-        if n:
-            freeze_lower(model.encoder, n)
-            model.frozen_layers = n
-            # The frozen layers' output is a fixed function of the text: computed once, here.
-            queries = sorted({self.data.queries[q] for q in self.data.qrels["train"]})
-            self._query_states = dict(zip(queries, lower_states(model.encoder, queries, n), strict=True))
-            if self.params.tool_vectors == "batch":
-                self._tool_states = lower_states(model.encoder, texts, n, self.params.tool_max_length)
+        if self.params.frozen_layers:
+            freeze_lower(model.encoder, self.params.frozen_layers)
+            model.frozen_layers = self.params.frozen_layers
         return model
+
+    def cache_lower_states(self, model: BiEncoder) -> None:
+        """The frozen layers' output is a fixed function of the text: computed once per training
+        query (and tool, when tools are encoded per batch), on the model's device."""
+        n = self.params.frozen_layers
+        queries = sorted({self.data.queries[q] for q in self.data.qrels["train"]})
+        self._query_states = dict(zip(queries, lower_states(model.encoder, queries, n), strict=True))
+        if self.params.tool_vectors == "batch":
+            texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
+            self._tool_states = lower_states(model.encoder, texts, n, self.params.tool_max_length)
 
     def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
         out = []
@@ -159,7 +163,11 @@ class ContrastiveTask:
 
     def start_epoch(self, model: torch.nn.Module, epoch: int) -> None:
         """With ``tool_vectors: epoch``, encode every tool with the encoder as it is now; otherwise
-        nothing to refresh (tool tokens are fixed and embeddings are computed per batch)."""
+        nothing to refresh (tool tokens are fixed and embeddings are computed per batch). With
+        ``frozen_layers``, the first call caches the frozen layers' output (the model is on its
+        device by then)."""
+        if self.params.frozen_layers and not self._query_states:
+            self.cache_lower_states(model)
         if self.params.tool_vectors == "epoch":
             texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
             self._tool_vectors = model.embed_texts(texts, self.params.tool_max_length)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
-from conftest import LOCAL_MODE
+from conftest import LOCAL_MODE, TINY_ENCODER
 
+from components.encoders import contrastive
 from components.encoders.bi_encoder import BiEncoder, contrastive_loss
-from components.encoders.retriever import score_matrix
+from components.encoders.contrastive import ContrastiveTask
+from components.encoders.retriever import BiEncoderParams, initial_bi_encoder, score_matrix
 from components.methods import load
 from components.methods.dense.method import DenseMethod
 from components.metrics import evaluate_retrieval
-from components.training.spec import RunSpec
+from components.training.spec import RunSpec, StageConfig, StageInputs
 
 
 def test_false_negatives_are_masked_out_of_the_loss():
@@ -179,3 +182,29 @@ def test_bad_cpu_profile_settings_are_clear_errors():
         DenseMethod(tool_vectors="step")
     with pytest.raises(ValueError, match="frozen_layers must be >= 0"):
         DenseMethod(frozen_layers=-1)
+
+
+@pytest.mark.parametrize("tool_vectors", ["batch", "epoch"])
+def test_cached_lower_states_give_the_loss_of_the_full_forward(small_quickstart, tmp_path, tool_vectors):
+    # The same batch through the cache (top layer only) and through token ids (every layer): in
+    # eval mode (no dropout) the losses agree, so caching changes the cost of a step, not the step.
+    params = BiEncoderParams(
+        encoder=TINY_ENCODER | {"num_layers": 2}, frozen_layers=1, tool_vectors=tool_vectors
+    )
+    initial_bi_encoder(params, small_quickstart, str(tmp_path / "init"), seed=0)
+
+    def task(p: BiEncoderParams) -> ContrastiveTask:
+        inputs = StageInputs(small_quickstart, str(tmp_path / "init"))
+        return ContrastiveTask(StageConfig.from_params(contrastive.TASK, "contrastive", p, inputs))
+
+    cached, plain = task(params), task(replace(params, frozen_layers=0))
+    model = cached.build_model().eval()
+    plain.build_model()
+    cached.start_epoch(model, 0)
+    plain.start_epoch(model, 0)
+    items = cached.train_data()[:24]
+    batch = cached.collate(items)
+    assert "query_states" in batch and "query_ids" not in batch
+    assert ("tool_states" in batch) == (tool_vectors == "batch")
+    with torch.no_grad():
+        torch.testing.assert_close(cached.loss(model, batch), plain.loss(model, plain.collate(items)))
