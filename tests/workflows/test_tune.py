@@ -132,6 +132,8 @@ def test_asha_stops_the_planted_bad_trial_and_the_good_one_finishes(dense_sweep)
     assert report["best"]["params"] == {"method.params.lr": 3e-3}
     # Without the cleaner (it needs the dashboard's State API, see workflows/ray_env.py) the stopped
     # trial's group would keep both CPUs reserved, and a next trial would wait for them forever.
+    # The cleaner finds its cluster as "auto": with a second Ray running on the same machine it
+    # stops with "Found multiple active Ray instances" and this fails (docs/tune.md).
     assert released
 
 
@@ -201,6 +203,8 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
         out=str(tmp_path / "out" / "bm.json"),
         space={"method.params.k1": {"grid_search": [0.9, 1.2, 1.5]}},
     )
+    # A placement group an earlier run left reserved would make this sweep wait forever: fail now.
+    assert cpus_free_again(ray.cluster_resources()["CPU"]), "CPUs are still reserved by an earlier run"
     marker = str(tmp_path / "interrupted")
     with pytest.raises(SweepInterrupted, match="stopped before its 3 trials finished"):
         tune_sweep(cfg, callbacks=[InterruptOnce(marker)])
