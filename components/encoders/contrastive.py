@@ -47,6 +47,7 @@ class ContrastiveTask:
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
         self.tool_ids: list[str] = list(self.data.corpus)
         self.tool_index = {t: i for i, t in enumerate(self.tool_ids)}
+        self._tool_texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
         self._tokens: dict[str, torch.Tensor] | None = None
         self._query_states: dict[str, torch.Tensor] = {}  # text -> states after the frozen layers
         self._tool_states: list[torch.Tensor] = []
@@ -55,9 +56,8 @@ class ContrastiveTask:
     def build_model(self) -> BiEncoder:
         assert self.config.inputs.init_dir is not None, "the contrastive stage starts from a saved bi-encoder"
         model = BiEncoder.load(io.fetch(self.config.inputs.init_dir, self.config.storage_options))
-        texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
         # Tool documents are tokenized once; batches gather rows instead of re-tokenizing.
-        self._tokens = model.encoder.tokenize(texts, self.params.tool_max_length)
+        self._tokens = model.encoder.tokenize(self._tool_texts, self.params.tool_max_length)
         self._tokenizer = model.encoder.tokenizer
         self._max_length = model.encoder.max_length
         # Corpus index -> row of the ID table (training tools only); -1 for tools without a row.
@@ -75,8 +75,7 @@ class ContrastiveTask:
         queries = sorted({self.data.queries[q] for q in self.data.qrels["train"]})
         self._query_states = dict(zip(queries, lower_states(model.encoder, queries, n), strict=True))
         if self.params.tool_vectors == "batch":
-            texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
-            self._tool_states = lower_states(model.encoder, texts, n, self.params.tool_max_length)
+            self._tool_states = lower_states(model.encoder, self._tool_texts, n, self.params.tool_max_length)
 
     def train_data(self) -> list[tuple[str, int, tuple[int, ...]]]:
         out = []
@@ -169,5 +168,4 @@ class ContrastiveTask:
         if self.params.frozen_layers and not self._query_states:
             self.cache_lower_states(model)
         if self.params.tool_vectors == "epoch":
-            texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
-            self._tool_vectors = model.embed_texts(texts, self.params.tool_max_length)
+            self._tool_vectors = model.embed_texts(self._tool_texts, self.params.tool_max_length)

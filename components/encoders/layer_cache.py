@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.masking_utils import create_bidirectional_mask
 
 from components.encoders.text_encoder import TextEncoder
 
@@ -45,16 +46,14 @@ def freeze_lower(encoder: TextEncoder, n: int) -> None:
         layer.requires_grad_(False)
 
 
-def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``(B, 1, 1, L)`` additive attention mask (0 where a token is kept, the dtype's minimum at
-    padding), the form both the eager and the SDPA attention of BERT layers take."""
-    keep = attention_mask[:, None, None, :].to(dtype)
-    return (1.0 - keep) * torch.finfo(dtype).min
-
-
-def run_layers(layers: nn.ModuleList, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``hidden`` through ``layers`` in order (each returns the new hidden states)."""
-    mask = additive_mask(attention_mask, hidden.dtype)
+def run_layers(
+    encoder: TextEncoder, layers: nn.ModuleList, hidden: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """``hidden`` through ``layers`` in order, with the attention mask built the way the backbone
+    builds it for its own attention implementation (eager, SDPA, ...)."""
+    mask = create_bidirectional_mask(
+        config=encoder.backbone.config, inputs_embeds=hidden, attention_mask=attention_mask
+    )
     for layer in layers:
         out = layer(hidden, attention_mask=mask)
         hidden = out[0] if isinstance(out, tuple) else out
@@ -75,7 +74,7 @@ def lower_states(
     for i in range(0, len(texts), batch_size):
         tokens = encoder.tokenize(texts[i : i + batch_size], max_length)
         ids, mask = tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
-        hidden = run_layers(layers[:n], encoder.backbone.embeddings(input_ids=ids), mask).cpu()
+        hidden = run_layers(encoder, layers[:n], encoder.backbone.embeddings(input_ids=ids), mask).cpu()
         out += [h[: int(m.sum())] for h, m in zip(hidden, mask.cpu(), strict=True)]
     encoder.train(was_training)
     return out
@@ -94,5 +93,5 @@ def upper_forward(
 ) -> torch.Tensor:
     """Pooled embeddings from the states after layer ``n``: the top layers, then the encoder's pooling
     (equal to ``encoder(input_ids, attention_mask)`` when ``hidden`` came from :func:`lower_states`)."""
-    top = run_layers(transformer_layers(encoder)[n:], hidden, attention_mask)
+    top = run_layers(encoder, transformer_layers(encoder)[n:], hidden, attention_mask)
     return encoder.pool(top, attention_mask)
