@@ -159,6 +159,28 @@ def test_unseen_tool_is_embedded_from_its_text(small_quickstart, graphs):
     torch.testing.assert_close(vectors[1], model.gcn.tool_text(text[1]) / 3)
 
 
+def test_tool_dropout_makes_a_trained_tool_look_unseen_in_a_training_step(small_quickstart, graphs):
+    # A cold tool's training-step readout is what an unseen tool gets at inference (its text
+    # projection over L+1), while the other tools keep their ID vectors and edges.
+    model = tiny_model(small_quickstart, graphs, layers=2, edge_dropout=0.0, tool_dropout=0.5).train()
+    x = model.query_proj(model.pool)
+    torch.manual_seed(0)
+    cold = model.gcn.cold_tools()
+    torch.manual_seed(0)
+    tools = model.gcn(x, model.tool_text)[1]
+    trained = model.gcn.trained_tool.squeeze(-1) > 0
+    assert 0 < int(cold.sum()) < int(trained.sum()) and not bool((cold & ~trained).any())
+    text_only = model.gcn.tool_text(model.tool_text) / 3
+    torch.testing.assert_close(tools[cold], text_only[cold])
+    warm = trained & ~cold
+    assert not torch.allclose(tools[warm], text_only[warm])
+    # Evaluation and the default setting draw nothing: no tool is cold, the RNG is untouched.
+    assert model.eval().gcn.cold_tools() is None
+    assert tiny_model(small_quickstart, graphs).train().gcn.cold_tools() is None
+    with pytest.raises(ValueError, match="tool_dropout"):
+        ModelConfig(tool_dropout=1.0)
+
+
 def joint_stage(params: MassToolParams, data, semantic_dir: str) -> StageConfig:
     """The joint stage as the runner hands it to a worker, for driving the task by hand."""
     return StageConfig.from_params(JOINT_TASK, "joint", params, StageInputs(data, semantic_dir))
@@ -175,6 +197,7 @@ def joint_stage(params: MassToolParams, data, semantic_dir: str) -> StageConfig:
         {"contrastive_weight": 0.0},
         {"detection_weight": 0.0, "suim": False, "adakt": "none"},
         {"finetune_encoder": False},
+        {"tool_dropout": 0.5},
     ],
 )
 def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):

@@ -44,6 +44,10 @@ class ModelConfig:
     contrastive: bool = True  # build the second view and its InfoNCE loss
     cl_temperature: float = 0.2
     hide_batch_edges: bool = True  # a training query's own edges are left out of its step's graph
+    # Share of trained tools made cold in each training step (ID vector and edges dropped), so the
+    # retrieval tower also learns to rank tools by their text alone, as it must for tools added
+    # after training. Not in the paper: DropoutNet's input dropout (Volkovs et al., NeurIPS 2017).
+    tool_dropout: float = 0.0
     suim: bool = True
     neighbours: int = 10  # K
     epsilon: float = 0.5  # ε: neighbours with cosine below it are dropped
@@ -56,6 +60,8 @@ class ModelConfig:
             raise ValueError(f"adakt must be one of {ADAKT_MODES}, got {self.adakt!r}")
         if self.layers < 0 or self.neighbours < 0:
             raise ValueError("layers and neighbours must be >= 0")
+        if not 0.0 <= self.tool_dropout < 1.0:
+            raise ValueError(f"tool_dropout must be in [0, 1), got {self.tool_dropout}")
 
 
 class DetectionTower(nn.Module):
@@ -112,9 +118,18 @@ class QCGCN(nn.Module):
             both = (self.scene_tool.sum(1) > 0) & (self.trained_tool.squeeze(-1) > 0)
             self.register_buffer("cl_tools", both, persistent=False)
 
-    def tool_features(self, tool_text: torch.Tensor) -> torch.Tensor:
-        """Layer-0 tool nodes: projected text + ID vector (zero for tools never seen in training)."""
-        return self.tool_text(tool_text) + self.tool_id.weight * self.trained_tool
+    def tool_features(self, tool_text: torch.Tensor, cold: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer-0 tool nodes: projected text + ID vector (zero for tools never seen in training,
+        and for the ``cold`` ones of this step)."""
+        known = self.trained_tool if cold is None else self.trained_tool * (~cold).unsqueeze(-1)
+        return self.tool_text(tool_text) + self.tool_id.weight * known
+
+    def cold_tools(self) -> torch.Tensor | None:
+        """This training step's tools to treat as unseen (``tool_dropout`` of the trained ones), or None."""
+        if not (self.training and self.cfg.tool_dropout > 0):
+            return None
+        draw = torch.rand(self.n_tools, device=self.trained_tool.device) < self.cfg.tool_dropout
+        return draw & (self.trained_tool.squeeze(-1) > 0)
 
     def propagate(
         self, x: torch.Tensor, edges: torch.Tensor, hide: torch.Tensor | None = None
@@ -122,7 +137,7 @@ class QCGCN(nn.Module):
         """LightGCN: ``L`` parameter-free propagations, mean of layers 0..L (the layer-sum readout).
 
         Args:
-            hide: Query nodes whose edges are left out of this propagation (see :meth:`forward`).
+            hide: Nodes whose edges are left out of this propagation (see :meth:`forward`).
         """
         if hide is not None and hide.numel():
             edges = edges[:, ~torch.isin(edges, hide).any(0)]
@@ -155,10 +170,16 @@ class QCGCN(nn.Module):
                 its own relevant tools through its edges (the tools' readout would contain the
                 query's own embedding: a shortcut that does not exist for new queries).
         """
-        tools0 = self.tool_features(tool_text)
+        cold = self.cold_tools()
+        tools0 = self.tool_features(tool_text, cold)
         if not self.cfg.graph:
             return query_x, tools0, None
-        nodes = self.propagate(torch.cat([query_x, tools0]), self.tool_edges, hide)
+        hide_nodes = hide
+        if cold is not None:
+            # A cold tool is an isolated node this step, as a tool added after training is.
+            cold_nodes = self.n_queries + torch.nonzero(cold).squeeze(-1)
+            hide_nodes = cold_nodes if hide is None else torch.cat([hide, cold_nodes])
+        nodes = self.propagate(torch.cat([query_x, tools0]), self.tool_edges, hide_nodes)
         q1, t1 = nodes[: self.n_queries], nodes[self.n_queries :]
         if not (self.training and self.scene_view):
             return q1, t1, None
@@ -174,8 +195,9 @@ class QCGCN(nn.Module):
         loss = t1.new_zeros(())
         if cl_index.numel() >= 2:
             loss = loss + info_nce(q1[cl_index], q2[cl_index], self.cfg.cl_temperature)
-        if int(self.cl_tools.sum()) >= 2:
-            loss = loss + info_nce(t1[self.cl_tools], t2[self.cl_tools], self.cfg.cl_temperature)
+        cl_tools = self.cl_tools if cold is None else self.cl_tools & ~cold  # a cold tool has no view 1
+        if int(cl_tools.sum()) >= 2:
+            loss = loss + info_nce(t1[cl_tools], t2[cl_tools], self.cfg.cl_temperature)
         loss = loss + self.scene_emb.weight.sum() * 0.0  # every parameter used each step (DDP)
         return q1, t1, loss
 

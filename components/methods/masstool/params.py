@@ -43,6 +43,7 @@ class MassToolParams:
     graph: bool = True
     cl_temperature: float = 0.2
     hide_batch_edges: bool = True  # leave a training query's own edges out of its step's graph
+    tool_dropout: float = 0.0  # share of trained tools made text-only each step (cold-start training)
     suim: bool = True
     neighbours: int = 10  # K
     epsilon: float = 0.5  # ε
