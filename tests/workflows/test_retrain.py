@@ -162,7 +162,7 @@ def test_an_interrupted_retrain_leaves_the_registry_as_it_was(ray_session, timel
     assert not (tmp_path / "r1" / "decision.json").exists()
 
 
-def test_a_second_retrain_is_refused_while_one_runs(timeline, tmp_path):
+def test_a_second_retrain_is_refused_while_one_runs(ray_session, timeline, tmp_path):
     registry_root = tmp_path / "registry"
     with RetrainLock(str(registry_root / "retrain.lock")):
         result = runner.invoke(
