@@ -74,6 +74,10 @@ def pytest_collection_modifyitems(config, items):
 def no_stray_ray(request):
     """A test that uses Ray must ask for ``ray_session``: one that starts Ray by itself (through a
     CLI command or Ray's auto-init) would run outside the Ray group, beside the session's Ray."""
+    grouped = bool(getattr(request.config.option, "loadgroup", False))  # set in xdist workers
+    if grouped and "ray_session" in request.fixturenames and not request.node.nodeid.endswith("@ray"):
+        # pytest-xdist drops the groups silently when it cannot rename the test (see pyproject.toml).
+        pytest.fail(f"{request.node.nodeid}: not in pytest-xdist's ray group; check pytest-xdist and pytest")
     yield
     ray = sys.modules.get("ray")
     if ray is not None and not _SESSION_RAY and ray.is_initialized():
