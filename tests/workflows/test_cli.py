@@ -118,7 +118,11 @@ def test_bad_override_and_bad_config(tmp_path):
     assert result.exit_code == 1 and "bad.yaml" in result.output and "invalid YAML" in result.output
 
 
-def test_unknown_method_is_a_clear_error(tiny_dataset, tmp_path):
+def test_unknown_method_is_a_clear_error(tiny_dataset, tmp_path, monkeypatch):
+    def no_ray(cfg):
+        raise AssertionError("Ray started before the method name was checked")
+
+    monkeypatch.setattr("workflows.cli.start_ray", no_ray)
     result = runner.invoke(
         app, ["train", "--data", str(tiny_dataset), "--method", "nope", f"registry.root={tmp_path}"]
     )
