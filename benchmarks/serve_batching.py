@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import numpy as np
 import ray
@@ -51,7 +50,7 @@ from workflows.report import md_table, write_report
 from workflows.serve import app_args, read_serve_config
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_batching.json")
-MINILM = {"encoder": "minilm", "id_head": False, "tool_max_length": 96}  # zero-shot: 0 epochs
+MINILM = serve_load.DENSE_MINILM  # zero-shot: 0 epochs
 SIZES = (1, 8, 16)
 WAITS = (0.0, 0.002, 0.01)
 P50_SLACK = 1.10  # a setting may be this much slower for one client than the best one and still win
@@ -68,13 +67,7 @@ def in_process(
     """Detect → retrieve (k 5) in this process: one query at a time (p50, p99), then on batches of
     8 (req/s)."""
     single = serve_load.in_process(detector, retriever, None, queries, seconds)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        batch = [queries[(done + j) % len(queries)] for j in range(8)]
-        detector.probabilities(batch)
-        retriever.retrieve(batch, 5)
-        done += 8
-    rps = done / (time.perf_counter() - start)
+    rps = serve_load.in_process_batched(detector, retriever, queries, seconds)
     return {"p50_ms": single["p50_ms"], "p99_ms": single["p99_ms"], "rps": rps}
 
 

@@ -20,6 +20,14 @@ this process, in the same run. Faults: one Retriever replica killed (``ray.kill`
 found by name), and a hot-swap of the artifact through the deployments' user configs, each while 8
 clients run.
 
+``--methods`` / ``--artifact NAME=DIR`` add every other method's graph (ToolGen, ToolWeaver, dense
+and MassTool on MiniLM, query generation as the rewriter), each with its in-process baseline batched
+as Serve batches it and paced loads at the serving targets (see :func:`method_scenario`)::
+
+    python -m benchmarks.serve_load --skip-base --methods bm25 dense_minilm toolgen toolweaver querygen \
+        --artifact masstool_minilm=runs/bench-models/masstool_minilm_cpu \
+        --out benchmarks/results/serve_load_methods.json
+
 Every load runs twice, through the two doors a client can use: Serve's HTTP proxy (the one stable
 address) and direct ingress (the ingress replicas' own ports, one hop shorter; clients are spread
 over the replicas listed by :func:`components.serving.deploy.ingress_urls`). Rows say which.
@@ -71,9 +79,11 @@ from components.serving.models import (
     calibrate_artifact,
 )
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
+from components.serving.rewriter import Rewriter, build_rewriter
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
 from components.training.spec import RunSpec
+from workflows.cli_config import packaged_config
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 from workflows.serve import app_args, read_serve_config
@@ -189,6 +199,67 @@ def train_artifacts(
     return out
 
 
+# Every registered method in the load test. ToolGen and ToolWeaver keep their bench entry's model
+# and decoding with each training stage cut to one epoch: what a request costs is the LM's size and
+# the trie-constrained beam search, not how long it trained (their accuracy is reported in
+# toollens_toolgen.md / toollens_toolweaver.md, not here). Dense on MiniLM and query generation on
+# llama.cpp are zero-shot (modes of those methods that need no training); MassTool on MiniLM trains
+# for an hour on 2 cores, so it comes trained (--artifact masstool_minilm=DIR).
+LM_ENTRIES = {"toolgen": "toollens_toolgen", "toolweaver": "toollens_toolweaver"}
+DENSE_MINILM = {"encoder": "minilm", "id_head": False, "tool_max_length": 96}
+ZERO_SHOT = {
+    "dense_minilm": ("dense", {**DENSE_MINILM, "epochs": 0}),
+    "querygen": ("querygen", {"generator": {"engine": "llamacpp", "model": "smollm2-135m"}}),
+}
+METHOD_TARGETS = {"direct ingress": 120.0, "proxy": 60.0}  # paced rates of issue 29's targets
+METHODS_NOTE = (
+    "\nPer-method rows (`--methods`, `--artifact`): each method's graph as `toolscout serve` deploys it "
+    "(detector: the method's own, MassTool's, else a score threshold calibrated on valid; query "
+    "generation is the rewriter in front of BM25, its fallback timeout raised to 60 s so that every "
+    "answer waited for its rewrite), with the answer caches off (each load replays the same test "
+    "queries). Their in-process row: p50 / p99 one query at a time, "
+    "req/s on batches of 8 (as `@serve.batch` hands them to a replica), and their rps ratio = Serve "
+    "req/s / that batched req/s (goal for 8 clients: ≥ 0.7). Paced at 120 req/s through direct ingress "
+    "and 60 through the proxy (goals: p50 ≤ 15 ms, p99 ≤ 50 ms direct; p99 ≤ 60 ms proxy), or at 0.8× "
+    "the 8-client closed-loop capacity measured just before where that is lower (the cell says so). "
+    "ToolGen / ToolWeaver: the bench entries' LM and decoding (10 beams, trie-constrained), each training "
+    "stage cut to one epoch (cost per request does not depend on training length; accuracy is in "
+    "their own reports); dense MiniLM and query generation (SmolLM2-135M GGUF on llama.cpp) zero-shot.\n"
+)
+
+
+def one_epoch(params: dict) -> dict:
+    """``params`` with every training stage's epochs cut to at most one."""
+    stages = {name: {**s, "epochs": min(int(s.get("epochs", 1)), 1)} for name, s in params["stages"].items()}
+    return {**params, "stages": stages}
+
+
+def method_artifacts(data: Dataset, work: str, names: list[str]) -> dict[str, str]:
+    """The ``names`` artifacts (keys of :data:`LM_ENTRIES` / :data:`ZERO_SHOT`) under
+    ``work/models/<name>/v0001``, trained on Ray Train (1 worker, both cores) and reused if present."""
+    out = {}
+    for name in names:
+        path = os.path.join(work, "models", name, "v0001")
+        if not os.path.exists(os.path.join(path, "config.json")):
+            if name in LM_ENTRIES:
+                entry = packaged_config(LM_ENTRIES[name])["bench"]["methods"][name]
+                method_name, params = entry.get("method", name), one_epoch(entry["params"])
+            else:
+                method_name, params = ZERO_SHOT[name]
+            run = RunSpec(
+                name=f"serve-load-{name}",
+                storage_path=os.path.join(work, "train"),
+                local_dir=os.path.join(work, "checkpoints"),
+                resources_per_worker={"CPU": 2},
+                env={"OMP_WAIT_POLICY": "PASSIVE"},
+            )
+            method = methods.build(method_name, params)
+            fit_method(method, data, run)
+            method.save(path)
+        out[name] = path
+    return out
+
+
 def selector_model(data: Dataset, catalog_path: str, work: str, steps: int) -> str:
     path = os.path.join(work, "selector_lm")
     if not os.path.exists(os.path.join(path, "selector.json")):
@@ -210,7 +281,12 @@ def summary(latencies: list[float], errors: int, seconds: float) -> dict[str, fl
 
 
 def in_process(
-    detector: DetectorModel, retriever: RetrieverModel, selector: Any, queries: list[str], seconds: float
+    detector: DetectorModel,
+    retriever: RetrieverModel,
+    selector: Any,
+    queries: list[str],
+    seconds: float,
+    rewriter: Rewriter | None = None,
 ):
     """The same chain called directly, one query after another, for ``seconds``."""
     latencies = []
@@ -221,11 +297,34 @@ def in_process(
         i += 1
         start = time.perf_counter()
         detector.probabilities([q])
-        ranking = retriever.retrieve([q], 5)[0]
+        text = rewriter.rewrite_many([(q, [])])[0] if rewriter is not None else q
+        ranking = retriever.retrieve([text], 5)[0]
         if selector is not None and ranking:
             selector.select(q, [], [t for t, _ in ranking])
         latencies.append(time.perf_counter() - start)
     return summary(latencies, 0, seconds)
+
+
+def in_process_batched(
+    detector: DetectorModel,
+    retriever: RetrieverModel,
+    queries: list[str],
+    seconds: float,
+    rewriter: Rewriter | None = None,
+    batch: int = 8,
+) -> float:
+    """Requests per second of detect (→ rewrite) → retrieve called on batches of ``batch`` queries,
+    as ``@serve.batch`` hands them to the replicas (8 at most, see components/serving/deployments.py):
+    what the same models can do in this process when a batch is full."""
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        texts = [queries[(done + j) % len(queries)] for j in range(batch)]
+        detector.probabilities(texts)
+        if rewriter is not None:
+            texts = rewriter.rewrite_many([(t, []) for t in texts])
+        retriever.retrieve(texts, 5)
+        done += batch
+    return done / (time.perf_counter() - start)
 
 
 async def _load(
@@ -311,23 +410,24 @@ def with_ratios(m: dict, baseline: dict) -> dict:
 
 
 def paced_loads(
-    proxy: str,
+    paths: dict[str, list[str]],
+    rates: dict[str, list[float]],
     bodies: list[dict],
     version: str,
-    rates: list[float],
     seconds: float,
     baseline: dict,
     repeats: int,
+    label: str = "detect→retrieve",
+    capped: dict[str, float] | None = None,
 ) -> list[dict]:
-    """Latency of detect → retrieve at fixed traffic levels: 8 clients on a shared schedule of
-    ``rate`` req/s, ``repeats`` runs per rate, reported as the median run (p50, p99 and req/s each)
-    with every run's p99 beside it. Complements the closed loops, which only show the saturated
-    server. The proxy, which saturates near 130 req/s on 2 cores, is paced at the lowest rate only:
-    above its capacity the schedule's backlog only grows."""
+    """Latency at fixed traffic levels: 8 clients on a shared schedule of ``rate`` req/s per path
+    (``rates[path]``), ``repeats`` runs per rate, reported as the median run (p50, p99 and req/s
+    each) with every run's p99 beside it. Complements the closed loops, which only show the saturated
+    server. ``capped[path]`` marks a rate cut to below that path's capacity (see
+    :func:`method_rates`)."""
     rows = []
-    for path, urls in doors(proxy).items():
-        path_rates = sorted(rates)[:1] if path == "proxy" else rates
-        for rate in path_rates:
+    for path, urls in paths.items():
+        for rate in rates.get(path, []):
             runs = [load(urls, bodies, 8, seconds, rate=rate) for _ in range(repeats)]
             m: dict[str, Any] = {
                 key: float(np.median([r[key] for r in runs])) for key in ("p50_ms", "p99_ms", "rps")
@@ -344,13 +444,118 @@ def paced_loads(
                 "seconds": seconds,
                 "repeats": repeats,
             }
-            rows.append(row("serve: detect→retrieve, paced", config, m))
+            if capped and path in capped:
+                config["capped_from"] = capped[path]
+            rows.append(row(f"serve: {label}, paced", config, m))
             print(
-                f"paced {rate:g}/s via {path} x8, median of {repeats}: p50 {m['p50_ms']:.1f} ms "
+                f"paced {label} {rate:g}/s via {path} x8, median of {repeats}: p50 {m['p50_ms']:.1f} ms "
                 f"p99 {m['p99_ms']:.1f} ms (runs {m['p99_ms_runs']}) {m['rps']:.0f} req/s "
                 f"errors {m['errors']}"
             )
     return rows
+
+
+def bm25_rates(paths: dict[str, list[str]], rates: list[float]) -> dict[str, list[float]]:
+    """BM25's paced rates: every one of ``rates`` through direct ingress; the proxy, which saturates
+    near 130 req/s on 2 cores, at the lowest only: above its capacity the schedule's backlog only grows."""
+    return {path: sorted(rates)[:1] if path == "proxy" else list(rates) for path in paths}
+
+
+def method_rates(
+    targets: dict[str, float], capacity: dict[str, float]
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Per path, the target rate (issue 29: 120 req/s direct, 60 through the proxy), or 0.8× the
+    8-client closed-loop capacity measured just before where the target is above it: a schedule
+    past capacity only measures its own backlog (and a slow LM method would take minutes to drain
+    it). Returns (rates, {path: target} for the capped ones)."""
+    rates, capped = {}, {}
+    for path, target in targets.items():
+        if path not in capacity:
+            continue
+        if capacity[path] * 0.8 < target:
+            rates[path], capped[path] = [round(capacity[path] * 0.8, 1)], target
+        else:
+            rates[path] = [target]
+    return rates, capped
+
+
+def method_scenario(
+    proxy: str,
+    base: dict,
+    label: str,
+    flags: dict,
+    queries: list[str],
+    bodies: list[dict],
+    args: argparse.Namespace,
+) -> list[dict]:
+    """One method's graph (``flags`` as ``toolscout serve`` takes them) under load: the same models
+    in this process one query at a time (p50, p99) and on batches of 8 (req/s: the ratio Serve's
+    8-client throughput is judged by), closed loops of ``--method-clients`` through both doors, and
+    paced loads at :data:`METHOD_TARGETS` (capped below capacity, see :func:`method_rates`)."""
+    deploy_config(serve_config(app_args(base, flags, []), base))
+    runtime = DEFAULT_ENCODER_RUNTIME  # in process on the encoder runtime the replicas run
+    detector = DetectorModel(flags["artifact"], flags["detector_file"], encoder_runtime=runtime)
+    retriever = RetrieverModel(flags["artifact"], runtime)
+    # The deployment's own settings (its cache and fallback timeout) are not the rewriter's.
+    served = {k: v for k, v in (flags.get("rewriter") or {}).items() if k not in ("cache_size", "timeout_s")}
+    rewriter = build_rewriter(served) if served else None
+    single = in_process(detector, retriever, None, queries, args.seconds, rewriter)
+    batched = in_process_batched(detector, retriever, queries, args.seconds, rewriter)
+    baseline = {"p50_ms": single["p50_ms"], "rps": batched}
+    version = retriever.version
+    rows = [
+        row(
+            f"in-process: {label}",
+            {"model": version, "path": "-", "clients": 1, "batch": "1 (p50) / 8 (rps)"},
+            {**single, "rps": batched, "rps_one_at_a_time": single["rps"], "ratio": 1.0},
+        )
+    ]
+    print(f"{label} {version} in process: p50 {single['p50_ms']:.1f} ms, batched {batched:.0f} req/s")
+    paths, capacity = doors(proxy), {}
+    for path, urls in paths.items():
+        for clients in args.method_clients:
+            m = with_ratios(load(urls, bodies, clients, args.seconds), baseline)
+            rows.append(
+                row(
+                    f"serve: {label}",
+                    {"model": version, "path": path, "clients": clients, "seconds": args.seconds},
+                    m,
+                )
+            )
+            if clients == 8:
+                capacity[path] = m["rps"]
+            print(
+                f"{label} {version} via {path} x{clients}: p50 {m['p50_ms']:.1f} ms "
+                f"p99 {m['p99_ms']:.1f} ms {m['rps']:.0f} req/s errors {m['errors']}"
+            )
+    rates, capped = method_rates(METHOD_TARGETS, capacity)
+    rows += paced_loads(paths, rates, bodies, version, args.seconds, baseline, args.repeats, label, capped)
+    serve.delete(APP_NAME)
+    return rows
+
+
+def method_flags(name: str, artifacts: dict[str, str], catalog: str, detector_file: str) -> tuple[str, dict]:
+    """(scenario label, serve flags) for one ``--methods`` / ``--artifact`` entry: query generation
+    is the rewriter in front of BM25, every other method the retriever (its own detector, MassTool's,
+    or a score threshold calibrated on valid)."""
+    # Answer caches off: every load replays the test queries from the first, so from the second load
+    # on a cache would answer without the models (benchmarks/serve_batching.py measures the cache).
+    flags = {
+        "catalog": catalog,
+        "detector_file": detector_file,
+        "selector": {"backend": "none"},
+        "cache_size": 0,
+    }
+    if name == "querygen":
+        # Past timeout_s the graph answers with the query itself (components/serving/deployments.py);
+        # a long one here, so every request's latency includes its rewrite.
+        rewriter = {"backend": "querygen", "path": artifacts[name], "cache_size": 0, "timeout_s": 60.0}
+        return "detect→rewrite (querygen, llama.cpp)→retrieve", {
+            **flags,
+            "artifact": artifacts["bm25"],
+            "rewriter": rewriter,
+        }
+    return f"detect→retrieve ({name})", {**flags, "artifact": artifacts[name]}
 
 
 def fault_drills(
@@ -402,47 +607,20 @@ def fault_drills(
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/datasets/toollens")
-    parser.add_argument("--model", help="Artifact to serve (default: BM25 trained here)")
-    parser.add_argument("--dense", help="Dense artifact for the dense rows (default: trained here)")
-    parser.add_argument("--work", default="runs/serve_load")
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument(
-        "--rates", type=float, nargs="*", default=[120.0, 150.0, 300.0], help="paced loads, req/s (8 clients)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="runs per paced rate (median reported)")
-    parser.add_argument("--dense-epochs", type=int, default=1)
-    parser.add_argument("--selector-steps", type=int, default=300)
-    parser.add_argument("--out", default=RESULTS)
-    args = parser.parse_args()
-    short = args.seconds < 10
-    load_before = os.getloadavg()[0]
-    torch.set_num_threads(1)  # in-process baseline and training: one thread, as each replica gets
-    settings = apply_serve_env()  # what `toolscout serve` runs with; export =0 to compare
-    init_ray({"num_cpus": 2, "progress_bars": False})
-    data = open_dataset(args.data)
-    work = os.path.abspath(args.work)
-    artifacts = train_artifacts(data, work, args.dense_epochs) if not (args.model and args.dense) else {}
-    artifacts["bm25"] = os.path.abspath(resolve(args.model)) if args.model else artifacts["bm25"]
-    artifacts["dense"] = os.path.abspath(resolve(args.dense)) if args.dense else artifacts["dense"]
-    artifacts.setdefault("bm25_v2", artifacts["bm25"])
-    detector_file = os.path.join(work, "detector.json")
-    for key in ("bm25", "bm25_v2", "dense"):
-        if find_calibration(detector_file, artifacts[key]) is None:
-            calibrate_artifact(artifacts[key], args.data, detector_file)
-    catalog = os.path.abspath(args.data)
-    selector_path = selector_model(data, catalog, work, args.selector_steps)
-    queries = list(data.split_queries("test").values())
-    bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
-
-    port = 18000 + os.getpid() % 1000
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    proxy = f"http://127.0.0.1:{port}"
-    base = read_serve_config(None)
-    rows = serve_floor(proxy, bodies, args.clients, args.seconds)
+def base_scenarios(
+    proxy: str,
+    base: dict,
+    artifacts: dict[str, str],
+    catalog: str,
+    detector_file: str,
+    selector_path: str,
+    queries: list[str],
+    bodies: list[dict],
+    args: argparse.Namespace,
+) -> list[dict]:
+    """BM25 and the tiny dense model detect → retrieve, and the full graph with the LM selector, at
+    ``--clients`` through both doors; BM25 paced at ``--rates`` and through the fault drills."""
+    rows: list[dict] = []
     scenarios = [
         ("detect→retrieve", "bm25", None),
         ("detect→retrieve", "dense", None),
@@ -482,8 +660,103 @@ def main() -> None:
                     f"p99 {m['p99_ms']:.1f} ms {m['rps']:.0f} req/s errors {m['errors']}"
                 )
         if key == "bm25" and selector is None:
-            rows += paced_loads(proxy, bodies, version, args.rates, args.seconds, base_metrics, args.repeats)
+            paths = doors(proxy)
+            rows += paced_loads(
+                paths,
+                bm25_rates(paths, args.rates),
+                bodies,
+                version,
+                args.seconds,
+                base_metrics,
+                args.repeats,
+            )
             rows += fault_drills(proxy, app_config, bodies, artifacts, max(args.seconds, 4.0))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/datasets/toollens")
+    parser.add_argument("--model", help="Artifact to serve (default: BM25 trained here)")
+    parser.add_argument("--dense", help="Dense artifact for the dense rows (default: trained here)")
+    parser.add_argument("--work", default="runs/serve_load")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--rates", type=float, nargs="*", default=[120.0, 150.0, 300.0], help="paced loads, req/s (8 clients)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per paced rate (median reported)")
+    parser.add_argument("--dense-epochs", type=int, default=1)
+    parser.add_argument("--selector-steps", type=int, default=300)
+    parser.add_argument(
+        "--methods",
+        nargs="*",
+        default=[],
+        choices=["bm25", *LM_ENTRIES, *ZERO_SHOT],
+        help="also load these methods' artifacts, built here under --work (see LM_ENTRIES, ZERO_SHOT)",
+    )
+    parser.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also load this trained artifact (a dir or models:/ URI), e.g. "
+        "masstool_minilm=runs/bench-models/masstool_minilm_cpu; repeatable",
+    )
+    parser.add_argument(
+        "--method-clients", type=int, nargs="+", default=[1, 8], help="closed loops per method"
+    )
+    parser.add_argument(
+        "--skip-base",
+        action="store_true",
+        help="only the no-op floor and the --methods / --artifact scenarios (no BM25 / tiny dense / LM "
+        "selector rows, no fault drills)",
+    )
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args()
+    short = args.seconds < 10
+    load_before = os.getloadavg()[0]
+    torch.set_num_threads(1)  # in-process baseline and training: one thread, as each replica gets
+    settings = apply_serve_env()  # what `toolscout serve` runs with; export =0 to compare
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    data = open_dataset(args.data)
+    work = os.path.abspath(args.work)
+    keys = ("bm25",) if args.skip_base else ("bm25", "bm25_v2", "dense")
+    given = args.model and (args.dense or args.skip_base)
+    artifacts = train_artifacts(data, work, args.dense_epochs, keys) if not given else {}
+    artifacts["bm25"] = os.path.abspath(resolve(args.model)) if args.model else artifacts["bm25"]
+    detector_file = os.path.join(work, "detector.json")
+    if not args.skip_base:
+        artifacts["dense"] = os.path.abspath(resolve(args.dense)) if args.dense else artifacts["dense"]
+        artifacts.setdefault("bm25_v2", artifacts["bm25"])
+        for key in ("bm25", "bm25_v2", "dense"):
+            if find_calibration(detector_file, artifacts[key]) is None:
+                calibrate_artifact(artifacts[key], args.data, detector_file)
+    named = dict(entry.split("=", 1) for entry in args.artifact)
+    artifacts.update(method_artifacts(data, work, [m for m in args.methods if m != "bm25"]))
+    artifacts.update({name: os.path.abspath(resolve(path)) for name, path in named.items()})
+    scenario_names = [*args.methods, *named]
+    for name in scenario_names:
+        detected = artifacts["bm25" if name == "querygen" else name]  # a rewriter is not a detector
+        if find_calibration(detector_file, detected) is None:
+            calibrate_artifact(detected, args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
+    catalog = os.path.abspath(args.data)
+    queries = list(data.split_queries("test").values())
+    bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
+
+    port = 18000 + os.getpid() % 1000
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    proxy = f"http://127.0.0.1:{port}"
+    base = read_serve_config(None)
+    rows = serve_floor(proxy, bodies, args.clients, args.seconds)
+    if not args.skip_base:
+        selector_path = selector_model(data, catalog, work, args.selector_steps)
+        rows += base_scenarios(
+            proxy, base, artifacts, catalog, detector_file, selector_path, queries, bodies, args
+        )
+    for name in scenario_names:
+        label, flags = method_flags(name, artifacts, catalog, detector_file)
+        rows += method_scenario(proxy, base, label, flags, queries, bodies, args)
     serve.shutdown()
     machine = f"1-min load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. "
     note = (
@@ -507,7 +780,8 @@ def main() -> None:
         "clients on a fixed schedule of `offered` req/s in all, latency from each request's scheduled "
         "send time, the median of repeated runs (every run's p99 in the JSON); goal for "
         "detect→retrieve: "
-        f"p50 ≤ {GOAL['p50_ms']:g} ms, p99 ≤ {GOAL['p99_ms']:g} ms, ≥ {GOAL['rps']:g} req/s, 0 errors.\n",
+        f"p50 ≤ {GOAL['p50_ms']:g} ms, p99 ≤ {GOAL['p99_ms']:g} ms, ≥ {GOAL['rps']:g} req/s, 0 errors.\n"
+        + (METHODS_NOTE if scenario_names else ""),
         "results": rows,
     }
     write_markdown(report, args.out)
@@ -519,6 +793,17 @@ def p99_cell(m: dict) -> str:
     if len(runs) < 2:
         return f"{m['p99_ms']:.1f}"
     return f"{m['p99_ms']:.1f} ({min(runs):.1f}–{max(runs):.1f})"
+
+
+def offered(config: dict) -> str:
+    """The offered-load cell: closed loop, or the paced rate (and the target it was cut down from)."""
+    if "batch" in config:  # a per-method in-process row: req/s on batches of 8
+        return "one at a time; req/s on batches of 8"
+    if "rate" not in config:
+        return "closed loop"
+    if "capped_from" in config:
+        return f"{config['rate']:g} (0.8× capacity; target {config['capped_from']:g})"
+    return f"{config['rate']:g}"
 
 
 def write_markdown(report: dict, out: str) -> None:
@@ -546,10 +831,10 @@ def write_markdown(report: dict, out: str) -> None:
                 c["model"],
                 c["path"],
                 str(c["clients"]),
-                f"{c['rate']:g}" if "rate" in c else "closed loop",
+                offered(c),
                 f"{m['p50_ms']:.1f}",
                 p99_cell(m),
-                f"{m['rps']:.0f}",
+                f"{m['rps']:.0f}" if m["rps"] >= 10 else f"{m['rps']:.1f}",
                 str(m["errors"]),
                 *ratios,
             ]
@@ -568,9 +853,8 @@ def write_markdown(report: dict, out: str) -> None:
         "rps ratio",
     ]
     fault_head = ["fault", "path", "requests", "failed", "p50 ms", "p99 ms", "versions answering"]
-    text = "\n".join(
-        [*md_table(load_head, loads), "", "## Faults under load", "", *md_table(fault_head, faults)]
-    )
+    fault_section = ["", "## Faults under load", "", *md_table(fault_head, faults)] if faults else []
+    text = "\n".join([*md_table(load_head, loads), *fault_section])
     write_report(
         report, out, title="Serve load: Ray Serve graph vs in-process", plot=False, table=text + "\n"
     )

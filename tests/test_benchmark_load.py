@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks.serve_load import load
+from benchmarks.serve_load import load, method_rates, offered, one_epoch
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,3 +85,26 @@ def test_closed_loop_is_bounded_by_service_time(slow_server: str) -> None:
     assert m["errors"] == 0
     assert 45 <= m["p50_ms"] < 120
     assert 15 <= m["rps"] <= 42  # two clients, 50 ms each: at most 40 req/s
+
+
+def test_a_method_is_paced_at_its_target_or_below_its_capacity() -> None:
+    targets = {"direct ingress": 120.0, "proxy": 60.0}
+    rates, capped = method_rates(targets, {"direct ingress": 400.0, "proxy": 50.0})
+    # Direct ingress has room for 120 req/s; the proxy's 8-client loop did 50, so 60 would only
+    # measure a growing backlog: it is paced at 0.8x what it did, and the row says so.
+    assert rates == {"direct ingress": [120.0], "proxy": [40.0]}
+    assert capped == {"proxy": 60.0}
+    assert offered({"rate": 40.0, "capped_from": 60.0}) == "40 (0.8× capacity; target 60)"
+    assert offered({"rate": 120.0}) == "120" and offered({}) == "closed loop"
+    # A door that was not measured (direct ingress off) is not paced.
+    assert method_rates(targets, {"proxy": 100.0}) == ({"proxy": [60.0]}, {})
+
+
+def test_one_epoch_cuts_every_stage_and_keeps_the_model() -> None:
+    params = {
+        "lm": {"num_layers": 4},
+        "stages": {"codes": {"epochs": 8, "lr": 1e-3}, "warmup": {"epochs": 0}},
+    }
+    cut = one_epoch(params)
+    assert cut["stages"] == {"codes": {"epochs": 1, "lr": 1e-3}, "warmup": {"epochs": 0}}
+    assert cut["lm"] == params["lm"] and params["stages"]["codes"]["epochs"] == 8  # not mutated
