@@ -79,7 +79,7 @@ from components.serving.models import (
     calibrate_artifact,
 )
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
-from components.serving.rewriter import Rewriter, build_rewriter
+from components.serving.rewriter import Rewriter, build_rewriter, rewriter_settings
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
 from components.training.spec import RunSpec
@@ -170,6 +170,26 @@ def serve_floor(proxy: str, bodies: list[dict], clients: list[int], seconds: flo
     return rows
 
 
+def build_artifact(
+    data: Dataset, work: str, model: str, key: str, method_name: str, params: dict, **run: Any
+) -> str:
+    """``work/models/<model>`` (``<name>/<version>``, what the served version reads):
+    ``method_name`` with ``params`` trained on ``data`` on Ray Train (``run`` adds :class:`RunSpec`
+    fields, ``key`` names the run) and saved, or reused if present."""
+    path = os.path.join(work, "models", model)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        method = methods.build(method_name, params)
+        spec = RunSpec(
+            name=f"serve-load-{key}",
+            storage_path=os.path.join(work, "train"),
+            local_dir=os.path.join(work, "checkpoints"),
+            **run,
+        )
+        fit_method(method, data, spec)
+        method.save(path)
+    return path
+
+
 def train_artifacts(
     data: Dataset,
     work: str,
@@ -179,24 +199,12 @@ def train_artifacts(
 ) -> dict[str, str]:
     """BM25 v0001 (default), v0002 (lucene) and dense v0001 (``dense`` params, default
     :data:`DENSE`) under ``work/models`` (those of ``keys``), reused if present."""
-    out = {}
-    for key, (name, params) in {
-        "bm25": ("bm25", {"profile": "default"}),
-        "bm25_v2": ("bm25", {"profile": "lucene"}),
-        "dense": ("dense", {**(dense or DENSE), "epochs": dense_epochs}),
-    }.items():
-        if key not in keys:
-            continue
-        version = "v0002" if key == "bm25_v2" else "v0001"
-        path = os.path.join(work, "models", name, version)
-        if not os.path.exists(os.path.join(path, "config.json")):
-            method = methods.build(name, params)
-            train, checkpoints = os.path.join(work, "train"), os.path.join(work, "checkpoints")
-            run = RunSpec(name=f"serve-load-{key}", storage_path=train, local_dir=checkpoints)
-            fit_method(method, data, run)
-            method.save(path)
-        out[key] = path
-    return out
+    plan = {
+        "bm25": ("bm25/v0001", "bm25", {"profile": "default"}),
+        "bm25_v2": ("bm25/v0002", "bm25", {"profile": "lucene"}),
+        "dense": ("dense/v0001", "dense", {**(dense or DENSE), "epochs": dense_epochs}),
+    }
+    return {key: build_artifact(data, work, plan[key][0], key, *plan[key][1:]) for key in keys}
 
 
 # Every registered method in the load test. ToolGen and ToolWeaver keep their bench entry's model
@@ -239,24 +247,21 @@ def method_artifacts(data: Dataset, work: str, names: list[str]) -> dict[str, st
     ``work/models/<name>/v0001``, trained on Ray Train (1 worker, both cores) and reused if present."""
     out = {}
     for name in names:
-        path = os.path.join(work, "models", name, "v0001")
-        if not os.path.exists(os.path.join(path, "config.json")):
-            if name in LM_ENTRIES:
-                entry = packaged_config(LM_ENTRIES[name])["bench"]["methods"][name]
-                method_name, params = entry.get("method", name), one_epoch(entry["params"])
-            else:
-                method_name, params = ZERO_SHOT[name]
-            run = RunSpec(
-                name=f"serve-load-{name}",
-                storage_path=os.path.join(work, "train"),
-                local_dir=os.path.join(work, "checkpoints"),
-                resources_per_worker={"CPU": 2},
-                env={"OMP_WAIT_POLICY": "PASSIVE"},
-            )
-            method = methods.build(method_name, params)
-            fit_method(method, data, run)
-            method.save(path)
-        out[name] = path
+        if name in LM_ENTRIES:
+            entry = packaged_config(LM_ENTRIES[name])["bench"]["methods"][name]
+            method_name, params = entry.get("method", name), one_epoch(entry["params"])
+        else:
+            method_name, params = ZERO_SHOT[name]
+        out[name] = build_artifact(
+            data,
+            work,
+            f"{name}/v0001",
+            name,
+            method_name,
+            params,
+            resources_per_worker={"CPU": 2},
+            env={"OMP_WAIT_POLICY": "PASSIVE"},
+        )
     return out
 
 
@@ -496,9 +501,7 @@ def method_scenario(
     runtime = DEFAULT_ENCODER_RUNTIME  # in process on the encoder runtime the replicas run
     detector = DetectorModel(flags["artifact"], flags["detector_file"], encoder_runtime=runtime)
     retriever = RetrieverModel(flags["artifact"], runtime)
-    # The deployment's own settings (its cache and fallback timeout) are not the rewriter's.
-    served = {k: v for k, v in (flags.get("rewriter") or {}).items() if k not in ("cache_size", "timeout_s")}
-    rewriter = build_rewriter(served) if served else None
+    rewriter = build_rewriter(rewriter_settings(flags["rewriter"])) if flags.get("rewriter") else None
     single = in_process(detector, retriever, None, queries, args.seconds, rewriter)
     batched = in_process_batched(detector, retriever, queries, args.seconds, rewriter)
     baseline = {"p50_ms": single["p50_ms"], "rps": batched}
@@ -735,12 +738,13 @@ def main() -> None:
     named = dict(entry.split("=", 1) for entry in args.artifact)
     artifacts.update(method_artifacts(data, work, [m for m in args.methods if m != "bm25"]))
     artifacts.update({name: os.path.abspath(resolve(path)) for name, path in named.items()})
-    scenario_names = [*args.methods, *named]
-    for name in scenario_names:
-        detected = artifacts["bm25" if name == "querygen" else name]  # a rewriter is not a detector
-        if find_calibration(detector_file, detected) is None:
-            calibrate_artifact(detected, args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
     catalog = os.path.abspath(args.data)
+    scenarios = [method_flags(name, artifacts, catalog, detector_file) for name in [*args.methods, *named]]
+    for _, flags in scenarios:
+        if find_calibration(detector_file, flags["artifact"]) is None:
+            calibrate_artifact(
+                flags["artifact"], args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME
+            )
     queries = list(data.split_queries("test").values())
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
 
@@ -754,8 +758,7 @@ def main() -> None:
         rows += base_scenarios(
             proxy, base, artifacts, catalog, detector_file, selector_path, queries, bodies, args
         )
-    for name in scenario_names:
-        label, flags = method_flags(name, artifacts, catalog, detector_file)
+    for label, flags in scenarios:
         rows += method_scenario(proxy, base, label, flags, queries, bodies, args)
     serve.shutdown()
     machine = f"1-min load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. "
@@ -781,7 +784,7 @@ def main() -> None:
         "send time, the median of repeated runs (every run's p99 in the JSON); goal for "
         "detect→retrieve: "
         f"p50 ≤ {GOAL['p50_ms']:g} ms, p99 ≤ {GOAL['p99_ms']:g} ms, ≥ {GOAL['rps']:g} req/s, 0 errors.\n"
-        + (METHODS_NOTE if scenario_names else ""),
+        + (METHODS_NOTE if scenarios else ""),
         "results": rows,
     }
     write_markdown(report, args.out)

@@ -31,7 +31,7 @@ from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, call_each, load_new, raise_failed
 from components.serving.catalog import load_catalog
 from components.serving.models import DEFAULT_ENCODER_RUNTIME, DetectorModel
-from components.serving.rewriter import build_rewriter
+from components.serving.rewriter import build_rewriter, rewriter_settings
 from components.serving.selector import build_selector
 
 logger = logging.getLogger("ray.serve")
@@ -112,8 +112,9 @@ class QueryRewriter:
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         settings = _settings(config)
-        self.timeout_s = float(settings.pop("timeout_s", 2.0))
-        self.cache.resize(int(settings.pop("cache_size", 1024)))
+        self.timeout_s = float(settings.get("timeout_s", 2.0))
+        self.cache.resize(int(settings.get("cache_size", 1024)))
+        settings = rewriter_settings(settings)
         apply_batching(self._rewrite_batch, config)
         if self.rewriter is not None and settings == self.settings:
             return  # only the timeout, cache size or batching changed: keep the model and its cache

@@ -116,6 +116,16 @@ class QueryGenRewriter:
         return self.generator.rewrite([self.history.rewrite(q, h) for q, h in requests])
 
 
+# Keys of a ``rewriter`` section that configure its Serve deployment (the fallback timeout and the
+# rewrite cache, see :class:`components.serving.deployments.QueryRewriter`), not the rewriter.
+DEPLOYMENT_KEYS = ("timeout_s", "cache_size")
+
+
+def rewriter_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The rewriter's own settings in a ``rewriter`` section: without :data:`DEPLOYMENT_KEYS`."""
+    return {k: v for k, v in cfg.items() if k not in DEPLOYMENT_KEYS}
+
+
 def build_rewriter(cfg: dict[str, Any] | None) -> Rewriter:
     """A rewriter from the ``rewriter`` config section (``backend`` plus its settings)."""
     cfg = dict(cfg or {})
