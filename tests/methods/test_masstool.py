@@ -449,3 +449,34 @@ def test_select_metric_is_checked_before_training(small_quickstart):
     no_negatives = type(small_quickstart)(**{**small_quickstart.__dict__, "neg_split": {}})
     with pytest.raises(ValueError, match="needs no-tool queries in the valid split"):
         method.fit("joint", no_negatives, RunSpec(name="x", storage_path="/tmp/unused"))
+
+
+def test_frozen_joint_stage_with_an_embedding_cache_embeds_each_text_once(with_negatives, tmp_path):
+    from components.encoders.bi_encoder import BiEncoder
+
+    encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(with_negatives.queries.values()))
+    BiEncoder(encoder).save(str(tmp_path / "semantic"))
+    plain = MassToolParams(dim=16, detection_hidden=8, finetune_encoder=False, edge_dropout=0.0)
+    cached = MassToolParams(**{**plain.__dict__, "embedding_cache": str(tmp_path / "embeddings")})
+
+    def one_epoch(params: MassToolParams) -> tuple[MassToolModel, dict[str, float]]:
+        torch.manual_seed(0)
+        task = MassToolTask(joint_stage(params, with_negatives, str(tmp_path / "semantic")))
+        model = task.build_model()
+        task.start_epoch(model, 0)
+        return model, task.validate(model)
+
+    reference, want = one_epoch(plain)
+    first, got = one_epoch(cached)  # fills the cache
+    second, again = one_epoch(cached)  # a later trial: every embedding read back
+    assert got == want and again == want
+    torch.testing.assert_close(second.pool, reference.pool, atol=0, rtol=0)
+    calls = first.embedding_cache.hits + first.embedding_cache.misses
+    # (the tools are embedded twice within one epoch, for the graph and for the index: one early hit)
+    assert first.embedding_cache.misses > 0
+    assert second.embedding_cache.misses == 0 and second.embedding_cache.hits == calls
+
+
+def test_an_embedding_cache_with_a_fine_tuned_encoder_is_a_clear_error():
+    with pytest.raises(ValueError, match="embedding_cache needs finetune_encoder: false"):
+        MassToolParams(embedding_cache="runs/embedding-cache")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -104,9 +104,15 @@ class MassToolMethod:
                 "valid split, and this dataset has none"
             )
         inputs = StageInputs(ray.put(data), share(self.semantic_dir, run, f"{run.name}-semantic"))
-        config = StageConfig.from_params(JOINT_TASK, "joint", self.params, inputs)
+        params = self.params
+        if params.embedding_cache:  # the driver's directory, whatever the worker's working directory
+            params = replace(params, embedding_cache=os.path.abspath(params.embedding_cache))
+        config = StageConfig.from_params(JOINT_TASK, "joint", params, inputs)
         result = run_stage(config, run)
         self.model = MassToolModel.load(result.model_dir)
+        if self.params.embedding_cache:  # the driver scores the model next: the same texts again
+            self.model.encoder.requires_grad_(False)  # as in the stage: the encoder stayed frozen
+            self.model.use_embedding_cache(self.params.embedding_cache)
         return {**result.metrics, "stage_seconds": result.seconds}
 
     def _semantic_key(self, data: Dataset, seed: int) -> str:

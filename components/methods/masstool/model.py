@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from components.encoders import TextEncoder
+from components.encoders.embedding_cache import EmbeddingCache
 from components.methods.masstool.graph import QueryGraphs
 from components.methods.masstool.layers import QCGCN, SUIM, AdaKT, DetectionTower, ModelConfig
 
@@ -39,6 +40,13 @@ class MassToolModel(nn.Module):
         self.adakt = AdaKT(cfg.detection_hidden, cfg.dim, cfg.adakt) if cfg.adakt != "none" else None
         self.register_buffer("pool", torch.zeros(graphs.n_queries, text_dim))
         self.register_buffer("tool_text", torch.zeros(graphs.n_tools, text_dim))
+        self.embedding_cache: EmbeddingCache | None = None
+
+    def use_embedding_cache(self, root: str) -> None:
+        """Read and write :meth:`embed`'s outputs under ``root`` (the encoder must be frozen): a
+        training run with ``finetune_encoder: false`` then embeds each text once across epochs,
+        runs and Tune trials (:mod:`components.encoders.embedding_cache`)."""
+        self.embedding_cache = EmbeddingCache(root, self.encoder)
 
     def semantic(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Normalised encoder embeddings of tokenized queries."""
@@ -47,6 +55,8 @@ class MassToolModel(nn.Module):
     @torch.no_grad()
     def embed(self, texts: list[str], max_length: int | None = None) -> torch.Tensor:
         """Normalised encoder embeddings of raw texts (eval mode, batched, CPU)."""
+        if self.embedding_cache is not None:
+            return F.normalize(self.embedding_cache.encode(texts, max_length), dim=-1)
         return F.normalize(self.encoder.encode(texts, max_length=max_length), dim=-1).cpu()
 
     @torch.no_grad()

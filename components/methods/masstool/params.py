@@ -32,6 +32,9 @@ class MassToolParams:
     encoder_lr: float = 1e-4
     weight_decay: float = 0.0
     finetune_encoder: bool = True
+    # With a frozen encoder: a directory where its embeddings are kept, keyed by its weights and the
+    # texts, so that epochs, runs and Tune trials embed each text once (None: embed every time).
+    embedding_cache: str | None = None
     detection_weight: float = 0.5  # λ
     contrastive_weight: float = 0.1  # β
     detect_threshold: float = 0.5
@@ -57,6 +60,11 @@ class MassToolParams:
 
     def __post_init__(self) -> None:
         check_select_metric("masstool", self.select_metric, JOINT_METRICS)
+        if self.embedding_cache and self.finetune_encoder:
+            raise ValueError(
+                "masstool: embedding_cache needs finetune_encoder: false (a fine-tuned encoder's "
+                "embeddings change every step, there is nothing to cache)"
+            )
 
     def model_config(self) -> ModelConfig:
         """The architecture part of these parameters."""

@@ -70,6 +70,8 @@ class MassToolTask(StageTask):
         model = MassToolModel(encoder, self.graphs, self.params.model_config())
         if not self.params.finetune_encoder:
             model.encoder.requires_grad_(False)
+            if self.params.embedding_cache:
+                model.use_embedding_cache(self.params.embedding_cache)
         self._tokenizer, self._max_length = encoder.tokenizer, encoder.max_length
         return model
 

@@ -1,0 +1,61 @@
+"""The disk cache of a frozen encoder's embeddings (components/encoders/embedding_cache.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from components.encoders import EncoderSpec, TextEncoder
+from components.encoders.embedding_cache import EmbeddingCache
+
+TEXTS = ["get the weather forecast for a city", "search flights between two airports", "find hotels"]
+SPEC = EncoderSpec(
+    vocab_size=200, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_length=16
+)
+
+
+def frozen(shift: float) -> TextEncoder:
+    enc = TextEncoder.from_spec(SPEC, TEXTS).requires_grad_(False)
+    with torch.no_grad():  # another encoder: every weight moved (shift 0: the encoder as built)
+        for p in enc.parameters():
+            p.add_(shift)
+    return enc
+
+
+def test_a_second_call_reads_what_the_first_wrote_without_running_the_encoder(tmp_path, monkeypatch):
+    enc = frozen(0)
+    first = EmbeddingCache(str(tmp_path), enc).encode(TEXTS, 8)
+    torch.testing.assert_close(first, enc.encode(TEXTS, max_length=8), atol=0, rtol=0)
+
+    reopened = EmbeddingCache(str(tmp_path), enc)  # as a later epoch or Tune trial would
+    monkeypatch.setattr(enc, "encode", lambda *a, **k: pytest.fail("the encoder ran on a cached call"))
+    again = reopened.encode(TEXTS, 8)
+    assert (reopened.hits, reopened.misses) == (1, 0)
+    assert torch.equal(again, first)
+
+
+def test_other_texts_lengths_or_weights_are_other_entries(tmp_path):
+    cache = EmbeddingCache(str(tmp_path), frozen(0))
+    cache.encode(TEXTS, 8)
+    cache.encode(TEXTS, 12)  # cut at another length
+    cache.encode(["search flights", "between two airports"], 8)
+    cache.encode(["search flightsbetween", " two airports"], 8)  # same characters, other texts
+    assert (cache.hits, cache.misses) == (0, 4)
+
+    other = EmbeddingCache(str(tmp_path), frozen(0.01))  # different weights: a directory of its own
+    assert other.dir != cache.dir
+    assert not torch.equal(other.encode(TEXTS, 8), cache.encode(TEXTS, 8))
+    assert other.misses == 1
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(cache.dir), os.path.basename(other.dir)])
+
+
+def test_an_encoder_that_trains_cannot_use_a_cache(tmp_path):
+    enc = TextEncoder.from_spec(SPEC, TEXTS)
+    with pytest.raises(ValueError, match="frozen encoder"):
+        EmbeddingCache(str(tmp_path), enc)
+    cache = EmbeddingCache(str(tmp_path), enc.requires_grad_(False))
+    enc.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="unfrozen"):
+        cache.encode(TEXTS)
