@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,17 @@ def require(cfg: dict, dotted: str, flag: str) -> None:
 
 
 def start_ray(cfg: dict) -> None:
-    """Start or join Ray for commands that run Ray jobs."""
-    import transformers
+    """Start or join Ray for commands that run Ray jobs.
 
+    Hugging Face's progress bars ("Loading weights", "Writing model shards": one per model load in
+    every stage, trial and evaluation) and advisory warnings are switched off first, here and,
+    through the environment, in the processes of a local Ray started next; a user's own setting of
+    those variables wins.
+    """
+    from workflows.quiet import QUIET_ENV, quiet_libraries
     from workflows.ray_env import init_ray
 
-    transformers.logging.set_verbosity_error()
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    quiet_libraries()
     init_ray(cfg.get("ray"))

@@ -15,7 +15,7 @@ from conftest import LOCAL_MODE, TINY_ENCODER
 from ray import tune
 
 from components.config import ConfigError, load_yaml, merge
-from workflows.cli_config import packaged_config
+from workflows.cli_config import build_config, packaged_config
 from workflows.tune.settings import tune_settings
 from workflows.tune.space import parse_space
 from workflows.tune.sweep import SweepInterrupted, base_config, check_space, tune_sweep
@@ -57,6 +57,21 @@ def test_a_bad_distribution_is_refused_naming_its_key(entry, says):
     with pytest.raises(ConfigError, match=r"tune\.space\.method\.params\.lr") as e:
         parse_space(entry)
     assert says in str(e.value)
+
+
+SWEEPS = sorted(p.name for p in (Path(__file__).parents[2] / "workflows" / "configs").glob("*_tune.yaml"))
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_every_shipped_sweep_builds_its_method_from_a_sample_of_its_space(name):
+    # What `toolscout tune` checks before any trial: a misspelt key (a K or L the method does not
+    # take, a bad range) in a shipped sweep fails here, not after an hour of trials.
+    cfg = build_config(Path(__file__).parents[2] / "workflows" / "configs" / name, [])
+    settings = tune_settings(cfg, name)
+    base = base_config(cfg, settings)
+    method = check_space(base, parse_space(settings.space), settings)
+    assert method.name == base["method"]["name"]
+    assert settings.metric.startswith("valid/")  # selection never reads test
 
 
 def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
