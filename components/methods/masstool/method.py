@@ -111,7 +111,6 @@ class MassToolMethod:
         result = run_stage(config, run)
         self.model = MassToolModel.load(result.model_dir)
         if self.params.embedding_cache:  # the driver scores the model next: the same texts again
-            self.model.encoder.requires_grad_(False)  # as in the stage: the encoder stayed frozen
             self.model.use_embedding_cache(self.params.embedding_cache)
         return {**result.metrics, "stage_seconds": result.seconds}
 

@@ -43,9 +43,10 @@ class MassToolModel(nn.Module):
         self.embedding_cache: EmbeddingCache | None = None
 
     def use_embedding_cache(self, root: str) -> None:
-        """Read and write :meth:`embed`'s outputs under ``root`` (the encoder must be frozen): a
-        training run with ``finetune_encoder: false`` then embeds each text once across epochs,
-        runs and Tune trials (:mod:`components.encoders.embedding_cache`)."""
+        """Freeze the encoder and read and write :meth:`embed`'s outputs under ``root``: a training
+        run with ``finetune_encoder: false`` then embeds each text once across epochs, runs and
+        Tune trials (:mod:`components.encoders.embedding_cache`)."""
+        self.encoder.requires_grad_(False)
         self.embedding_cache = EmbeddingCache(root, self.encoder)
 
     def semantic(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
