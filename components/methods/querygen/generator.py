@@ -9,7 +9,7 @@ from typing import Any
 from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
 from components.generative.llamacpp import LlamaCppLM
-from components.generative.lm import lm_spec_from, load_causal_lm, save_causal_lm
+from components.generative.lm import lm_spec_from, load_causal_lm, save_causal_lm, to_inference_device
 from components.methods.querygen.params import QueryGenParams
 
 
@@ -25,8 +25,10 @@ class LocalGenerator:
         self._tokenizer: Any = None
 
     def load(self, path: str) -> None:
-        self._lm, self._tokenizer = load_causal_lm(path)
-        self._lm.eval()
+        lm, self._tokenizer = load_causal_lm(path)
+        # Rewrites and alignment's samples are generated here, on the driver or a replica: on the
+        # process's GPU where it has one (training places its own copy in the Ray Train worker).
+        self._lm = to_inference_device(lm).eval()
         self.path = path
 
     def ready(self) -> None:
