@@ -6,8 +6,8 @@ Two views over the training split only (valid/test edges would leak labels into 
 - **query–scene**: a bipartite graph on ``queries ∪ scenes`` (a scene groups the tools one
   kind of request needs), with the scene–tool map used to read tool embeddings off this view.
 
-Edges are stored as PyTorch Geometric ``edge_index`` tensors in both directions, so that
-``LGConv`` propagates queries → tools and tools → queries. The edges are read off the graphs that
+Edges are stored as PyTorch Geometric ``edge_index`` tensors in both directions, so that a
+propagation carries queries → tools and tools → queries. The edges are read off the graphs that
 ``toolscout preprocess`` built with Ray Data (``graphs/*.npz`` of the prepared directory), or off
 the same build run in-process for a raw dataset.
 """
