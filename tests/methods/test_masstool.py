@@ -407,6 +407,23 @@ def test_sparse_propagation_gradient_is_the_dense_one(small_quickstart, graphs):
     assert not dense[0].any() and not dense[:, 2].any()
 
 
+def test_propagation_follows_edges_rewritten_in_place(small_quickstart, graphs):
+    # load_state_dict copies a checkpoint's edges into the same buffer: the cached layout must not survive.
+    model = tiny_model(small_quickstart, graphs, layers=1, edge_dropout=0.0).eval()
+    gcn = model.gcn
+    n = graphs.n_queries + graphs.n_tools
+    before = gcn.propagation_matrix(gcn.tool_edges, n, None).to_dense()
+    rewired = gcn.tool_edges.clone()
+    rewired[1, : rewired.shape[1] // 2] = rewired[1, : rewired.shape[1] // 2].roll(1)
+    rewired[0, rewired.shape[1] // 2 :] = rewired[1, : rewired.shape[1] // 2]
+    gcn.tool_edges.copy_(rewired)
+    after = gcn.propagation_matrix(gcn.tool_edges, n, None).to_dense()
+    a = to_dense_adj(rewired, max_num_nodes=n)[0].T
+    d = a.sum(1).pow(-0.5).nan_to_num(0.0, posinf=0.0)
+    torch.testing.assert_close(after, d[:, None] * a * d[None, :])
+    assert not torch.allclose(before, after)
+
+
 def test_small_pool_with_self_exclusion_gives_finite_gradients(small_quickstart, graphs):
     # K >= pool size: the excluded (-inf) entry must not be picked, or SUIM's gradient is nan.
     model = tiny_model(small_quickstart, graphs, neighbours=graphs.n_queries + 5, edge_dropout=0.0)

@@ -137,7 +137,7 @@ class QCGCN(nn.Module):
         self.register_buffer("trained_tool", trained, persistent=True)
         self.register_buffer("tool_edges", graphs.tool_view_edges(), persistent=True)
         # Each edge set's CSR layout, built on first use (the buffers may have moved device since).
-        self._sorted: dict[torch.Tensor, SortedEdges] = {}
+        self._sorted: dict[tuple, SortedEdges] = {}
         # The scene view exists only to contrast with the propagated query–tool view.
         self.scene_view = cfg.contrastive and cfg.graph and graphs.has_scenes
         if self.scene_view:
@@ -187,9 +187,11 @@ class QCGCN(nn.Module):
         A left-out edge (a hidden node's, or one that edge dropout draws) keeps its place with
         weight 0, so the sparsity pattern is built once per edge set and only the weights change.
         """
-        graph = self._sorted.get(edges)
+        # Keyed by storage and version: ``load_state_dict`` copies into the same buffer in place.
+        key = (edges.data_ptr(), edges._version, tuple(edges.shape), str(edges.device))
+        graph = self._sorted.get(key)
         if graph is None:
-            graph = self._sorted[edges] = SortedEdges(edges, n)
+            graph = self._sorted[key] = SortedEdges(edges, n)
         keep = torch.ones(graph.edges.shape[1], dtype=torch.bool, device=edges.device)
         if hide is not None and hide.numel():
             hidden = torch.zeros(n, dtype=torch.bool, device=edges.device)
