@@ -20,16 +20,14 @@ its SUIM neighbours, which are. That is what lets the serving endpoint score arb
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from components.methods.masstool.graph import QueryGraphs
+from components.methods.masstool.propagation import SortedEdges, SymmetricSpMM, normalized_adjacency
 
 ADAKT_MODES = ("gate", "attention", "concat", "add", "none")
 
@@ -86,38 +84,6 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tens
     logits = a @ b.T / temperature
     target = torch.arange(a.shape[0], device=a.device)
     return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
-
-
-class SortedEdges:
-    """An undirected edge index ordered by (target, source), with the CSR row pointers of that order
-    and, for each directed edge, the id of its undirected pair (edge dropout drops pairs)."""
-
-    def __init__(self, edges: torch.Tensor, n: int) -> None:
-        order = (edges[1] * n + edges[0]).argsort()
-        self.edges = edges[:, order]
-        self.crow = torch.zeros(n + 1, dtype=torch.long, device=edges.device)
-        self.crow[1:] = torch.bincount(self.edges[1], minlength=n).cumsum(0)
-        low, high = self.edges.min(0).values, self.edges.max(0).values
-        pairs, self.pair = torch.unique(low * n + high, return_inverse=True)
-        self.n_pairs = int(pairs.numel())
-
-
-class SymmetricSpMM(torch.autograd.Function):
-    """``adj @ x`` for a symmetric sparse ``adj`` that takes no gradient.
-
-    The backward is ``adj @ grad`` (adjᵀ = adj). Torch's own backward of a CSR product builds the
-    transpose every step, which made a LightGCN step on ToolLens's graph twice as slow on CPU.
-    The product runs in fp32 (under bf16 autocast the input may be bf16; the graph is small).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, adj: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        ctx.adj, ctx.dtype = adj, x.dtype
-        return adj @ x.float()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        return None, (ctx.adj @ grad.float()).to(ctx.dtype)
 
 
 class QCGCN(nn.Module):
@@ -182,30 +148,14 @@ class QCGCN(nn.Module):
         return out / (self.cfg.layers + 1)
 
     def propagation_matrix(self, edges: torch.Tensor, n: int, hide: torch.Tensor | None) -> torch.Tensor:
-        """Â = D^-1/2 A D^-1/2 over this step's edges, as a sparse CSR matrix (symmetric).
-
-        A left-out edge (a hidden node's, or one that edge dropout draws) keeps its place with
-        weight 0, so the sparsity pattern is built once per edge set and only the weights change.
-        """
+        """Â = D^-1/2 A D^-1/2 over this step's edges (:func:`normalized_adjacency`)."""
         # Keyed by storage and version: ``load_state_dict`` copies into the same buffer in place.
         key = (edges.data_ptr(), edges._version, tuple(edges.shape), str(edges.device))
         graph = self._sorted.get(key)
         if graph is None:
             graph = self._sorted[key] = SortedEdges(edges, n)
-        keep = torch.ones(graph.edges.shape[1], dtype=torch.bool, device=edges.device)
-        if hide is not None and hide.numel():
-            hidden = torch.zeros(n, dtype=torch.bool, device=edges.device)
-            hidden[hide] = True
-            keep &= ~(hidden[graph.edges[0]] | hidden[graph.edges[1]])
-        if self.training and self.cfg.edge_dropout > 0:
-            # Both directions of an edge together: the normalisation takes degrees from incoming
-            # edges, so dropping one direction alone would also silence the other end's messages.
-            kept_pairs = torch.rand(graph.n_pairs, device=edges.device) >= self.cfg.edge_dropout
-            keep &= kept_pairs[graph.pair]
-        _, weight = gcn_norm(graph.edges, keep.float(), n, add_self_loops=False)
-        with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta", once per process
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.sparse_csr_tensor(graph.crow, graph.edges[0], weight, (n, n))
+        dropout = self.cfg.edge_dropout if self.training else 0.0
+        return normalized_adjacency(graph, n, hide, dropout)
 
     def forward(
         self,
