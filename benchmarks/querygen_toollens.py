@@ -68,7 +68,8 @@ def main() -> None:
     test_split = "test" if args.split_mode == "standard" else "test_unseen"
     cores = os.cpu_count() or 2
     # The 2-core machine by default. With --gpu, a minimal Ray (no dashboard packages) on every core.
-    init_ray({"num_cpus": cores, "num_gpus": 1, "include_dashboard": False} if args.gpu else {"num_cpus": 2})
+    ray_cfg = {"num_cpus": cores, "num_gpus": 1, "include_dashboard": False} if args.gpu else {"num_cpus": 2}
+    init_ray({**ray_cfg, "progress_bars": False})
     sft_examples = args.sft_examples or None  # 0: every training query
     params = {
         "generator": {"name_or_path": args.generator},
