@@ -422,6 +422,10 @@ def test_propagation_follows_edges_rewritten_in_place(small_quickstart, graphs):
     d = a.sum(1).pow(-0.5).nan_to_num(0.0, posinf=0.0)
     torch.testing.assert_close(after, d[:, None] * a * d[None, :])
     assert not torch.allclose(before, after)
+    for _ in range(3):  # DDP re-broadcasts buffers in place every step: one layout, not one per step
+        gcn.tool_edges.copy_(rewired)
+        gcn.propagation_matrix(gcn.tool_edges, n, None)
+    assert len(gcn._sorted) == 1
 
 
 def test_small_pool_with_self_exclusion_gives_finite_gradients(small_quickstart, graphs):

@@ -149,10 +149,11 @@ class QCGCN(nn.Module):
 
     def propagation_matrix(self, edges: torch.Tensor, n: int, hide: torch.Tensor | None) -> torch.Tensor:
         """Â = D^-1/2 A D^-1/2 over this step's edges (:func:`normalized_adjacency`)."""
-        # Keyed by storage and version: ``load_state_dict`` copies into the same buffer in place.
-        key = (edges.data_ptr(), edges._version, tuple(edges.shape), str(edges.device))
+        # One entry per buffer, checked against its contents: ``load_state_dict`` (and DDP's buffer
+        # broadcast, every step) copy into the same tensor in place.
+        key = (edges.data_ptr(), tuple(edges.shape), str(edges.device))
         graph = self._sorted.get(key)
-        if graph is None:
+        if graph is None or not torch.equal(graph.source, edges):
             graph = self._sorted[key] = SortedEdges(edges, n)
         dropout = self.cfg.edge_dropout if self.training else 0.0
         return normalized_adjacency(graph, n, hide, dropout)

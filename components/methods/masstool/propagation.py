@@ -22,6 +22,7 @@ class SortedEdges:
     and, for each directed edge, the id of its undirected pair (edge dropout drops pairs)."""
 
     def __init__(self, edges: torch.Tensor, n: int) -> None:
+        self.source = edges.clone()  # what this layout was built from
         order = (edges[1] * n + edges[0]).argsort()
         self.edges = edges[:, order]
         self.crow = torch.zeros(n + 1, dtype=torch.long, device=edges.device)
