@@ -27,6 +27,7 @@ from components.data import open_dataset  # noqa: E402
 from components.methods.querygen.data import choose_fusion  # noqa: E402
 from components.metrics import evaluate_retrieval, paired_bootstrap, per_query  # noqa: E402
 from components.training.spec import RunSpec  # noqa: E402
+from workflows.bench import device_name  # noqa: E402
 from workflows.quiet import quiet_libraries  # noqa: E402
 from workflows.ray_env import init_ray  # noqa: E402
 from workflows.report import md_table, write_report  # noqa: E402
@@ -98,6 +99,7 @@ def main() -> None:
         local_dir=os.path.abspath(os.path.join(args.work, "local")),
         **(gpu if args.gpu else {}),
     )
+    device = device_name(run) + (", bf16 training" if args.gpu else "")
     test_ids = sorted(data.qrels[test_split])
     if args.test_queries:
         test_ids = sorted(random.Random(0).sample(test_ids, min(args.test_queries, len(test_ids))))
@@ -133,18 +135,18 @@ def main() -> None:
         report = {
             "dataset": "toollens",
             "split_mode": args.split_mode,
-            "device": device_name(args.gpu),
+            "device": device,
             "complete": complete,
             "results": rows,
             "comparisons_ndcg@3": comparisons,
             "stages": stages,
-            "notes": notes(args, stages, len(test_ids), len(data.qrels[test_split]), complete),
+            "notes": notes(args, device, stages, len(test_ids), len(data.qrels[test_split]), complete),
         }
         write_report(
             report,
             args.out,
             title=f"ToolLens{'' if args.split_mode == 'standard' else ', unseen-tool split'}: query "
-            f"generation in front of {args.retriever} ({device_name(args.gpu)})",
+            f"generation in front of {args.retriever} ({device})",
             plot=False,
             table=report_table(rows, comparisons),
         )
@@ -199,16 +201,9 @@ def report_table(rows: list[dict], comparisons: dict) -> list[str]:
     return table
 
 
-def device_name(gpu: bool) -> str:
-    """What trained and generated: the GPU's name, or the CPU machine's cores."""
-    if gpu:
-        import torch
-
-        return f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPU cores, bf16 training"
-    return f"{os.cpu_count()} CPU cores"
-
-
-def notes(args: argparse.Namespace, stages: dict, tested: int, test_size: int, complete: bool = True) -> str:
+def notes(
+    args: argparse.Namespace, device: str, stages: dict, tested: int, test_size: int, complete: bool = True
+) -> str:
     align = stages.get("align", {})
     lines = []
     for r in range(1, args.rounds + 1):
@@ -234,7 +229,7 @@ def notes(args: argparse.Namespace, stages: dict, tested: int, test_size: int, c
     )
     test = f"all {test_size}" if tested == test_size else f"a seeded sample of {tested} of {test_size}"
     return (
-        f"Run: `{command}` on {device_name(args.gpu)}; {split}. Generator {args.generator} with LoRA "
+        f"Run: `{command}` on {device}; {split}. Generator {args.generator} with LoRA "
         f"(r 16); SFT on {sft} (1 epoch, batch {args.batch_size}, lr 1e-3); {args.rounds} "
         f"rejection-sampling rounds of {args.align_queries} training queries x 4 samples (1 epoch "
         f"each, batch {args.batch_size}, lr 5e-4), reward: nDCG@3 of the retriever's ranking for the "

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -123,6 +124,11 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
             ),
         ),
     )
+    if run.use_gpu and torch.cuda.is_available():
+        # This process may share the GPU with the stage's worker and hold blocks in its caching
+        # allocator from its own work between stages (an LM generating rewrites or samples: ~62 GiB
+        # after query generation's batched sampling, which left the worker out of memory on an H100).
+        torch.cuda.empty_cache()
     with environment(env if config.local else {}):
         trainer.fit()  # raises (Train V2: TrainingFailedError) when the run fails
     # Choose from what is persisted, not only from what the controller registered (see checkpoints).

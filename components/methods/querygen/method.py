@@ -26,7 +26,6 @@ from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 import ray
-import torch
 
 from components import methods
 from components.data.types import Corpus, Dataset, Queries, Results
@@ -135,11 +134,6 @@ class QueryGenMethod:
             score="valid_score",
             progress=self.params.progress,
         )
-        if torch.cuda.is_available():
-            # The driver's generator and the Ray Train worker share the GPU: blocks that generation
-            # left in this process's caching allocator (tens of GB after batched sampling with a
-            # 49k-token vocabulary) would otherwise starve the worker (seen: OOM on an 80 GB H100).
-            torch.cuda.empty_cache()
         result = run_stage(config, run)
         self.gen.load(result.model_dir)
         self._cache.clear()
