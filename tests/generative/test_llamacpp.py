@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from components.generative.llamacpp import LlamaCppLM, choice_grammar, gbnf_literal, gguf_file
+from components.generative.text import first_line
 
 OPTIONS = ["weather/forecast", 'news "latest"', "recipes\\search", "zq_unlikely_tool_7", "ünïcode tool"]
 QUERIES = [
@@ -50,3 +51,20 @@ def test_greedy_answers_are_deterministic_one_line_rewrites(smollm2_gguf):
     first = smollm2_gguf.rewrite(system, QUERIES, 24)
     assert smollm2_gguf.rewrite(system, QUERIES, 24) == first
     assert all(line and "\n" not in line for line in first)
+    # Stopping at the first line break keeps exactly the first line of the whole answer.
+    whole = [first_line(smollm2_gguf.complete(system, q, 24)) or q for q in QUERIES]
+    assert first == whole
+
+
+def test_a_rewrite_that_opens_with_a_line_break_is_generated_again_without_the_stop(monkeypatch):
+    lm = LlamaCppLM()
+    answers = {(): "\n\nweather api\nmore", ("\n",): "\n"}  # what a stop at "\n" would leave
+    calls = []
+
+    def complete(system, text, max_tokens, grammar=None, stop=()):
+        calls.append(tuple(stop))
+        return answers[tuple(stop)] if text == "q" else "flights search\n"[: 14 if stop else None]
+
+    monkeypatch.setattr(lm, "complete", complete)
+    assert lm.rewrite("s", ["q", "r"], 8) == ["weather api", "flights search"]
+    assert calls == [("\n",), (), ("\n",)]  # one retry, for the answer that opened with a break
