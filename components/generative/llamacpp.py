@@ -156,9 +156,10 @@ class LlamaCppLM:
         """The first line of the greedy answer to each text (the text itself where it is empty).
 
         Decoding stops at the first line break: only the first line is kept, and each generated
-        token costs 15 to 26 ms on 2 cores (``benchmarks/results/llamacpp_rewrite.md``). An answer
-        that opens with a line break is generated again without the stop, so the kept line is
-        always the one the whole answer's first line would be.
+        token costs 14.5 ms (2 threads) to 25.6 ms (1 thread) on the 2-core machine
+        (``benchmarks/results/llamacpp_rewrite.md``). An answer that opens with a line break is
+        generated again without the stop, so the kept line is always the one the whole answer's
+        first line would be.
         """
         lines = []
         for text in texts:
