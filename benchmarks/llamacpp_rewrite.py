@@ -5,7 +5,7 @@
 
 For 1 and 2 llama.cpp threads, in this process, nothing else running:
 
-- the engine's per-token costs: a fixed 73-token prompt evaluated from an empty cache (median of 3),
+- the engine's per-token costs: a fixed prompt evaluated from an empty cache (median of 3),
   and 20 single-token decode steps after it;
 - ``--queries`` ToolLens test queries rewritten one by one with the querygen system prompt and its
   24-token cap, twice in alternation: decoding to the cap (``stop: none``, what
@@ -20,38 +20,26 @@ machine's floor is: a rewrite of ``completion_tokens`` tokens costs at least tha
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 
+from benchmarks.serve_load import summary
+from components.data import open_dataset
 from components.generative.llamacpp import LlamaCppLM
 from components.generative.text import first_line
 from components.methods.querygen.params import QueryGenParams
 from workflows.report import md_table, write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "llamacpp_rewrite.json")
-PROMPT = (
-    b"Rewrite the user's request as a short search query for an API catalog: name the APIs and "
-    b"capabilities the request needs. "
-    * 2
-    + b"I want to plan a trip to Rome with flights and hotels and also check the weather forecast"
-)
-
-
-def test_queries(data: str, n: int) -> list[str]:
-    """The first ``n`` ToolLens test queries by id."""
-    with open(os.path.join(data, "queries.jsonl")) as f:
-        texts = {q["_id"]: q["text"] for q in map(json.loads, f)}
-    with open(os.path.join(data, "qrels", "test.tsv")) as f:
-        ids = sorted({line.split("\t")[0] for line in f.read().splitlines()[1:]})
-    return [texts[i] for i in ids[:n]]
+# A fixed prompt for the per-token rows: the system instruction twice, then a request.
+PROMPT = (QueryGenParams.system_prompt + " ") * 2 + "I want to plan a trip to Rome with flights and hotels."
 
 
 def token_costs(lm: LlamaCppLM) -> dict[str, float]:
     """Prompt evaluation and decoding, in ms per token."""
     llm = lm.llm()
-    tokens = llm.tokenize(PROMPT)
+    tokens = llm.tokenize(PROMPT.encode())
     prompt = []
     for _ in range(3):
         llm.reset()
@@ -68,24 +56,21 @@ def token_costs(lm: LlamaCppLM) -> dict[str, float]:
 def rewrites(lm: LlamaCppLM, queries: list[str], stop: tuple[str, ...]) -> tuple[list[str], dict]:
     """Each query rewritten once: the kept lines and the latency / token figures."""
     system, cap = QueryGenParams.system_prompt, QueryGenParams.max_new_tokens
-    llm, lines, ms, prompt_tokens, completion_tokens = lm.llm(), [], [], [], []
+    llm, lines, seconds, prompt_tokens, completion_tokens = lm.llm(), [], [], [], []
     for query in queries:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": query}]
         start = time.perf_counter()
         answer = llm.create_chat_completion(
             messages=messages, temperature=0.0, max_tokens=cap, stop=list(stop)
         )
-        ms.append((time.perf_counter() - start) * 1000)
+        seconds.append(time.perf_counter() - start)
         lines.append(first_line(answer["choices"][0]["message"]["content"] or ""))
         prompt_tokens.append(answer["usage"]["prompt_tokens"])
         completion_tokens.append(answer["usage"]["completion_tokens"])
-    ms.sort()
     return lines, {
-        "p50_ms": statistics.median(ms),
-        "p99_ms": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
+        **summary(seconds, 0, sum(seconds)),
         "prompt_tokens": statistics.mean(prompt_tokens),
         "completion_tokens": statistics.mean(completion_tokens),
-        "errors": 0,
     }
 
 
@@ -132,7 +117,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
-    queries = test_queries(args.data, args.queries)
+    test = open_dataset(args.data).split_queries("test")
+    queries = [test[i] for i in sorted(test)[: args.queries]]  # the first by id
     results = []
     for threads in args.threads:
         lm = LlamaCppLM(model="smollm2-135m", n_threads=threads)

@@ -14,11 +14,13 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from components.generative.text import first_line
+from components.generative.text import rewrite_line
 
 ENDPOINT_KEYS = frozenset({"endpoint", "model", "api_key_env", "timeout_s", "concurrency"})
 
@@ -77,8 +79,9 @@ class ChatEndpoint:
     def url(self) -> str:
         return self.endpoint.rstrip("/") + "/chat/completions"
 
-    def complete(self, system: str, text: str, max_tokens: int) -> str:
-        """The endpoint's greedy answer to ``text`` under ``system``.
+    def complete(self, system: str, text: str, max_tokens: int, stop: Sequence[str] = ()) -> str:
+        """The endpoint's greedy answer to ``text`` under ``system``, cut before the first of the
+        ``stop`` strings it generates.
 
         Raises:
             ChatEndpointError: unreachable, an HTTP error, or a body that is not a chat completion.
@@ -88,6 +91,7 @@ class ChatEndpoint:
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
             "temperature": 0.0,
             "max_tokens": max_tokens,
+            **({"stop": list(stop)} if stop else {}),
         }
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         answer = post_chat_completion(self.url, body, key, self.timeout_s)
@@ -97,10 +101,10 @@ class ChatEndpoint:
             raise ChatEndpointError(f"{self.url}: not a chat completion: {str(answer)[:200]}") from e
 
     def rewrite(self, system: str, texts: list[str], max_tokens: int) -> list[str]:
-        """The first line of the endpoint's answer to each text (the text itself where it is empty)."""
+        """The first line of the endpoint's answer to each text (:func:`rewrite_line`)."""
 
         def one(text: str) -> str:
-            return first_line(self.complete(system, text, max_tokens)) or text
+            return rewrite_line(partial(self.complete, system, text, max_tokens), text)
 
         if not texts:
             return []

@@ -25,10 +25,11 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from components.generative.packaged import PACKAGED_LMS, packaged_gguf
-from components.generative.text import first_line
+from components.generative.text import rewrite_line
 
 LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed"})
 
@@ -153,21 +154,8 @@ class LlamaCppLM:
         return str(answer["choices"][0]["message"]["content"] or "")
 
     def rewrite(self, system: str, texts: Sequence[str], max_tokens: int) -> list[str]:
-        """The first line of the greedy answer to each text (the text itself where it is empty).
-
-        Decoding stops at the first line break: only the first line is kept, and each generated
-        token costs 14.5 ms (2 threads) to 25.6 ms (1 thread) on the 2-core machine
-        (``benchmarks/results/llamacpp_rewrite.md``). An answer that opens with a line break is
-        generated again without the stop, so the kept line is always the one the whole answer's
-        first line would be.
-        """
-        lines = []
-        for text in texts:
-            line = first_line(self.complete(system, text, max_tokens, stop=("\n",)))
-            if not line:
-                line = first_line(self.complete(system, text, max_tokens))
-            lines.append(line or text)
-        return lines
+        """The first line of the greedy answer to each text (:func:`rewrite_line`)."""
+        return [rewrite_line(partial(self.complete, system, text, max_tokens), text) for text in texts]
 
     def choose(self, system: str, text: str, options: Sequence[str]) -> str:
         """The option the model generates for ``text``, decoding bound to the options' grammar."""
