@@ -60,6 +60,13 @@ def main() -> None:
         help="train on the GPU in bf16 (one Ray Train worker) and generate there; every core to Ray",
     )
     parser.add_argument(
+        "--gpu-fraction",
+        type=float,
+        default=1.0,
+        help="the share of the GPU (and of 8 CPUs) the training worker asks Ray for: 0.5 lets two runs "
+        "joined to one cluster (RAY_ADDRESS) train side by side on one GPU",
+    )
+    parser.add_argument(
         "--out", default=os.path.join(ROOT, "benchmarks", "results", "querygen_toollens.json")
     )
     parser.add_argument("--work", default=os.path.join(ROOT, "runs", "querygen_bench"))
@@ -92,7 +99,8 @@ def main() -> None:
     }
     method = methods.build("querygen", params)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    gpu = {"use_gpu": True, "resources_per_worker": {"CPU": min(8, cores), "GPU": 1}, "precision": "bf16"}
+    worker = {"CPU": max(1, int(min(8, cores) * args.gpu_fraction)), "GPU": args.gpu_fraction}
+    gpu = {"use_gpu": True, "resources_per_worker": worker, "precision": "bf16"}
     run = RunSpec(
         name=f"querygen-{args.retriever}-{args.split_mode}-{stamp}",
         storage_path=os.path.abspath(os.path.join(args.work, "store")),
