@@ -183,3 +183,35 @@ def test_colt_profile_splits_on_whitespace_and_indexes_documentation_without_sch
     }
     assert "calories" not in tool_document(record, m.fields)
     assert "recipe" in tool_document(record, m.fields)
+
+
+@pytest.mark.parametrize("module", ["components.methods.bm25.method", "components.methods.bm25.analyzers"])
+@pytest.mark.parametrize("preset", [None, "cuda"])
+def test_bm25s_imports_jax_on_the_cpu_without_reserving_a_gpu(tmp_path, module, preset):
+    """bm25s imports JAX where installed; JAX must see the CPU default when it first initialises.
+
+    A stand-in ``jax`` on the path records the environment at the moment bm25s imports it (bm25s
+    runs a top-k at import, which is when the real JAX picks its platform and reserves memory).
+    A platform the caller already chose is kept.
+    """
+    import json
+    import subprocess
+    import sys
+
+    fake = tmp_path / "jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import json, os\n"
+        "SEEN = {k: os.environ.get(k) for k in ('JAX_PLATFORMS', 'XLA_PYTHON_CLIENT_PREALLOCATE')}\n"
+        "from jax import lax\n"
+    )
+    (fake / "lax.py").write_text("def top_k(x, k):\n    return sorted(x)[-k:], None\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
+    if preset:
+        env["JAX_PLATFORMS"] = preset
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), root])
+    code = f"import json, {module}, jax; print(json.dumps(jax.SEEN))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"JAX_PLATFORMS": preset or "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
