@@ -39,7 +39,16 @@ METRICS = ("recall@3", "ndcg@3", "comp@3", "recall@5", "ndcg@5")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=TOOLLENS)
-    parser.add_argument("--retriever", default="bm25", help="a registered method name (untrained: bm25)")
+    parser.add_argument(
+        "--retriever", help="a registered method name, trained in the retriever stage (default bm25)"
+    )
+    parser.add_argument(
+        "--retriever-path",
+        help="a saved retriever artifact directory (e.g. one that `toolscout bench ... "
+        "bench.save_models=DIR` kept) instead of --retriever; the rows are named after the directory. "
+        "It must have been trained on the same --split-mode: one trained on the standard split has seen "
+        "the unseen-tool split's tools",
+    )
     parser.add_argument("--generator", default="smollm2-135m")
     parser.add_argument("--sft-examples", type=int, default=480)
     parser.add_argument("--align-queries", type=int, default=64)
@@ -71,6 +80,15 @@ def main() -> None:
     )
     parser.add_argument("--work", default=os.path.join(ROOT, "runs", "querygen_bench"))
     args = parser.parse_args()
+    if args.retriever and args.retriever_path:
+        parser.error("give --retriever or --retriever-path, not both")
+    if args.retriever_path:
+        if not os.path.isdir(args.retriever_path):
+            parser.error(f"--retriever-path {args.retriever_path}: not a directory")
+        args.retriever = os.path.basename(os.path.normpath(args.retriever_path))
+    args.retriever = args.retriever or "bm25"
+    if not 0 < args.gpu_fraction <= 1:
+        parser.error(f"--gpu-fraction must be in (0, 1], got {args.gpu_fraction}")
     quiet_libraries()
     data = open_dataset(args.data, {"mode": args.split_mode})
     test_split = "test" if args.split_mode == "standard" else "test_unseen"
@@ -81,7 +99,9 @@ def main() -> None:
     sft_examples = args.sft_examples or None  # 0: every training query
     params = {
         "generator": {"name_or_path": args.generator},
-        "retriever": {"method": args.retriever},
+        "retriever": {"path": os.path.abspath(args.retriever_path)}
+        if args.retriever_path
+        else {"method": args.retriever},
         # LoRA on a 135M LM takes a larger step than full fine-tuning; small batches give a short
         # CPU run more updates (one SmolLM2 step of 16 examples is ~12 s on 2 cores).
         "sft": {"epochs": 1, "lr": 1.0e-3, "batch_size": args.batch_size, "max_examples": sft_examples},

@@ -212,6 +212,8 @@ def test_bm25s_imports_jax_on_the_cpu_without_reserving_a_gpu(tmp_path, module, 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), root])
     code = f"import json, {module}, jax; print(json.dumps(jax.SEEN))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"JAX_PLATFORMS": preset or "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
