@@ -86,7 +86,10 @@ def main() -> None:
         if not os.path.isdir(args.retriever_path):
             parser.error(f"--retriever-path {args.retriever_path}: not a directory")
         args.retriever = os.path.basename(os.path.normpath(args.retriever_path))
-    args.retriever = args.retriever or "bm25"
+        retriever = {"path": os.path.abspath(args.retriever_path)}
+    else:
+        args.retriever = args.retriever or "bm25"
+        retriever = {"method": args.retriever}
     if not 0 < args.gpu_fraction <= 1:
         parser.error(f"--gpu-fraction must be in (0, 1], got {args.gpu_fraction}")
     quiet_libraries()
@@ -99,9 +102,7 @@ def main() -> None:
     sft_examples = args.sft_examples or None  # 0: every training query
     params = {
         "generator": {"name_or_path": args.generator},
-        "retriever": {"path": os.path.abspath(args.retriever_path)}
-        if args.retriever_path
-        else {"method": args.retriever},
+        "retriever": retriever,
         # LoRA on a 135M LM takes a larger step than full fine-tuning; small batches give a short
         # CPU run more updates (one SmolLM2 step of 16 examples is ~12 s on 2 cores).
         "sft": {"epochs": 1, "lr": 1.0e-3, "batch_size": args.batch_size, "max_examples": sft_examples},

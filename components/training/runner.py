@@ -126,9 +126,7 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
     )
     if run.use_gpu and torch.cuda.is_available():
         # This process may share the GPU with the stage's worker and hold blocks in its caching
-        # allocator from its own work between stages (an LM generating rewrites or samples). (An
-        # H100 run once blamed ~62 GiB on this; it was probably JAX's 75 % reservation through bm25s,
-        # which components/methods/bm25/__init__.py now turns off.)
+        # allocator from its own work between stages (an LM generating rewrites or samples).
         torch.cuda.empty_cache()
     with environment(env if config.local else {}):
         trainer.fit()  # raises (Train V2: TrainingFailedError) when the run fails

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import TOOLS
@@ -194,10 +197,6 @@ def test_bm25s_imports_jax_on_the_cpu_without_reserving_a_gpu(tmp_path, module, 
     runs a top-k at import, which is when the real JAX picks its platform and reserves memory).
     A platform the caller already chose is kept.
     """
-    import json
-    import subprocess
-    import sys
-
     fake = tmp_path / "jax"
     fake.mkdir()
     (fake / "__init__.py").write_text(
