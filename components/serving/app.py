@@ -42,6 +42,11 @@ FALLBACK_ACTOR_OPTIONS = {"num_cpus": 0.25}
 # clients (99 at a cap of 32), and at 32 it served 12 to 64 clients (117 at 128). Queued requests
 # still count toward autoscaling.
 FALLBACK_MAX_ONGOING_REQUESTS = 128
+# Used when the config names none. A replica being stopped (a rolling update, a scale-down, an app
+# deleted) checks for in-flight requests every this many seconds before it exits; Serve's 2 s made
+# every redeploy and delete wait ~2 s after the last request drained (measured: delete 3.0 s at
+# 2 s, 1.0 s at 0.1 s). The check is a counter read, so polling faster costs nothing.
+FALLBACK_SHUTDOWN_WAIT_LOOP_S = 0.1
 
 
 class ServeArgs(BaseModel):
@@ -148,6 +153,7 @@ def deployment_options(args: ServeArgs, name: str) -> dict[str, Any]:
     options.pop("name", None)
     options.setdefault("ray_actor_options", dict(FALLBACK_ACTOR_OPTIONS))
     options.setdefault("max_ongoing_requests", FALLBACK_MAX_ONGOING_REQUESTS)
+    options.setdefault("graceful_shutdown_wait_loop_s", FALLBACK_SHUTDOWN_WAIT_LOOP_S)
     return options
 
 

@@ -95,6 +95,16 @@ def test_no_stage_rejects_what_the_ingress_admits():
     assert deployment_options(bare, "Selector")["max_ongoing_requests"] == cap["Ingress"]
 
 
+def test_a_stopping_replica_polls_for_drained_requests_quickly_unless_the_config_says_otherwise():
+    # Serve's 2 s default made every rolling update and app delete wait ~2 s past the last request.
+    bare = ServeArgs.model_validate({"artifact": "a", "catalog": "c"})
+    assert deployment_options(bare, "Retriever")["graceful_shutdown_wait_loop_s"] == 0.1
+    slow = {"name": "Retriever", "graceful_shutdown_wait_loop_s": 2.0}
+    given = ServeArgs.model_validate({"artifact": "a", "catalog": "c", "deployments": [slow]})
+    assert deployment_options(given, "Retriever")["graceful_shutdown_wait_loop_s"] == 2.0
+    assert deployment_options(given, "Detector")["graceful_shutdown_wait_loop_s"] == 0.1
+
+
 def test_flags_and_overrides_reach_the_args():
     config = read_serve_config(None)
     args = app_args(config, {"artifact": "a", "catalog": None}, ["serve.selector.backend=lm", "data.path=x"])
