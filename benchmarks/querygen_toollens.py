@@ -80,16 +80,7 @@ def main() -> None:
     )
     parser.add_argument("--work", default=os.path.join(ROOT, "runs", "querygen_bench"))
     args = parser.parse_args()
-    if args.retriever and args.retriever_path:
-        parser.error("give --retriever or --retriever-path, not both")
-    if args.retriever_path:
-        if not os.path.isdir(args.retriever_path):
-            parser.error(f"--retriever-path {args.retriever_path}: not a directory")
-        args.retriever = os.path.basename(os.path.normpath(args.retriever_path))
-        retriever = {"path": os.path.abspath(args.retriever_path)}
-    else:
-        args.retriever = args.retriever or "bm25"
-        retriever = {"method": args.retriever}
+    retriever_name, retriever = retriever_spec(parser, args)
     if not 0 < args.gpu_fraction <= 1:
         parser.error(f"--gpu-fraction must be in (0, 1], got {args.gpu_fraction}")
     quiet_libraries()
@@ -123,7 +114,7 @@ def main() -> None:
     worker = {"CPU": max(1, int(min(8, cores) * args.gpu_fraction)), "GPU": args.gpu_fraction}
     gpu = {"use_gpu": True, "resources_per_worker": worker, "precision": "bf16"}
     run = RunSpec(
-        name=f"querygen-{args.retriever}-{args.split_mode}-{stamp}",
+        name=f"querygen-{retriever_name}-{args.split_mode}-{stamp}",
         storage_path=os.path.abspath(os.path.join(args.work, "store")),
         local_dir=os.path.abspath(os.path.join(args.work, "local")),
         **(gpu if args.gpu else {}),
@@ -156,8 +147,8 @@ def main() -> None:
         comparisons = {
             f"{b} - {a}": paired_bootstrap(per[a], per[b])
             for a, b in (
-                (args.retriever, f"querygen_sft_{args.retriever}"),
-                (f"querygen_sft_{args.retriever}", f"querygen_aligned_{args.retriever}"),
+                (retriever_name, f"querygen_sft_{retriever_name}"),
+                (f"querygen_sft_{retriever_name}", f"querygen_aligned_{retriever_name}"),
             )
             if a in per and b in per
         }
@@ -175,7 +166,7 @@ def main() -> None:
             report,
             args.out,
             title=f"ToolLens{'' if args.split_mode == 'standard' else ', unseen-tool split'}: query "
-            f"generation in front of {args.retriever} ({device})",
+            f"generation in front of {retriever_name} ({device})",
             plot=False,
             table=report_table(rows, comparisons),
         )
@@ -184,7 +175,7 @@ def main() -> None:
         started = time.perf_counter()
         stages[stage] = method.fit(stage, data, run) | {"seconds": time.perf_counter() - started}
         if stage == "retriever":
-            add_row(args.retriever, method.retriever.retrieve(queries, 5), {"retriever": args.retriever}, 0.0)
+            add_row(retriever_name, method.retriever.retrieve(queries, 5), {"retriever": retriever_name}, 0.0)
         variant = {"retriever": "zero_shot", "sft": "sft", "align": "aligned"}[stage]
         m = "ndcg@3"
         # The better fusion on the valid prefix; the test sample is read with that one only.
@@ -193,14 +184,27 @@ def main() -> None:
         results = method.retrieve(queries, 5, fusion)
         ms = 1000 * (time.perf_counter() - started) / len(queries)
         config = {
-            "retriever": args.retriever,
+            "retriever": retriever_name,
             "generator": args.generator,
             "fusion": fusion,
             f"valid_generated_{m}": stages[stage].get(f"generated_{m}"),
             f"valid_rrf_{m}": stages[stage].get(f"rrf_{m}"),
         }
-        add_row(f"querygen_{variant}_{args.retriever}", results, config, ms)
+        add_row(f"querygen_{variant}_{retriever_name}", results, config, ms)
         save(complete=stage == method.stages[-1])
+
+
+def retriever_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """The retriever's row name and its ``retriever`` params, from --retriever or --retriever-path."""
+    if args.retriever and args.retriever_path:
+        parser.error("give --retriever or --retriever-path, not both")
+    if args.retriever_path:
+        if not os.path.isdir(args.retriever_path):
+            parser.error(f"--retriever-path {args.retriever_path}: not a directory")
+        path = os.path.normpath(args.retriever_path)
+        return os.path.basename(path), {"path": os.path.abspath(path)}
+    name = args.retriever or "bm25"
+    return name, {"method": name}
 
 
 def report_table(rows: list[dict], comparisons: dict) -> list[str]:

@@ -37,8 +37,8 @@ IMPORT_PATH = "components.serving.app:build_app"
 # A stopping ingress replica keeps its port open for a minimum draining period so that a load
 # balancer in front can deregister it; Ray's default is 30 s, which made every local shutdown and
 # every redeploy that restarts the ingress wait that long (``serve.shutdown`` gave up at 30 s and
-# killed the controller). Locally nothing sits in front, so 0.5 s (2 s until the test suite showed
-# every app delete taking 3.1 s, 2 of them this wait); in-flight requests are still drained.
+# killed the controller). Locally nothing sits in front, so 0.5 s (at 2 s this wait was 2 s of every
+# 3.1 s app delete in the tests); in-flight requests are still drained.
 # Cluster configs (``ray_cluster.yaml``, ``deploy/rayservice.yaml``) keep the default.
 # Ray's metrics collection (``RAY_enable_metrics_collection``, a Ray core setting) is off for a
 # local Serve: every replica records per-request Prometheus metrics and pushes them to the node's
