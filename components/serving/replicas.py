@@ -40,7 +40,9 @@ def running_replicas(deployment: str, app: str = "toolscout") -> int:
 def wait_for_replicas(deployment: str, count: int, timeout_s: float = 60.0, app: str = "toolscout") -> None:
     """Block until ``count`` replicas are RUNNING (e.g. after a kill, until Serve has replaced it)."""
     deadline = time.monotonic() + timeout_s
-    while running_replicas(deployment, app) < count or len(replica_names(deployment, app)) < count:
+    # Names first: a replacement's name exists only once the controller has seen the old replica
+    # die, so the status read after it cannot still count the dead one as RUNNING.
+    while len(replica_names(deployment, app)) < count or running_replicas(deployment, app) < count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{app}/{deployment}: fewer than {count} running replicas after {timeout_s}s")
         time.sleep(0.2)

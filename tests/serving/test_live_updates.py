@@ -136,7 +136,14 @@ def test_killing_a_replica_under_load_fails_no_request_and_its_replacement_keeps
     url, args, bodies = live
     registry = private_registry(bm25_versions, serving_root / "pinned")  # alias moves leak nowhere
     pinned = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
-    options = {"name": "Retriever", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}}
+    # Serve notices a dead replica at its next health check: every 10 s by default, 0.5 s here, so
+    # the replacement starts at once instead of up to 10 s after the kill.
+    options = {
+        "name": "Retriever",
+        "num_replicas": 2,
+        "health_check_period_s": 0.5,
+        "ray_actor_options": {"num_cpus": 0.25},
+    }
     deploy({**pinned, "deployments": [options]})
     wait_for_replicas("Retriever", 2)
     assert select(url, bodies[0])["versions"]["retriever"] == "bm25/v2"
@@ -214,22 +221,22 @@ def test_autoscaling_adds_a_retriever_replica_under_load(live):
         "look_back_period_s": 2.0,
         "upscale_delay_s": 0.5,
         "downscale_delay_s": 600.0,  # no scale-down while the test looks
+        # A changed config starts from one replica, whatever an earlier test left running (without
+        # initial_replicas Serve would keep the current count).
+        "initial_replicas": 1,
     }
     options = {
         "name": "Retriever",
         "autoscaling_config": autoscaling,
         "ray_actor_options": {"num_cpus": 0.25},
     }
-    # Start from one replica (an earlier test may have left two; autoscaling would keep them).
-    one = {"name": "Retriever", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}
-    deploy({**args, "deployments": [one]})
+    # deploy() returns once the application is RUNNING on the autoscaling config: with no load
+    # yet, it runs the one replica it starts from (the scale-up below is the load's doing). The
+    # replicas of the previous config may still be stopping then.
+    deploy({**args, "deployments": [options]})
     deadline = time.monotonic() + 60
     while len(replica_names("Retriever")) != 1 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(replica_names("Retriever")) == 1
-    # deploy() returns once the application is RUNNING on the autoscaling config: with no load
-    # yet, it runs the one replica min_replicas asks for (the scale-up below is the load's doing).
-    deploy({**args, "deployments": [options]})
     assert len(replica_names("Retriever")) == 1
     with Load(url, bodies, threads=4, max_seconds=90) as load:
         load.wait_for(lambda s: s.ok >= 20)
