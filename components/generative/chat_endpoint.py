@@ -45,6 +45,10 @@ def post_chat_completion(
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        # The server's own words (an OpenAI-style error body says which field it refused).
+        detail = e.read(500).decode(errors="replace")
+        raise ChatEndpointError(f"{url}: {e}: {detail}") from e
     except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
         raise ChatEndpointError(f"{url}: {e}") from e
 

@@ -72,11 +72,12 @@ def apply_serve_env() -> dict[str, str]:
 def serve_config(
     args: dict[str, Any], base: dict[str, Any] | None = None, app_name: str = APP_NAME
 ) -> dict[str, Any]:
-    """A Serve config for the toolscout app with ``args``, keeping the rest of ``base`` (a config file)."""
+    """A Serve config for the toolscout app with ``args``, keeping the rest of ``base`` (a config file):
+    its other applications (e.g. the LLM app of :mod:`components.serving.llm_app`) stay as written."""
     config = copy.deepcopy(base or {})
     apps = config.get("applications") or [{}]
     app = {**apps[0], "name": app_name, "route_prefix": "/", "import_path": IMPORT_PATH, "args": args}
-    config["applications"] = [app]
+    config["applications"] = [app, *apps[1:]]
     return config
 
 
@@ -107,17 +108,21 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
 
 
 def running_config(app_name: str = APP_NAME) -> dict[str, Any]:
-    """The Serve config the running ``app_name`` was deployed with (as :func:`deploy_config` sent it).
+    """The Serve config the running ``app_name`` was deployed with (as :func:`deploy_config` sent it),
+    followed by the other applications deployed with it: Serve's config deploys are declarative, so
+    a redeploy that left them out would delete them.
 
     Raises:
         LookupError: no application of that name was deployed from a config on this cluster.
     """
     details = _get_global_client().get_serve_details()
-    app = (details.get("applications") or {}).get(app_name) or {}
-    deployed = app.get("deployed_app_config")
-    if not deployed:
+    deployed = {
+        name: app.get("deployed_app_config") for name, app in (details.get("applications") or {}).items()
+    }
+    if not deployed.get(app_name):
         raise LookupError(f"no Serve application {app_name!r} deployed from a config is running")
-    return {"applications": [deployed]}
+    others = [config for name, config in sorted(deployed.items()) if name != app_name and config]
+    return {"applications": [deployed[app_name], *others]}
 
 
 def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
@@ -158,18 +163,20 @@ def check_config(config: dict[str, Any]) -> None:
     from pydantic import ValidationError
 
     from components.serving.app import ServeArgs, user_configs
+    from components.serving.llm_app import LLM_IMPORT_PATH, LLMAppArgs
 
-    app = config["applications"][0]
-    if app.get("import_path") != IMPORT_PATH:
-        return
-    try:
-        user_configs(ServeArgs.model_validate(app.get("args") or {}))
-    except ValidationError as e:
-        raise ValueError(f"application {app.get('name')!r}: bad args: {e}") from e
+    for app in config["applications"]:
+        try:
+            if app.get("import_path") == IMPORT_PATH:
+                user_configs(ServeArgs.model_validate(app.get("args") or {}))
+            elif app.get("import_path") == LLM_IMPORT_PATH:
+                LLMAppArgs.model_validate(app.get("args") or {})
+        except ValidationError as e:
+            raise ValueError(f"application {app.get('name')!r}: bad args: {e}") from e
 
 
 def deploy_config(config: dict[str, Any], timeout_s: float = 180.0) -> None:
-    """Apply ``config`` to the running Serve instance and wait until its application is RUNNING.
+    """Apply ``config`` to the running Serve instance and wait until its applications are RUNNING.
 
     Serve must be started (``serve.start``) on this Ray cluster first.
 
@@ -184,11 +191,19 @@ def deploy_config(config: dict[str, Any], timeout_s: float = 180.0) -> None:
     _get_global_client().deploy_apps(schema)  # what `serve run <file>` calls
     deadline = time.monotonic() + timeout_s
     while True:
-        status = serve.status().applications.get(name)
-        if status and status.last_deployed_time_s > before and status.status == "RUNNING":
+        apps = serve.status().applications
+        status = apps.get(name)
+        for app in schema.applications:
+            if app.name in apps and apps[app.name].status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"deploying {app.name!r} failed: {apps[app.name].message}")
+        others = [apps.get(app.name) for app in schema.applications[1:]]
+        if (
+            status
+            and status.last_deployed_time_s > before
+            and status.status == "RUNNING"
+            and all(other and other.status == "RUNNING" for other in others)
+        ):
             return
-        if status and status.status in ("DEPLOY_FAILED", "UNHEALTHY"):
-            raise RuntimeError(f"deploying {name!r} failed: {status.message}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{name!r} not RUNNING after {timeout_s}s: {status}")
         time.sleep(0.2)

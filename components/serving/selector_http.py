@@ -35,6 +35,9 @@ class OpenAISelector:
         catalog: Tools with their parameter schemas.
         api_key_env: Environment variable holding the endpoint's key, if it needs one.
         timeout_s: Per-request timeout.
+        max_tokens: Cap on the answer's tokens. A call is short; without a cap a small model that
+            repeats itself inside an argument string decodes until the context is full (minutes on
+            a CPU engine) and the truncated call is refused anyway.
     """
 
     # Each call waits on the endpoint, not on this process: a batch's calls may run at once.
@@ -47,9 +50,10 @@ class OpenAISelector:
         catalog: ToolCatalog,
         api_key_env: str | None = None,
         timeout_s: float = 30.0,
+        max_tokens: int = 160,
     ) -> None:
         self.endpoint = url.rstrip("/") + "/chat/completions"
-        self.model, self.catalog, self.timeout_s = model, catalog, timeout_s
+        self.model, self.catalog, self.timeout_s, self.max_tokens = model, catalog, timeout_s, max_tokens
         self.api_key = os.environ.get(api_key_env) if api_key_env else None
 
     def request_body(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any]:
@@ -69,6 +73,7 @@ class OpenAISelector:
             "tools": tools,
             "tool_choice": "required",
             "temperature": 0.0,
+            "max_tokens": self.max_tokens,
         }
 
     def post(self, body: dict[str, Any]) -> dict[str, Any]:

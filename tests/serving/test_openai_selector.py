@@ -28,6 +28,7 @@ def test_request_shape_and_parsed_call(server, catalog, dataset, monkeypatch):
     body = sent["body"]
     assert sent["headers"]["Authorization"] == "Bearer s3cret"
     assert body["model"] == "local-selector" and body["tool_choice"] == "required"
+    assert body["max_tokens"] == 160  # a call is short: a looping small model stops at the cap
     assert [m["role"] for m in body["messages"]] == ["system", "user", "user"]
     assert body["messages"][-1]["content"] == query
     names = [t["function"]["name"] for t in body["tools"]]

@@ -1,0 +1,207 @@
+"""The selector's and the query rewriter's LM on the two CPU engines: Ray Serve LLM (vLLM's CPU
+build, through Serve's HTTP proxy) against llama.cpp (in this process), SmolLM2-135M-Instruct.
+
+    python -m benchmarks.serve_llm --data ../shared/datasets/toollens --queries 20 \\
+        --vllm-python /path/to/vllm-env/bin/python
+
+The same ToolLens test queries (the first ``--queries`` by id) go one at a time through:
+
+- ``select``: pick one of the query's BM25 top-5 tools and fill its arguments. On vLLM the
+  candidates are the request's functions with ``tool_choice: "required"``
+  (:class:`~components.serving.selector_http.OpenAISelector`, decoding bound by a JSON-schema
+  grammar); on llama.cpp a GBNF grammar of the candidates' calls
+  (:class:`~components.serving.selector_llamacpp.LlamaCppSelector`). ``valid`` is the share of
+  answers that are a call of an offered tool with its required arguments; ``hallucination_rate``
+  the share naming a tool that was not offered.
+- ``rewrite``: query generation's zero-shot rewrite (its system prompt, 24-token cap, stop at the
+  first line break), greedy.
+
+llama.cpp runs first with 2 threads, before the vLLM engine starts (an idle engine still holds its
+memory); then the LLM app is deployed from the Serve config entry that
+:func:`components.serving.llm_app.llm_application` writes, in the vLLM environment's interpreter.
+``ratio``: the vLLM row's p50 over the llama.cpp row's for the same measure, same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+from benchmarks.serve_load import summary
+from components.data import open_dataset
+from components.generative.chat_endpoint import post_chat_completion
+from components.generative.llamacpp import LlamaCppLM
+from components.generative.text import first_line
+from components.methods import build
+from components.methods.querygen.params import QueryGenParams
+from components.serving.catalog import load_catalog
+from components.serving.llm_app import endpoint_url, llm_application
+from components.serving.selector_http import OpenAISelector
+from components.serving.selector_llamacpp import LlamaCppSelector
+from workflows.report import md_table, write_report
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_llm.json")
+HEAD = ["engine", "measure", "p50_ms", "p99_ms", "valid", "hallucination_rate", "errors", "ratio"]
+
+
+def timed(fn: Any, items: list[Any]) -> tuple[list[Any], list[float], int]:
+    """``fn`` on each item in turn: the answers, the seconds of each, and how many raised."""
+    answers, seconds, errors = [], [], 0
+    for item in items:
+        start = time.perf_counter()
+        try:
+            answers.append(fn(item))
+            seconds.append(time.perf_counter() - start)
+        except Exception as e:  # an engine error is a measured outcome here, not a crash
+            print(f"error: {e}", flush=True)
+            answers.append(None)
+            errors += 1
+    return answers, seconds, errors
+
+
+def vllm_select(selector: OpenAISelector, query: str, candidates: list[str]) -> tuple[bool, bool]:
+    """(valid call, names a tool that was not offered) for one query on the endpoint."""
+    answer = selector.post(selector.request_body(query, [], candidates))
+    calls = answer["choices"][0]["message"].get("tool_calls") or []
+    name = calls[0]["function"]["name"] if calls else ""
+    offered = {f"tool_{i}" for i in range(len(candidates))}
+    return selector.parse(answer, candidates) is not None, bool(calls) and name not in offered
+
+
+def row(engine: str, measure: str, answers: list, seconds: list[float], errors: int, queries: int) -> dict:
+    """One result row; select answers are (valid, out-of-offer) pairs, rewrites are strings."""
+    metrics: dict[str, Any] = summary(seconds, errors, sum(seconds) or 1.0)
+    if measure == "select":
+        done = [a for a in answers if a is not None]
+        metrics["valid"] = sum(v for v, _ in done) / len(answers)
+        metrics["hallucination_rate"] = sum(h for _, h in done) / len(answers)
+    config = {"queries": queries, "model": "SmolLM2-135M-Instruct"}
+    return {"method": engine, "config": {**config, "measure": measure}, "split": "test", "metrics": metrics}
+
+
+def llamacpp_rows(catalog: Any, queries: list[str], candidates: list[list[str]]) -> list[dict]:
+    selector = LlamaCppSelector(catalog, model="smollm2-135m", n_threads=2)
+    picks = [(q, c) for q, c in zip(queries, candidates, strict=True)]
+
+    def select(item: tuple[str, list[str]]) -> tuple[bool, bool]:
+        call = selector.select(item[0], [], item[1])  # the grammar admits only offered tools' calls
+        return call is not None, call is not None and call["tool"] not in item[1]
+
+    lm = LlamaCppLM(model="smollm2-135m", n_threads=2)
+    system, cap = QueryGenParams.system_prompt, QueryGenParams.max_new_tokens
+
+    def rewrite(query: str) -> str:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": query}]
+        answer = lm.llm().create_chat_completion(
+            messages=messages, temperature=0.0, max_tokens=cap, stop=["\n"]
+        )
+        return first_line(answer["choices"][0]["message"]["content"] or "")
+
+    rewrite(queries[0])  # load, and cache the system prefix
+    engine = "llama.cpp Q4_1, 2 threads, in-process"
+    return [
+        row(engine, "select", *timed(select, picks), len(queries)),
+        row(engine, "rewrite", *timed(rewrite, queries), len(queries)),
+    ]
+
+
+def vllm_rows(url: str, catalog: Any, queries: list[str], candidates: list[list[str]]) -> list[dict]:
+    selector = OpenAISelector(url, "smollm2", catalog, timeout_s=180)
+    picks = [(q, c) for q, c in zip(queries, candidates, strict=True)]
+    system, cap = QueryGenParams.system_prompt, QueryGenParams.max_new_tokens
+
+    def rewrite(query: str) -> str:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": query}]
+        body = {
+            "model": "smollm2",
+            "messages": messages,
+            "max_tokens": cap,
+            "temperature": 0.0,
+            "stop": ["\n"],
+        }
+        answer = post_chat_completion(f"{url}/chat/completions", body, timeout_s=180)
+        return first_line(answer["choices"][0]["message"]["content"] or "")
+
+    rewrite(queries[0])  # the engine's first request
+    engine = "Ray Serve LLM, vLLM CPU fp32, via proxy"
+    return [
+        row(engine, "select", *timed(lambda p: vllm_select(selector, *p), picks), len(queries)),
+        row(engine, "rewrite", *timed(rewrite, queries), len(queries)),
+    ]
+
+
+def cell(metrics: dict, key: str, digits: int) -> str:
+    return f"{metrics[key]:.{digits}f}" if key in metrics else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/datasets/toollens")
+    parser.add_argument("--queries", type=int, default=20)
+    parser.add_argument("--vllm-python", default=os.environ.get("TOOLSCOUT_VLLM_PYTHON"))
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args()
+    if not args.vllm_python:
+        parser.error("--vllm-python (or TOOLSCOUT_VLLM_PYTHON): the interpreter of an environment with vLLM")
+    dataset = open_dataset(args.data)
+    catalog = load_catalog(args.data)
+    test = dataset.split_queries("test")
+    ids = sorted(test)[: args.queries]
+    bm25 = build("bm25", {})
+    bm25.index(dataset.corpus)
+    hits = bm25.retrieve({q: test[q] for q in ids}, 5)
+    queries, candidates = [test[q] for q in ids], [list(hits[q]) for q in ids]
+
+    results = llamacpp_rows(catalog, queries, candidates)
+    print(results, flush=True)
+
+    from ray import serve
+
+    from components.serving.deploy import apply_serve_env, deploy_config
+    from workflows.ray_env import init_ray
+
+    apply_serve_env()
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    entry = llm_application({"model": "smollm2-135m", "max_model_len": 2048}, python=args.vllm_python)
+    start = time.perf_counter()
+    deploy_config({"applications": [entry]}, timeout_s=900)
+    deploy_seconds = time.perf_counter() - start
+    try:
+        results += vllm_rows(endpoint_url("127.0.0.1", 8000), catalog, queries, candidates)
+    finally:
+        serve.shutdown()
+    for r in results[2:]:
+        base = next(b for b in results[:2] if b["config"]["measure"] == r["config"]["measure"])
+        r["metrics"]["ratio"] = r["metrics"]["p50_ms"] / base["metrics"]["p50_ms"]
+        r["config"]["deploy_seconds"] = round(deploy_seconds, 1)
+    rows = [
+        [
+            r["method"],
+            r["config"]["measure"],
+            cell(r["metrics"], "p50_ms", 1),
+            cell(r["metrics"], "p99_ms", 1),
+            cell(r["metrics"], "valid", 3),
+            cell(r["metrics"], "hallucination_rate", 3),
+            str(r["metrics"]["errors"]),
+            cell(r["metrics"], "ratio", 2),
+        ]
+        for r in results
+    ]
+    write_report(
+        {"dataset": "toollens", "results": results},
+        args.out,
+        title="The selector's and rewriter's LM on CPU: Ray Serve LLM (vLLM) vs llama.cpp, SmolLM2-135M",
+        plot=False,
+        table=[
+            *md_table(HEAD, rows),
+            "",
+            f"Ray Serve LLM app deployed (vLLM started) in {deploy_seconds:.0f} s.",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

