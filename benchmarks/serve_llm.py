@@ -63,6 +63,8 @@ def timed(fn: Any, items: list[Any]) -> tuple[list[Any], list[float], int]:
 
 def vllm_select(selector: OpenAISelector, query: str, candidates: list[str]) -> tuple[bool, bool]:
     """(valid call, names a tool that was not offered) for one query on the endpoint."""
+    if not candidates:
+        return False, False  # nothing retrieved: no call (the selector sends no request)
     answer = selector.post(selector.request_body(query, [], candidates))
     calls = answer["choices"][0]["message"].get("tool_calls") or []
     name = calls[0]["function"]["name"] if calls else ""

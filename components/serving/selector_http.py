@@ -106,4 +106,8 @@ class OpenAISelector:
         return {"tool": tool.id, "arguments": arguments}
 
     def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None:
-        return self.parse(self.post(self.request_body(query, history, candidates)), candidates)
+        body = self.request_body(query, history, candidates)
+        if not body["tools"]:
+            return None  # nothing retrieved (or nothing in the catalog): no call, and no request,
+            # since OpenAI-compatible servers refuse an empty ``tools`` list (vLLM: HTTP 400)
+        return self.parse(self.post(body), candidates)

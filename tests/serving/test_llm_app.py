@@ -96,8 +96,8 @@ def vllm_python() -> str:
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     pytest.skip(
-        f"no Python environment with vLLM: deploy/vllm_cpu_env.sh builds one on a CPU host (ray[llm] on GPU) "
-        f"project into one and set {VLLM_PYTHON_ENV} to its interpreter"
+        "no Python environment with vLLM: build one with deploy/vllm_cpu_env.sh (a CPU host; ray[llm] "
+        f"on GPU) and set {VLLM_PYTHON_ENV} to its interpreter"
     )
 
 

@@ -48,6 +48,15 @@ def test_a_tool_that_was_not_offered_is_rejected(server, catalog):
         server.offer_unknown_tool = False
 
 
+def test_no_candidates_is_no_call_and_no_request(server, catalog):
+    # OpenAI-compatible servers refuse an empty tools list (vLLM answers 400): nothing is sent.
+    client = OpenAISelector(server.url, "m", catalog)
+    sent = len(server.requests)
+    assert client.select("weather in Paris", [], []) is None
+    assert client.select("weather in Paris", [], ["not-a-catalog-tool"]) is None
+    assert len(server.requests) == sent
+
+
 def test_unreachable_endpoint_is_a_selector_error(catalog):
     from serving_helpers import free_port
 
