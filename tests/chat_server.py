@@ -12,6 +12,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class HTTPFailure(Exception):
+    """Raised by :meth:`ChatCompletionsServer.answer` to answer with ``status`` and an OpenAI-style
+    error body carrying ``message``, as a model server does when it cannot serve a request."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
 class ChatCompletionsServer:
     """Args:
     delay_s: Extra latency per request, as a remote model server has; ``max_in_flight`` records
@@ -38,13 +47,16 @@ class ChatCompletionsServer:
                 with server._count:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                status = 200
                 try:
                     time.sleep(server.delay_s)
                     payload = json.dumps(server.answer(body)).encode()
+                except HTTPFailure as e:
+                    status, payload = e.status, json.dumps({"error": {"message": e.message}}).encode()
                 finally:
                     with server._count:
                         server.in_flight -= 1
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()

@@ -1,5 +1,5 @@
 """The ``toolscout`` command line: preprocess | train | evaluate | bench | tune | run | serve | ingest |
-retrain | registry.
+retrain | registry | export-adapter.
 
 Every command reads ``configs/default.yaml``, then ``--config FILE``, then ``key=value``
 overrides (dotted keys reach nested sections, e.g. ``train.num_workers=2``).
@@ -220,6 +220,27 @@ def serve(
 
         args = fit_selector(args, data_path, train_selector, cfg.get("splits"), new_run(cfg, "selector"))
     run_server(args, host or http.get("host", "127.0.0.1"), port or int(http.get("port", 8000)), file)
+
+
+@app.command("export-adapter")
+@guarded
+def export_adapter(
+    artifact: Annotated[str, typer.Argument(help="A query-generation artifact: a dir or models:/ URI.")],
+    dest: Annotated[str, typer.Argument(help="Where it goes: <lora_dir>/<name> (s3://... or a dir).")],
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+) -> None:
+    """Write a trained rewriter's generator as one LoRA adapter over its base LM, for Ray Serve
+    LLM's adapter multiplexing (request model ``<model_id>:<name>``)."""
+    from components.methods.querygen.adapter import export_generator_adapter
+    from components.registry import resolve
+
+    cfg = build_config(config, overrides)
+    report = export_generator_adapter(resolve(artifact, cfg.get("registry")), dest)
+    console.print(
+        f"{dest}: rank {report.rank}, {report.modules} projections, "
+        f"max relative residual {report.max_residual:.1e}"
+    )
 
 
 def main() -> None:

@@ -137,6 +137,13 @@ def remove(path: str, storage_options: dict[str, Any] | None = None) -> None:
         fs.rm(path, recursive=True)
 
 
+def put_dir(src: str, dst: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Copy local directory ``src`` to ``dst`` (a local path or an object-store URL), replacing what
+    was there: one fsspec copy for both."""
+    remove(dst, storage_options)
+    filesystem(dst, storage_options).put(src.rstrip("/") + "/", dst, recursive=True)
+
+
 def fetch(path: str, storage_options: dict | None = None) -> str:
     """A local directory with the contents of ``path``: itself if local, else a cached download.
 

@@ -25,6 +25,12 @@ from components.generative.text import rewrite_line
 ENDPOINT_KEYS = frozenset({"endpoint", "model", "api_key_env", "timeout_s", "concurrency"})
 
 
+# Ray Serve LLM 2.60 checks whether a LoRA adapter is loaded outside vLLM's per-adapter lock
+# (VLLMEngine.resolve_lora), so concurrent first requests for one adapter race: one loads it and
+# each other fails with HTTP 500 saying this. Once loaded, the same request is answered.
+LORA_LOAD_RACE = "has already been loaded"
+
+
 class ChatEndpointError(RuntimeError):
     """The endpoint could not be reached or did not answer with a chat completion."""
 
@@ -42,15 +48,19 @@ def post_chat_completion(
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        # The server's own words (an OpenAI-style error body says which field it refused).
-        detail = e.read(500).decode(errors="replace")
-        raise ChatEndpointError(f"{url}: {e}: {detail}") from e
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
-        raise ChatEndpointError(f"{url}: {e}") from e
+    for attempt in (1, 2):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            # The server's own words (an OpenAI-style error body says which field it refused).
+            detail = e.read(500).decode(errors="replace")
+            if attempt == 1 and LORA_LOAD_RACE in detail:
+                continue  # the adapter is loaded now: the same request succeeds
+            raise ChatEndpointError(f"{url}: {e}: {detail}") from e
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
+            raise ChatEndpointError(f"{url}: {e}") from e
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

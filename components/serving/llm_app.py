@@ -25,10 +25,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 LLM_APP_NAME = "llm"
 LLM_IMPORT_PATH = "components.serving.llm_app:build_llm_app"
+# Where Ray Serve LLM can load LoRA adapters from (its LoraConfig refuses local paths).
+LORA_SCHEMES = ("s3://", "gs://", "abfss://", "azure://")
 
 
 class LLMAppArgs(BaseModel):
@@ -55,7 +57,14 @@ class LLMAppArgs(BaseModel):
     max_replicas: int = Field(1, ge=1)
     target_ongoing_requests: int = Field(16, gt=0)
     lora_dir: str | None = Field(
-        None, description="Directory of LoRA adapters (one subdirectory each) multiplexed over the model."
+        None,
+        description="Object-store folder of LoRA adapters (one subfolder each, e.g. s3://bucket/adapters) "
+        "multiplexed over the model; a request for model '<model_id>:<name>' loads <lora_dir>/<name>.",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of the engine's replicas, e.g. AWS_ENDPOINT_URL for an S3 store other "
+        "than AWS (MinIO) that holds the adapters.",
     )
     tool_call_parser: str | None = Field(
         "hermes",
@@ -66,6 +75,14 @@ class LLMAppArgs(BaseModel):
     max_num_adapters_per_replica: int = Field(4, gt=0)
     max_lora_rank: int = Field(16, gt=0)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further vLLM engine arguments.")
+
+    @field_validator("lora_dir")
+    @classmethod
+    def _remote_lora_dir(cls, value: str | None) -> str | None:
+        # Ray Serve LLM downloads adapters onto each replica from cloud storage only.
+        if value is not None and not value.startswith(LORA_SCHEMES):
+            raise ValueError(f"lora_dir must be an object-store URL ({', '.join(LORA_SCHEMES)}): {value!r}")
+        return value
 
 
 def llm_config_kwargs(args: LLMAppArgs, model_source: str) -> dict[str, Any]:
@@ -94,12 +111,15 @@ def llm_config_kwargs(args: LLMAppArgs, model_source: str) -> dict[str, Any]:
             },
         },
     }
+    env = dict(args.env_vars)
     if cpu:
         # Without it Ray Serve LLM asks for a GPU per engine worker and never schedules on a CPU node.
         kwargs["accelerator_config"] = {"kind": "cpu"}
-        kwargs["runtime_env"] = {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_cache_gib:g}"}}
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{args.kv_cache_gib:g}"
     elif args.accelerator_type:
         kwargs["accelerator_type"] = args.accelerator_type
+    if env:
+        kwargs["runtime_env"] = {"env_vars": env}
     if args.lora_dir:
         kwargs["lora_config"] = {
             "dynamic_lora_loading_path": args.lora_dir,
@@ -131,15 +151,18 @@ def llm_application(
     Raises:
         pydantic.ValidationError: ``args`` has an unknown key or a bad value.
     """
-    LLMAppArgs.model_validate(args)
+    parsed = LLMAppArgs.model_validate(args)
     entry: dict[str, Any] = {
         "name": LLM_APP_NAME,
         "route_prefix": route_prefix,
         "import_path": LLM_IMPORT_PATH,
         "args": dict(args),
     }
-    if python:
-        entry["runtime_env"] = {"py_executable": python}
+    runtime_env: dict[str, Any] = {"py_executable": python} if python else {}
+    if parsed.env_vars:  # the OpenAI ingress reads adapters' configs from the store too
+        runtime_env["env_vars"] = dict(parsed.env_vars)
+    if runtime_env:
+        entry["runtime_env"] = runtime_env
     return entry
 
 

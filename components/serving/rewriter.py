@@ -97,14 +97,24 @@ class LMRewriter:
 class QueryGenRewriter:
     """The generator of a query-generation artifact, with the system prompt it was trained under
     (its LM, or the OpenAI-compatible endpoint its params name); the last ``turns`` of history are
-    prepended to the request, as :class:`HistoryRewriter` does."""
+    prepended to the request, as :class:`HistoryRewriter` does.
 
-    def __init__(self, path: str, turns: int = 0, batch_size: int = 8) -> None:
+    ``endpoint`` (:class:`components.generative.chat_endpoint.ChatEndpoint` keys) has an LLM server
+    generate instead of this replica, prompted and capped as the artifact says: e.g. Ray Serve LLM
+    with the artifact's generator as a LoRA adapter (``model: smollm2:<adapter>``, exported by
+    :func:`components.methods.querygen.adapter.export_generator_adapter`)."""
+
+    def __init__(
+        self, path: str, turns: int = 0, batch_size: int = 8, endpoint: dict[str, Any] | None = None
+    ) -> None:
         # The method's own generator, prompted by the artifact's params, batched as serving asks.
         from components.methods.querygen.generator import make_generator
         from components.methods.querygen.params import QueryGenParams
 
-        params = QueryGenParams(**{**read_config(path)["params"], "eval_batch_size": batch_size})
+        saved = {**read_config(path)["params"], "eval_batch_size": batch_size}
+        if endpoint is not None:  # the server holds the trained weights: nothing trains here
+            saved |= {"generator": dict(endpoint), "sft": {"epochs": 0}, "align": {"rounds": 0}}
+        params = QueryGenParams(**saved)
         self.generator = make_generator(params, os.path.join(path, "generator"))
         self.generator.ready()
         self.history = HistoryRewriter(turns)

@@ -113,6 +113,15 @@ def test_retrieval_answers_catalog_ids_only_and_survives_save_load(aligned, smal
         small_quickstart.qrels["test"], again.retrieve(queries, 5)
     ) == evaluate_retrieval(small_quickstart.qrels["test"], results)
 
+    # A scratch generator has no base model an LLM server could hold: no adapter, one clear line.
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    out = CliRunner().invoke(app, ["export-adapter", str(tmp_path / "qg"), str(tmp_path / "adapter")])
+    assert out.exit_code == 1 and "no pretrained LM trained here" in out.output
+    assert not (tmp_path / "adapter").exists()
+
 
 def test_a_tool_added_after_training_is_found_through_the_retriever(aligned, small_quickstart):
     method, _ = aligned

@@ -45,7 +45,7 @@ def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
             device="gpu",
             accelerator_type="H100",
             dtype="bfloat16",
-            lora_dir="/adapters",
+            lora_dir="s3://models/adapters",
             tool_call_parser=None,  # no tool calling: neither engine flag
             engine_kwargs={"gpu_memory_utilization": 0.5},
         ),
@@ -59,7 +59,22 @@ def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
         "max_lora_rank": 16,
         "gpu_memory_utilization": 0.5,
     }
-    assert gpu["lora_config"] == {"dynamic_lora_loading_path": "/adapters", "max_num_adapters_per_replica": 4}
+    assert gpu["lora_config"] == {
+        "dynamic_lora_loading_path": "s3://models/adapters",
+        "max_num_adapters_per_replica": 4,
+    }
+    assert "runtime_env" not in gpu  # no environment of its own unless asked for
+
+    # Ray Serve LLM loads adapters from object stores only: a local folder fails here, not on a replica.
+    with pytest.raises(ValidationError, match="lora_dir must be an object-store URL"):
+        Args(lora_dir="/adapters")
+    # An S3 store other than AWS reaches the engine's replicas (with the CPU KV cache setting) and
+    # the app's other deployments, through the entry's runtime_env.
+    store = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    cpu_store = llm_config_kwargs(Args(lora_dir="s3://a", env_vars=store), "m")
+    assert cpu_store["runtime_env"] == {"env_vars": {**store, "VLLM_CPU_KVCACHE_SPACE": "1"}}
+    entry = llm_application({"lora_dir": "s3://a", "env_vars": store}, python="/envs/vllm/bin/python")
+    assert entry["runtime_env"] == {"py_executable": "/envs/vllm/bin/python", "env_vars": store}
 
 
 def test_an_llm_entry_is_checked_and_rides_along_every_redeploy_of_the_graph(bm25_versions, serving_data):
@@ -104,25 +119,141 @@ def chat(url: str, body: dict, timeout_s: float = 120) -> dict:
     return post_chat_completion(f"{url}/chat/completions", body, timeout_s=timeout_s)
 
 
+@pytest.fixture(scope="module")
+def adapter_store():
+    """A moto S3 server on 127.0.0.1 with an ``adapters`` bucket (Ray Serve LLM loads LoRA adapters
+    from object stores only); yields the environment its clients need."""
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is needed for the adapter store")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",  # what Ray Serve LLM's pyarrow reader reads
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3").create_bucket(Bucket="adapters")
+    yield env
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def rewriter_artifact(ray_session, dataset, adapter_store, tmp_path_factory) -> str:
+    """A query-generation artifact whose SmolLM2 generator trained one LoRA SFT stage (32 queries),
+    its adapter exported to ``s3://adapters/qg``."""
+    from components import methods
+    from components.methods.querygen.adapter import export_generator_adapter
+    from components.training.spec import RunSpec
+
+    vllm_python()  # no vLLM, no training
+    root = tmp_path_factory.mktemp("qg-lora")
+    method = methods.build(
+        "querygen",
+        {
+            "sft": {"epochs": 1, "lr": 3e-3, "batch_size": 8, "max_examples": 32},
+            "align": {"rounds": 0},
+            "valid_queries": 8,
+        },
+    )
+    run = RunSpec(
+        name="qg-lora", storage_path=str(root / "store"), local_dir=str(root / "local"), num_workers=0
+    )
+    for stage in method.stages:
+        method.fit(stage, dataset, run)
+    method.save(str(root / "artifact"))
+    report = export_generator_adapter(str(root / "artifact"), "s3://adapters/qg")
+    assert report.rank == 16 and report.max_residual < 1e-3  # one r-16 stage: exact
+    return str(root / "artifact")
+
+
+@pytest.fixture(scope="module")
+def llm_graph(serve_instance, bm25_versions, serving_data, rewriter_artifact, adapter_store) -> str:
+    """The graph with its selector on the Ray Serve LLM app's SmolLM2 and its rewriter on the same
+    app's LoRA adapter ``smollm2:qg``; yields the LLM app's ``/v1`` URL."""
+    from components.serving.deploy import deploy_config
+
+    port = int(serve_instance.rsplit(":", 1)[1])
+    llm_url = endpoint_url("127.0.0.1", port)
+    llm = llm_application(
+        {
+            "model": "smollm2-135m",
+            "max_model_len": 1024,
+            "lora_dir": "s3://adapters",
+            "env_vars": adapter_store,
+        },
+        python=vllm_python(),
+    )
+    args = {
+        "artifact": bm25_versions["default"],
+        "catalog": serving_data,
+        "detector_file": bm25_versions["detector_file"],
+        "selector": {"backend": "openai", "url": llm_url, "model": "smollm2", "timeout_s": 120},
+        "rewriter": {
+            "backend": "querygen",
+            "path": rewriter_artifact,
+            "endpoint": {"endpoint": llm_url, "model": "smollm2:qg", "timeout_s": 120},
+            "timeout_s": 180,  # the deployment's fallback to the raw query: not in this test
+        },
+    }
+    # The rewriter and selector replicas only wait on the LLM app's HTTP answers: no CPU of their
+    # own, so the engine's bundle (1 CPU) fits beside the graph on 2 cores.
+    clients = [{"name": n, "ray_actor_options": {"num_cpus": 0}} for n in ("QueryRewriter", "Selector")]
+    deploy_config(serve_config(args, {"applications": [{"deployments": clients}, llm]}), timeout_s=900)
+    return llm_url
+
+
+def test_a_trained_rewriter_served_as_a_lora_adapter_rewrites_as_in_process(
+    llm_graph, serve_instance, rewriter_artifact, bm25_versions, dataset
+):
+    import requests
+
+    from components import methods
+    from components.serving.rewriter import QueryGenRewriter
+
+    queries = list(dataset.split_queries("test").values())[:3]
+    in_process = QueryGenRewriter(rewriter_artifact).rewrite_many([(q, []) for q in queries])
+    adapter = {"endpoint": llm_graph, "model": "smollm2:qg", "timeout_s": 120}
+    served = QueryGenRewriter(rewriter_artifact, endpoint=adapter).rewrite_many([(q, []) for q in queries])
+    base = QueryGenRewriter(rewriter_artifact, endpoint={**adapter, "model": "smollm2"})
+    # vLLM applies the exported adapter over the base model: greedy rewrites equal the merged LM's here,
+    # and the base model alone writes something else (the adapter is not a no-op).
+    assert served == in_process
+    assert base.rewrite_many([(q, []) for q in queries]) != in_process
+
+    # Through the graph: the top 5 are the served retriever's for the adapter's rewrite.
+    bm25 = methods.load(bm25_versions["default"])
+    for query, rewrite in zip(queries, in_process, strict=True):
+        r = requests.post(
+            f"{serve_instance}/v1/select",
+            json={"query": query, "top_k": 5, "needs_tool_threshold": 0.0},
+            timeout=300,
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert "rewrite" in body["timings_ms"]
+        assert {t["id"] for t in body["tools"]} == set(bm25.retrieve({"q": rewrite}, 5)["q"])
+
+
 def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
-    serve_instance, bm25_versions, serving_data, dataset
+    llm_graph, serve_instance, bm25_versions, dataset
 ):
     import requests
     from ray import serve
 
     from components.serving.deploy import deploy_config, running_config
 
-    python = vllm_python()
-    port = int(serve_instance.rsplit(":", 1)[1])
-    llm_url = endpoint_url("127.0.0.1", port)
-    llm = llm_application({"model": "smollm2-135m", "max_model_len": 1024}, python=python)
-    args = {
-        "artifact": bm25_versions["default"],
-        "catalog": serving_data,
-        "detector_file": bm25_versions["detector_file"],
-        "selector": {"backend": "openai", "url": llm_url, "model": "smollm2", "timeout_s": 120},
-    }
-    deploy_config(serve_config(args, {"applications": [{}, llm]}), timeout_s=900)
+    llm_url = llm_graph
 
     # A free answer over the OpenAI API, then one bound to a list of catalog ids.
     ids = sorted(dataset.corpus)[:20]
