@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -111,15 +112,34 @@ def cell(metrics: dict, key: str, digits: int) -> str:
     return f"{metrics[key]:.{digits}f}" if key in metrics else "-"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def write_table(
+    results: list[dict], out: str, title: str, head: list[str], cells: Callable[[dict], list[str]], note: str
+) -> None:
+    """The ToolLens results JSON and its markdown table (one row of ``cells`` per result), then ``note``."""
+    table = [*md_table(head, [cells(r) for r in results]), "", note]
+    write_report({"dataset": "toollens", "results": results}, out, title=title, plot=False, table=table)
+
+
+def engine_parser(description: str, out: str) -> argparse.ArgumentParser:
+    """The options of every benchmark of the LM engines: data, query count, vLLM's interpreter, out."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data", default="../shared/datasets/toollens")
     parser.add_argument("--queries", type=int, default=20)
     parser.add_argument("--vllm-python", default=os.environ.get("TOOLSCOUT_VLLM_PYTHON"))
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--out", default=out)
+    return parser
+
+
+def parse_engine_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The parsed options; no vLLM interpreter is an error that says how to name one."""
     args = parser.parse_args()
     if not args.vllm_python:
         parser.error("--vllm-python (or TOOLSCOUT_VLLM_PYTHON): the interpreter of an environment with vLLM")
+    return args
+
+
+def main() -> None:
+    args = parse_engine_args(engine_parser(__doc__.splitlines()[0], RESULTS))
     dataset = open_dataset(args.data)
     catalog = load_catalog(args.data)
     test = dataset.split_queries("test")
@@ -164,29 +184,20 @@ def main() -> None:
         base = next(b for b in results[:2] if b["config"]["measure"] == r["config"]["measure"])
         r["metrics"]["ratio"] = r["metrics"]["p50_ms"] / base["metrics"]["p50_ms"]
         r["config"]["deploy_seconds"] = round(deploy_seconds, 1)
-    rows = [
-        [
+    write_table(
+        results,
+        args.out,
+        "The selector's and rewriter's LM on CPU: Ray Serve LLM (vLLM) vs llama.cpp, SmolLM2-135M",
+        HEAD,
+        lambda r: [
             r["method"],
             r["config"]["measure"],
-            cell(r["metrics"], "p50_ms", 1),
-            cell(r["metrics"], "p99_ms", 1),
-            cell(r["metrics"], "valid", 3),
+            *(cell(r["metrics"], k, d) for k, d in (("p50_ms", 1), ("p99_ms", 1), ("valid", 3))),
             cell(r["metrics"], "hallucination_rate", 3),
             str(r["metrics"]["errors"]),
             cell(r["metrics"], "ratio", 2),
-        ]
-        for r in results
-    ]
-    write_report(
-        {"dataset": "toollens", "results": results},
-        args.out,
-        title="The selector's and rewriter's LM on CPU: Ray Serve LLM (vLLM) vs llama.cpp, SmolLM2-135M",
-        plot=False,
-        table=[
-            *md_table(HEAD, rows),
-            "",
-            f"Ray Serve LLM app deployed (vLLM started) in {deploy_seconds:.0f} s.",
         ],
+        f"Ray Serve LLM app deployed (vLLM started) in {deploy_seconds:.0f} s.",
     )
 
 
