@@ -56,13 +56,12 @@ def moto_store() -> tuple[Any, dict[str, str]]:
     return server, env
 
 
-def rows_for(name: str, rewrites: list, seconds: list[float], errors: int, **extra: Any) -> dict:
+def row(name: str, seconds: list[float], errors: int, **config: Any) -> dict:
     return {
         "method": name,
-        "config": extra,
+        "config": config,
         "split": "test",
-        "metrics": {**summary(seconds, errors, sum(seconds) or 1.0)},
-        "rewrites": rewrites,
+        "metrics": summary(seconds, errors, sum(seconds) or 1.0),
     }
 
 
@@ -84,9 +83,9 @@ def main() -> None:
 
     local = QueryGenRewriter(args.artifact)
     local.rewrite(queries[0], [])  # load the LM
-    results = [
-        rows_for("in-process, transformers, merged LM", *timed(lambda q: local.rewrite(q, []), queries))
-    ]
+    # Each engine's rewrites (compared below) and its result row, in the same order.
+    reference, seconds, errors = timed(lambda q: local.rewrite(q, []), queries)
+    rewrites, results = [reference], [row("in-process, transformers, merged LM", seconds, errors)]
 
     from ray import serve
 
@@ -116,19 +115,19 @@ def main() -> None:
                 args.artifact, endpoint={"endpoint": url, "model": model, "timeout_s": 180}
             )
             served.rewrite(queries[0], [])  # the engine's first request (and the adapter's load)
-            results.append(rows_for(name, *timed(lambda q, s=served: s.rewrite(q, []), queries), model=model))
+            texts, seconds, errors = timed(lambda q, s=served: s.rewrite(q, []), queries)
+            rewrites.append(texts)
+            results.append(row(name, seconds, errors, model=model))
     finally:
         serve.shutdown()
         server.stop()
 
-    reference = results[0]["rewrites"]
     base_p50 = results[1]["metrics"]["p50_ms"]
-    for r in results:
-        rewrites = r.pop("rewrites")
-        same = [a is not None and a == b for a, b in zip(rewrites, reference, strict=True)]
+    for r, texts in zip(results, rewrites, strict=True):
+        same = [a is not None and a == b for a, b in zip(texts, reference, strict=True)]
         r["metrics"]["agreement"] = sum(same) / len(same)
         # Generation time grows with the answer: how long each engine's rewrites are.
-        r["metrics"]["words"] = sum(len((t or "").split()) for t in rewrites) / len(rewrites)
+        r["metrics"]["words"] = sum(len((t or "").split()) for t in texts) / len(texts)
         r["metrics"]["ratio"] = r["metrics"]["p50_ms"] / base_p50
         r["config"] |= {"queries": len(queries), "adapter_rank": export.rank}
     write_table(

@@ -31,8 +31,6 @@ def share(path: str, run: RunSpec, name: str) -> str:
         root, here = os.path.abspath(run.storage_path), os.path.abspath(path)
         if here == root or here.startswith(root + os.sep):
             return path
-    # One fsspec copy for both: a local file system or an object store.
     target = io.join(run.storage_path, INPUTS, name)
-    io.remove(target, run.storage_options)  # a rerun under the same name replaces its inputs
-    io.filesystem(target, run.storage_options).put(path.rstrip("/") + "/", target, recursive=True)
+    io.put_dir(path, target, run.storage_options)  # a rerun under the same name replaces its inputs
     return target

@@ -119,6 +119,19 @@ def chat(url: str, body: dict, timeout_s: float = 120) -> dict:
     return post_chat_completion(f"{url}/chat/completions", body, timeout_s=timeout_s)
 
 
+def select(serve_instance: str, query: str, top_k: int, timeout_s: float = 300) -> dict:
+    """The graph's answer to ``query`` (every query counts as needing a tool)."""
+    import requests
+
+    r = requests.post(
+        f"{serve_instance}/v1/select",
+        json={"query": query, "top_k": top_k, "needs_tool_threshold": 0.0},
+        timeout=timeout_s,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 @pytest.fixture(scope="module")
 def adapter_store():
     """A moto S3 server on 127.0.0.1 with an ``adapters`` bucket (Ray Serve LLM loads LoRA adapters
@@ -136,16 +149,12 @@ def adapter_store():
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    boto3.client("s3").create_bucket(Bucket="adapters")
-    yield env
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        boto3.client("s3").create_bucket(Bucket="adapters")
+        yield env
     server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +225,6 @@ def llm_graph(serve_instance, bm25_versions, serving_data, rewriter_artifact, ad
 def test_a_trained_rewriter_served_as_a_lora_adapter_rewrites_as_in_process(
     llm_graph, serve_instance, rewriter_artifact, bm25_versions, dataset
 ):
-    import requests
-
     from components import methods
     from components.serving.rewriter import QueryGenRewriter
 
@@ -234,13 +241,7 @@ def test_a_trained_rewriter_served_as_a_lora_adapter_rewrites_as_in_process(
     # Through the graph: the top 5 are the served retriever's for the adapter's rewrite.
     bm25 = methods.load(bm25_versions["default"])
     for query, rewrite in zip(queries, in_process, strict=True):
-        r = requests.post(
-            f"{serve_instance}/v1/select",
-            json={"query": query, "top_k": 5, "needs_tool_threshold": 0.0},
-            timeout=300,
-        )
-        assert r.status_code == 200, r.text
-        body = r.json()
+        body = select(serve_instance, query, 5)
         assert "rewrite" in body["timings_ms"]
         assert {t["id"] for t in body["tools"]} == set(bm25.retrieve({"q": rewrite}, 5)["q"])
 
@@ -248,7 +249,6 @@ def test_a_trained_rewriter_served_as_a_lora_adapter_rewrites_as_in_process(
 def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
     llm_graph, serve_instance, bm25_versions, dataset
 ):
-    import requests
     from ray import serve
 
     from components.serving.deploy import deploy_config, running_config
@@ -268,13 +268,7 @@ def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
     # rules out any other tool; an answer cut at the token cap is no call (None), never a wrong one.
     calls = []
     for query in list(dataset.split_queries("test").values())[:3]:
-        r = requests.post(
-            f"{serve_instance}/v1/select",
-            json={"query": query, "top_k": 4, "needs_tool_threshold": 0.0},
-            timeout=180,
-        )
-        assert r.status_code == 200, r.text
-        body = r.json()
+        body = select(serve_instance, query, 4, timeout_s=180)
         assert body["call"] is None or body["call"]["tool"] in [t["id"] for t in body["tools"]]
         calls.append(body["call"])
     # The end-to-end path works: SmolLM2-135M finished 1 of these 3 calls inside the 160-token cap
@@ -287,11 +281,6 @@ def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
     assert serve.status().applications[LLM_APP_NAME].status == "RUNNING"
     bound = chat(llm_url, {**request, "structured_outputs": {"choice": ids}}, timeout_s=30)
     assert bound["choices"][0]["message"]["content"] in ids
-    r = requests.post(
-        f"{serve_instance}/v1/select",
-        json={"query": query, "top_k": 4, "needs_tool_threshold": 0.0},
-        timeout=180,
-    )
-    body = r.json()
+    body = select(serve_instance, query, 4, timeout_s=180)
     assert body["model_version"] == "bm25/v0002"
     assert body["call"] is None or body["call"]["tool"] in [t["id"] for t in body["tools"]]
