@@ -1,4 +1,4 @@
-"""One trained ToolGen / ToolWeaver model, its constrained decoder on PyTorch and on llama.cpp (CPU).
+"""One trained ToolGen / ToolWeaver model, its constrained decoder on PyTorch, llama.cpp and vLLM.
 
 The generative methods (ToolGen, arXiv 2410.03439; ToolWeaver, arXiv 2601.21947) retrieve by
 trie-constrained beam search over their LM. On CPU replicas that search can run on llama.cpp over
@@ -6,11 +6,14 @@ a GGUF export of the trained LM (``engine: llama.cpp``; :mod:`components.generat
 This benchmark loads one saved artifact and, for each engine, scores the whole split (the rankings
 must stay those of PyTorch: recall / nDCG and the share of queries whose top-3 differ) and times
 single-query retrieval (p50 / p99 per query, as a serving replica answers one request) and the
-split in one call (queries per second). Every engine runs in this process, one after the other,
-on the same queries; ``ratio`` is the engine's p50 over PyTorch's.
+split in one call (queries per second). The in-process engines run one after the other on the same
+queries; ``ratio`` is the engine's p50 over PyTorch's. With ``--vllm-python`` the same LM (tool or
+code tokens included) is then served by the Ray Serve LLM app on a local Ray, on vLLM in that
+interpreter's environment, and the decoder asks it for each step's allowed tokens
+(``engine: vllm``, :mod:`components.generative.vllm_scorer`) through Serve's HTTP proxy.
 
     python benchmarks/codelm_engines.py --artifact <saved toolweaver or toolgen dir> \\
-        --data ../shared/datasets/toollens [--threads 2] [--timed 200]
+        --data ../shared/datasets/toollens [--threads 2] [--timed 200] [--vllm-python PATH]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -65,6 +69,33 @@ def measure(method: Any, queries: dict[str, str], qrels: dict, timed: list[str])
     }
 
 
+def serve_on_vllm(method: Any, python: str, port: int = 8000) -> dict[str, Any]:
+    """Deploy the Ray Serve LLM app with ``method``'s LM (saved to a temporary directory) on a local
+    Ray; returns the ``engine_endpoint`` that decodes on it."""
+    from ray import serve
+
+    from components.serving.deploy import apply_serve_env, deploy_config
+    from components.serving.llm_app import endpoint_url, llm_application
+    from workflows.ray_env import init_ray
+
+    saved = os.path.join(tempfile.mkdtemp(prefix="codelm-vllm-"), "artifact")
+    method.save(saved)
+    apply_serve_env()
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # The prompt (query_max_length) plus a code; vLLM's CPU engine in fp32, its KV cache 1 GiB.
+    llm = {
+        "model": os.path.join(saved, "lm"),
+        "model_id": "codes",
+        "max_model_len": 256,
+        "tool_call_parser": None,
+    }
+    started = time.perf_counter()
+    deploy_config({"applications": [llm_application(llm, python=python)]}, timeout_s=900)
+    print(f"vLLM app deployed in {time.perf_counter() - started:.0f} s", flush=True)
+    return {"endpoint": endpoint_url("127.0.0.1", port), "model": "codes", "timeout_s": 300}
+
+
 def top3(results: dict[str, dict[str, float]]) -> dict[str, list[str]]:
     return {q: sorted(h, key=lambda t: -h[t])[:3] for q, h in results.items()}
 
@@ -85,6 +116,12 @@ def main() -> None:
     parser.add_argument("--timed", type=int, default=200, help="queries timed one at a time")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N queries (smoke runs)")
     parser.add_argument("--note", default="", help="where the artifact comes from, for the notes")
+    parser.add_argument(
+        "--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES), help="in-process engines"
+    )
+    parser.add_argument(
+        "--vllm-python", default=None, help="an interpreter with vLLM: adds the vllm row (Ray Serve LLM)"
+    )
     parser.add_argument("--out", default="benchmarks/results/codelm_engines.json")
     args = parser.parse_args()
     quiet_libraries()
@@ -102,8 +139,15 @@ def main() -> None:
         method = methods.method_class("toolgen").from_dir(args.lm, {"query_max_length": 48})
     method.index(data.corpus)
     rows, reference = [], None
-    for label, (engine, dtype) in ENGINES.items():
-        method.use_engine(engine, dtype=dtype, threads=args.threads)  # the same weights, another engine
+    if args.engines[0] != "transformers":
+        parser.error("--engines must start with transformers: the other rows are compared with it")
+    runs = [(label, *ENGINES[label], None) for label in args.engines]
+    if args.vllm_python:
+        runs.append(("vllm", "vllm", None, args.vllm_python))
+    for label, engine, dtype, python in runs:
+        # The same weights, another engine (vLLM's app is deployed after the in-process rows ran).
+        endpoint = serve_on_vllm(method, python) if python else None
+        method.use_engine(engine, dtype=dtype, threads=args.threads, endpoint=endpoint)
         print(f"{label}: {len(queries)} queries ...", flush=True)
         got = measure(method, queries, qrels, timed)
         metrics = got["metrics"]
@@ -118,8 +162,11 @@ def main() -> None:
     config = rows[0]["config"]
     notes = (
         f"One {rows[0]['method'].split(' ')[0]} model ({args.note or args.artifact or args.lm}), its "
-        f"trie-constrained decoder ({config.get('num_beams')} beams) on PyTorch and on llama.cpp over a "
-        f"GGUF export of the same weights, {args.threads} CPU threads each, {len(queries)} {args.split} "
+        f"trie-constrained decoder ({config.get('num_beams')} beams) on PyTorch, on llama.cpp over a "
+        "GGUF export of the same weights and (row `vllm`, where run) on vLLM's CPU build serving them "
+        "through the Ray Serve LLM app (fp32, called over Serve's HTTP proxy, requests of up to 128 "
+        f"named tokens, 8 at a time), {args.threads} CPU threads each in process, "
+        f"{len(queries)} {args.split} "
         f"queries in one call (rps) and the first {len(timed)} one at a time (p50 / p99 per query). "
         "`changed@3`: share of queries whose top-3 tools differ from PyTorch's; `ratio`: p50 over "
         f"PyTorch's. Machine: {os.cpu_count()} CPUs, torch {torch.__version__}.\n"
@@ -129,7 +176,7 @@ def main() -> None:
     write_report(
         report,
         args.out,
-        title="Constrained decoding engines: PyTorch vs llama.cpp",
+        title="Constrained decoding engines: PyTorch vs llama.cpp (and vLLM)",
         table=metrics_table(rows, ["method", "split"], columns),
         plot=False,
     )

@@ -1,7 +1,8 @@
-"""An OpenAI-compatible ``POST /v1/chat/completions`` server on 127.0.0.1 for tests, standing where
-vLLM or Ray Serve LLM would. A subclass's :meth:`ChatCompletionsServer.answer` makes the response
-from the request body; every request is recorded (``{"body", "headers"}``) so tests can check its
-shape. Use it as a context manager; ``url`` ends in ``/v1``."""
+"""An OpenAI-compatible ``POST /v1/chat/completions`` server (or another route: ``route``) on
+127.0.0.1 for tests, standing where vLLM or Ray Serve LLM would. A subclass's
+:meth:`ChatCompletionsServer.answer` makes the response from the request body; every request is
+recorded (``{"body", "headers"}``) so tests can check its shape. Use it as a context manager; ``url``
+ends in ``/v1``."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class ChatCompletionsServer:
         how many requests it held at once.
     """
 
+    route = "/v1/chat/completions"
+
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
@@ -39,7 +42,7 @@ class ChatCompletionsServer:
                 pass
 
             def do_POST(self) -> None:
-                if self.path != "/v1/chat/completions":
+                if self.path != server.route:
                     self.send_error(404)
                     return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -34,6 +34,15 @@ def _chunks(items: list, size: int) -> Iterator[tuple[int, list]]:
         yield start, items[start : start + size]
 
 
+def wanted_after(trie: TokenTrie, prefix: tuple[int, ...], end_token: int | None) -> list[int]:
+    """The tokens whose log-probabilities a beam step reads after ``prefix``: those the trie allows
+    next, and the end token where ``prefix`` is a complete code that longer codes extend."""
+    allowed = list(trie.allowed(prefix))
+    if prefix and end_token is not None and trie.value(prefix) is not None and trie.has_children(prefix):
+        allowed.append(end_token)
+    return allowed
+
+
 def single_step_top_k(
     model: TargetedLM | NextTokenScorer,
     prompts: Sequence[Sequence[int]],
@@ -53,10 +62,11 @@ def single_step_top_k(
         raise ValueError("single_step_top_k needs single-token codes; use trie_beam_search")
     out: list[Hits] = []
     for start, chunk in _chunks(list(prompts), batch_size):
-        logp = last_logprobs(model, chunk, pad_id, batch_size)
+        wanted = [tries[start + row].allowed(()) for row in range(len(chunk))]
+        logp = last_logprobs(model, chunk, pad_id, batch_size, wanted)
         for row in range(len(chunk)):
             trie = tries[start + row]
-            allowed = trie.allowed(())
+            allowed = wanted[row]
             if not allowed:
                 out.append([])
                 continue
@@ -107,7 +117,9 @@ def trie_beam_search(
             break
         grown: list[list[tuple[tuple[int, ...], float]]] = [[] for _ in prompts]
         for _, chunk in _chunks(pending, batch_size):
-            logp = last_logprobs(model, [[*prompts[i], *p] for i, p, _ in chunk], pad_id, batch_size)
+            wanted = [wanted_after(tries[i], p, end_token) for i, p, _ in chunk]
+            seqs = [[*prompts[i], *p] for i, p, _ in chunk]
+            logp = last_logprobs(model, seqs, pad_id, batch_size, wanted)
             for row, (i, prefix, score) in enumerate(chunk):
                 trie = tries[i]
                 value = trie.value(prefix) if prefix else None
@@ -147,7 +159,8 @@ def constrained_top_k(
 ) -> list[Hits]:
     """Top-``k`` distinct tools per prompt; the exact one-step shortcut when every code is one token.
 
-    ``model`` is the PyTorch LM or another engine's scorer (llama.cpp's); the search is the same.
+    ``model`` is the PyTorch LM or another engine's scorer (llama.cpp's, vLLM's); the search is the
+    same, and each step asks the engine only for the tokens the trie allows (:func:`wanted_after`).
     """
     if isinstance(model, torch.nn.Module):
         model.eval()

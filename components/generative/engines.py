@@ -3,8 +3,9 @@ that the Serve app checks a setting without loading an LM library)."""
 
 from __future__ import annotations
 
-# transformers: the PyTorch LM (CPU or GPU); llama.cpp: a GGUF export of it (CPU serving).
-ENGINES = ("transformers", "llama.cpp")
+# transformers: the PyTorch LM (CPU or GPU); llama.cpp: a GGUF export of it (CPU serving); vllm: the
+# same LM served by vLLM (Ray Serve LLM on a GPU cluster, or vLLM's CPU build), reached over HTTP.
+ENGINES = ("transformers", "llama.cpp", "vllm")
 
 
 def check_engine(engine: str, owner: str) -> str:

@@ -211,8 +211,11 @@ class LlamaCppScorer:
             self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, logits_all=True)
         return self._llm
 
-    def next_logprobs(self, sequences: Sequence[Sequence[int]]) -> Any:
-        """``(len(sequences), vocab)`` log-probabilities (a torch tensor) of the token after each."""
+    def next_logprobs(
+        self, sequences: Sequence[Sequence[int]], wanted: Sequence[Sequence[int]] | None = None
+    ) -> Any:
+        """``(len(sequences), vocab)`` log-probabilities (a torch tensor) of the token after each;
+        every token's, whatever is ``wanted`` (llama.cpp computes the whole row anyway)."""
         import numpy as np
         import torch
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.data.tooltext import TOOL_FIELDS
+from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.engines import check_engine
 from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import check_select_metric
@@ -55,6 +56,9 @@ class CodeLMParams:
             transformers). Training always uses PyTorch.
         engine_dtype: The GGUF's weights for ``llama.cpp``: ``f32`` or ``f16``.
         engine_threads: llama.cpp's CPU threads (None: its default, half the cores).
+        engine_endpoint: For ``vllm``: where this method's trained LM (``<artifact>/lm``) is served,
+            ``{"endpoint": "http://host:8000/v1", "model": <served name>}`` (+ ``api_key_env``,
+            ``timeout_s``, ``concurrency``), see :mod:`components.generative.vllm_scorer`.
     """
 
     method: ClassVar[str] = "codelm"
@@ -84,6 +88,7 @@ class CodeLMParams:
     engine: str = "transformers"
     engine_dtype: str = "f32"
     engine_threads: int | None = None
+    engine_endpoint: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.stages) - set(self.STAGES))
@@ -111,6 +116,10 @@ class CodeLMParams:
         check_engine(self.engine, self.method)
         if self.engine_dtype not in ("f32", "f16"):
             raise ValueError(f"{self.method}: engine_dtype must be f32 or f16, got {self.engine_dtype!r}")
+        if self.engine == "vllm" and not self.engine_endpoint:
+            raise ValueError(f"{self.method}: engine vllm needs engine_endpoint (url and model)")
+        if self.engine_endpoint:
+            ChatEndpoint.from_config(self.engine_endpoint, f"{self.method}.engine_endpoint")
 
     def lora_spec(self) -> LoraSpec | None:
         """The adapter of the tool stages, or None for full fine-tuning."""

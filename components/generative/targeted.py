@@ -114,22 +114,32 @@ def targets_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
 
 @runtime_checkable
 class NextTokenScorer(Protocol):
-    """Another engine's next-token distribution (e.g. llama.cpp's
-    :class:`components.generative.llamacpp.LlamaCppScorer`), usable wherever a :class:`TargetedLM`
+    """Another engine's next-token distribution (llama.cpp's
+    :class:`components.generative.llamacpp.LlamaCppScorer`, vLLM's
+    :class:`components.generative.vllm_scorer.VLLMScorer`), usable wherever a :class:`TargetedLM`
     is scored for decoding."""
 
-    def next_logprobs(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
-        """``(len(sequences), vocab)`` log-probabilities of the token after each sequence."""
+    def next_logprobs(
+        self, sequences: Sequence[Sequence[int]], wanted: Sequence[Sequence[int]] | None = None
+    ) -> torch.Tensor:
+        """Log-probabilities (full softmax) of the token after each sequence, one row each. ``wanted``
+        names, per sequence, the tokens the caller reads: an engine may fill in only those (vLLM
+        returns named tokens only; the row is ``-inf`` elsewhere); llama.cpp fills in every token."""
         ...
 
 
 @torch.no_grad()
 def last_logprobs(
-    model: TargetedLM | NextTokenScorer, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int = 64
+    model: TargetedLM | NextTokenScorer,
+    sequences: Sequence[Sequence[int]],
+    pad_id: int,
+    batch_size: int = 64,
+    wanted: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """``(len(sequences), vocab)`` next-token log-probabilities after each sequence (full softmax)."""
+    """``(len(sequences), vocab)`` next-token log-probabilities after each sequence (full softmax);
+    an engine's scorer may fill in only the ``wanted`` tokens of each (see :class:`NextTokenScorer`)."""
     if isinstance(model, NextTokenScorer):
-        return model.next_logprobs(sequences)
+        return model.next_logprobs(sequences, wanted)
     device = next(model.parameters()).device
     out = []
     for i in range(0, len(sequences), batch_size):

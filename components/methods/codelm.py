@@ -4,8 +4,8 @@ ToolGen (arXiv 2410.03439) gives each tool one new vocabulary token; ToolWeaver 
 gives it a short sequence of shared code tokens. Everything else is common: the LM is fine-tuned
 in stages (:mod:`components.methods.codelm_stages`), and retrieval, here, generates codes under a
 trie constraint, so the top-k beams are k distinct real tools scored by their log-probability. The
-constrained decoder runs on PyTorch or, with ``engine: llama.cpp``, on llama.cpp over a GGUF export
-of the trained LM (CPU serving).
+constrained decoder runs on PyTorch, with ``engine: llama.cpp`` on llama.cpp over a GGUF export of
+the trained LM (CPU serving), or with ``engine: vllm`` on a vLLM server of the same LM.
 
 A subclass names its params class and LM-stage task and says how tools get codes
 (:meth:`CodeLMMethod.add_codes`). This module is shared by method packages, not one itself."""
@@ -33,6 +33,7 @@ from components.generative.params import CodeLMParams
 from components.generative.targeted import NextTokenScorer, TargetedLM
 from components.generative.tool_tokens import ToolCodebook
 from components.generative.trie import TokenTrie
+from components.generative.vllm_scorer import VLLMScorer
 from components.methods.base import read_config, write_config
 from components.methods.codelm_stages import CodeLMStages
 
@@ -55,7 +56,7 @@ class CodeLMMethod(CodeLMStages):
         self.codebook = ToolCodebook()
         self._trie: TokenTrie | None = None
         self._names: dict[str, str] = {}
-        self._scorer: NextTokenScorer | None = None  # the llama.cpp engine, built on first use
+        self._scorer: NextTokenScorer | None = None  # the llama.cpp / vLLM engine, built on first use
 
     @classmethod
     def from_dir(cls, model_dir: str, params: dict[str, Any] | None = None) -> CodeLMMethod:
@@ -99,17 +100,29 @@ class CodeLMMethod(CodeLMStages):
         self._prompter = td.Prompter(self._tokenizer)
         self._scorer = None
 
-    def use_engine(self, engine: str, dtype: str | None = None, threads: int | None = None) -> None:
-        """Decode on ``engine`` (``transformers`` / ``llama.cpp``) from now on (checked as in params),
-        e.g. an LM trained on a GPU, served by CPU replicas."""
+    def use_engine(
+        self,
+        engine: str,
+        dtype: str | None = None,
+        threads: int | None = None,
+        endpoint: dict[str, Any] | None = None,
+    ) -> None:
+        """Decode on ``engine`` (``transformers`` / ``llama.cpp`` / ``vllm`` at ``endpoint``) from now
+        on (checked as in params), e.g. an LM trained on a GPU, served by CPU replicas."""
         given = {"engine": engine, "engine_dtype": dtype, "engine_threads": threads}
+        given["engine_endpoint"] = endpoint
         self.params = replace(self.params, **{k: v for k, v in given.items() if v is not None})
         self._scorer = None
 
     def _decoder_model(self) -> TargetedLM | NextTokenScorer:
-        """The PyTorch LM, or llama.cpp over a GGUF export of it (made once per model and vocabulary)."""
+        """The PyTorch LM, llama.cpp over a GGUF export of it (made once per model and vocabulary), or
+        the vLLM server of it."""
         if self.params.engine == "transformers":
             return self._model
+        if self.params.engine == "vllm":
+            # The server must hold this LM with every code token indexed so far: a tool coded after
+            # training (cold start) needs the LM saved and served again.
+            return VLLMScorer.from_config(self.params.engine_endpoint, f"{self.name}.engine_endpoint")
         if self._scorer is None:
             p = self.params  # prompts are cut to query_max_length tokens; codes add a few more
             self._scorer = LlamaCppScorer.from_lm(

@@ -20,11 +20,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray import serve
 from ray.serve import Application
 
 from components.encoders.runtimes import check_runtime
+from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.engines import check_engine
 from components.methods import artifact_method
 from components.registry import resolve
@@ -86,7 +87,14 @@ class ServeArgs(BaseModel):
     lm_engine: str | None = Field(
         None,
         description="Where a ToolGen / ToolWeaver artifact's constrained decoder runs: transformers "
-        "(PyTorch) or llama.cpp (a GGUF export of the trained LM, CPU); null: as it was saved.",
+        "(PyTorch), llama.cpp (a GGUF export of the trained LM, CPU) or vllm (the trained LM served by "
+        "vLLM, at lm_endpoint); null: as it was saved.",
+    )
+    lm_endpoint: dict[str, Any] | None = Field(
+        None,
+        description="For lm_engine vllm: {endpoint: http://host:8000/v1, model: <served name>} of the "
+        "server that holds the artifact's LM (<artifact>/lm), e.g. the LLM app "
+        "(deploy/serve_config_llm.yaml).",
     )
     needs_tool_threshold: float | None = Field(
         None,
@@ -112,6 +120,14 @@ class ServeArgs(BaseModel):
     @classmethod
     def _known_engine(cls, engine: str | None) -> str | None:
         return engine if engine is None else check_engine(engine, "lm_engine")
+
+    @model_validator(mode="after")
+    def _vllm_has_an_endpoint(self) -> ServeArgs:
+        if self.lm_engine == "vllm" and not self.lm_endpoint:
+            raise ValueError("lm_engine vllm needs lm_endpoint ({endpoint: .../v1, model: <served name>})")
+        if self.lm_endpoint:
+            ChatEndpoint.from_config(self.lm_endpoint, "lm_endpoint")
+        return self
 
 
 def _local(path: str | None) -> str | None:
@@ -204,6 +220,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
             "cache_size": args.cache_size,
             "encoder_runtime": args.encoder_runtime,
             "lm_engine": args.lm_engine,
+            "lm_endpoint": args.lm_endpoint,
             "catalog_version": catalog_version(_local(args.catalog)),
         },
         "QueryRewriter": dict(args.rewriter),

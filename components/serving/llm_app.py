@@ -72,6 +72,12 @@ class LLMAppArgs(BaseModel):
         "refuses tool_choice 'required', the selector's, unless one is set; the call itself is then "
         "decoded under a JSON-schema grammar over the offered tools. None: no tool calling.",
     )
+    max_logprobs: int = Field(
+        128,
+        gt=0,
+        description="Most log-probabilities one request may ask for: ToolGen / ToolWeaver decoding on this "
+        "app (lm_engine vllm) names up to 128 tokens a request (vLLM's default, 20, refuses that).",
+    )
     max_num_adapters_per_replica: int = Field(4, gt=0)
     max_lora_rank: int = Field(16, gt=0)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further vLLM engine arguments.")
@@ -89,7 +95,11 @@ def llm_config_kwargs(args: LLMAppArgs, model_source: str) -> dict[str, Any]:
     """The keyword arguments of ``ray.serve.llm.LLMConfig`` for ``args`` (kept free of the
     ``ray.serve.llm`` import, which needs vLLM, so the toolscout side can check them)."""
     cpu = args.device == "cpu"
-    engine: dict[str, Any] = {"dtype": args.dtype, "max_model_len": args.max_model_len}
+    engine: dict[str, Any] = {
+        "dtype": args.dtype,
+        "max_model_len": args.max_model_len,
+        "max_logprobs": args.max_logprobs,
+    }
     if cpu:
         # No CUDA graphs and no torch.compile on CPU; compiling would add minutes to every start.
         engine["enforce_eager"] = True

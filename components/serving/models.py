@@ -33,19 +33,24 @@ Ranking = list[tuple[str, float]]
 DEFAULT_ENCODER_RUNTIME = "onnx"
 
 
-def load_method(artifact: str, encoder_runtime: str = "torch", lm_engine: str | None = None) -> Method:
+def load_method(
+    artifact: str,
+    encoder_runtime: str = "torch",
+    lm_engine: str | None = None,
+    lm_endpoint: dict[str, Any] | None = None,
+) -> Method:
     """The method saved at ``artifact``, its text encoders (dense, MassTool) running their inference
     on ``encoder_runtime`` (:data:`components.encoders.runtimes.RUNTIMES`) and, with ``lm_engine``
-    (``transformers`` / ``llama.cpp``), a generative method's (ToolGen, ToolWeaver) constrained
-    decoder on that engine instead of the one it was saved with. What a method does not have
-    (BM25's encoders, dense's LM) has nothing to move."""
+    (``transformers`` / ``llama.cpp`` / ``vllm`` at ``lm_endpoint``), a generative method's (ToolGen,
+    ToolWeaver) constrained decoder on that engine instead of the one it was saved with. What a
+    method does not have (BM25's encoders, dense's LM) has nothing to move."""
     check_runtime(encoder_runtime)
     method = methods.load(artifact)
     if encoder_runtime != "torch" and "text_encoders" in method.capabilities:
         for encoder in method.text_encoders():
             encoder.use_runtime(encoder_runtime)
     if lm_engine is not None and "generate" in method.capabilities:
-        method.use_engine(lm_engine)
+        method.use_engine(lm_engine, endpoint=lm_endpoint)
     return method
 
 
@@ -53,9 +58,15 @@ class RetrieverModel:
     """A trained method's artifact (BM25, dense, MassTool, ...) ready to rank the catalog, its text
     encoders on ``encoder_runtime`` and its LM decoder on ``lm_engine`` (see :func:`load_method`)."""
 
-    def __init__(self, artifact: str, encoder_runtime: str = "torch", lm_engine: str | None = None) -> None:
+    def __init__(
+        self,
+        artifact: str,
+        encoder_runtime: str = "torch",
+        lm_engine: str | None = None,
+        lm_endpoint: dict[str, Any] | None = None,
+    ) -> None:
         self.artifact = os.path.abspath(resolve(artifact))
-        self.method = load_method(self.artifact, encoder_runtime, lm_engine)
+        self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
         self.version = model_version(self.artifact)
 
     def retrieve(self, texts: list[str], k: int) -> list[Ranking]:

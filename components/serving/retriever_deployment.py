@@ -46,7 +46,8 @@ class Retriever:
     """Ranks the catalog with any trained method's artifact. User config: ``artifact``,
     ``cache_size`` (answers kept, see :mod:`.answer_cache`), ``catalog_version`` (reload the catalog
     when it changed), ``encoder_runtime`` (where a dense or MassTool encoder runs), ``lm_engine``
-    (where a ToolGen or ToolWeaver decoder runs; unset: as the artifact was saved).
+    (where a ToolGen or ToolWeaver decoder runs; unset: as the artifact was saved) and ``lm_endpoint``
+    (the vLLM server of its LM, for ``lm_engine: vllm``).
 
     Args:
         catalog: Dataset dir whose corpus names the tools (artifacts store ids only).
@@ -65,7 +66,9 @@ class Retriever:
         if wanted is not None and wanted != self.catalog.version:
             await self._reload_catalog(wanted)
         runtime = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
-        load = partial(RetrieverModel, config["artifact"], runtime, config.get("lm_engine"))
+        load = partial(
+            RetrieverModel, config["artifact"], runtime, config.get("lm_engine"), config.get("lm_endpoint")
+        )
         loaded, model = await load_new("Retriever", load, serving=self.model is not None)
         if loaded:
             self.model = model

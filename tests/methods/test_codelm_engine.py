@@ -89,7 +89,11 @@ def test_a_tool_indexed_later_gets_a_token_the_llamacpp_engine_can_generate(mode
 
 def test_engine_settings_are_checked(model_dir):
     with pytest.raises(ValueError, match="engine must be one of"):
+        ToolGenMethod.from_dir(model_dir, {**PARAMS, "engine": "sglang"})
+    with pytest.raises(ValueError, match="engine vllm needs engine_endpoint"):
         ToolGenMethod.from_dir(model_dir, {**PARAMS, "engine": "vllm"})
+    with pytest.raises(ValueError, match="needs 'model'"):
+        ToolGenMethod.from_dir(model_dir, {**PARAMS, "engine": "vllm", "engine_endpoint": {"endpoint": "u"}})
     m = ToolGenMethod.from_dir(model_dir, PARAMS)
     with pytest.raises(ValueError, match="engine_dtype must be f32 or f16"):
         m.use_engine("llama.cpp", dtype="q4")
@@ -119,4 +123,11 @@ def test_serving_moves_a_saved_decoder_to_the_engine_the_app_names(model_dir, tm
     configs = user_configs(ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="llama.cpp"))
     assert configs["Retriever"]["lm_engine"] == "llama.cpp"
     with pytest.raises(ValidationError, match="lm_engine: engine must be one of"):
+        ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="sglang")
+    with pytest.raises(ValidationError, match="lm_engine vllm needs lm_endpoint"):
         ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="vllm")
+    server = {"endpoint": "http://127.0.0.1:8000/llm/v1", "model": "toolgen"}
+    configs = user_configs(
+        ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="vllm", lm_endpoint=server)
+    )
+    assert configs["Retriever"]["lm_endpoint"] == server

@@ -3,15 +3,42 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from components.registry import ModelRegistry, RegistrySettings
+
+VLLM_PYTHON_ENV = "TOOLSCOUT_VLLM_PYTHON"
+
+
+NO_VLLM = (
+    "no Python environment with vLLM: build one with deploy/vllm_cpu_env.sh (a CPU host; ray[llm] "
+    f"on GPU) and set {VLLM_PYTHON_ENV} to its interpreter"
+)
+
+
+def find_vllm_python() -> str | None:
+    """The interpreter of an environment with vLLM: ``$TOOLSCOUT_VLLM_PYTHON``, or this one if it
+    has vLLM; None if neither."""
+    python = os.environ.get(VLLM_PYTHON_ENV)
+    if python:
+        return python
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def vllm_python() -> str:
+    """The interpreter of an environment with vLLM, or a skip that says how to get one."""
+    return find_vllm_python() or pytest.skip(NO_VLLM)
+
 
 SELECTOR_LM = {
     "vocab_size": 1000,

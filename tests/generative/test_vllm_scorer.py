@@ -1,0 +1,136 @@
+"""The vLLM engine of the constrained decoder (``engine: vllm``), against a completions server that
+answers as vLLM does: named tokens' full-softmax log-probabilities (``logprob_token_ids``), keyed
+``token_id:N``, -inf written as -9999. The server computes them with the same LM in this process, so
+the vLLM engine must rank exactly as transformers does. vLLM itself is exercised by
+tests/serving/test_vllm_decoding.py where a vLLM environment exists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from chat_server import ChatCompletionsServer
+from conftest import QUERIES, TOOLS
+
+from components.generative.bundle import load_bundle, save_bundle
+from components.generative.chat_endpoint import ChatEndpointError
+from components.generative.constrained import constrained_top_k
+from components.generative.lm import LMSpec, build_causal_lm
+from components.generative.targeted import TargetedLM, last_logprobs
+from components.generative.tool_tokens import add_tool_tokens
+from components.generative.trie import TokenTrie
+from components.generative.vllm_scorer import VLLMScorer
+from components.methods.toolgen.method import ToolGenMethod
+
+PARAMS = {"query_max_length": 24, "num_beams": 4}
+NAMES = {
+    "0": "Sky / forecast",
+    "1": "Fly / search flights",
+    "2": "Stay / hotel search",
+    "3": "Chef / recipes",
+}
+
+
+class LogprobServer(ChatCompletionsServer):
+    """``POST /v1/completions`` answering as vLLM does for ``logprob_token_ids`` (``named_only``:
+    as a server without that option, with the top ``logprobs`` tokens instead)."""
+
+    route = "/v1/completions"
+
+    def __init__(self, lm: Any, named_only: bool = True) -> None:
+        super().__init__()
+        self.model, self.named_only = TargetedLM(lm).eval(), named_only
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        logp = last_logprobs(self.model, [body["prompt"]], pad_id=0)[0]
+        top = logp.topk(body["logprobs"]).indices.tolist()
+        ids = body["logprob_token_ids"] if self.named_only else top
+        named = {f"token_id:{t}": max(float(logp[t]), -9999.0) for t in ids}
+        return {"choices": [{"text": "", "logprobs": {"top_logprobs": [named]}}]}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    spec = LMSpec(
+        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64
+    )
+    lm, tokenizer = build_causal_lm(spec, list(QUERIES.values()) * 10, seed=5)
+    codebook = add_tool_tokens(lm, tokenizer, NAMES)
+    torch.manual_seed(6)
+    with torch.no_grad():  # off the initialisation, as a trained LM is
+        for p in lm.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    path = tmp_path_factory.mktemp("toolgen") / "lm"
+    save_bundle(lm, tokenizer, codebook, str(path))
+    return str(path)
+
+
+def method(model_dir: str, **params: Any) -> ToolGenMethod:
+    m = ToolGenMethod.from_dir(model_dir, {**PARAMS, **params})
+    m.index({t: {"text": x} for t, x in TOOLS.items()})
+    return m
+
+
+def test_vllm_engine_ranks_as_transformers_asking_only_for_catalog_tokens(model_dir):
+    reference = method(model_dir).retrieve(QUERIES, 3)
+    lm, _, codebook = load_bundle(model_dir)
+    with LogprobServer(lm) as server:
+        served = method(model_dir, engine="vllm", engine_endpoint={"endpoint": server.url, "model": "tg"})
+        hits = served.retrieve(QUERIES, 3)
+        narrowed = served.retrieve({"q1": QUERIES["q1"]}, 2, candidates={"q1": ["2", "3"]})
+    assert {q: list(h) for q, h in hits.items()} == {q: list(h) for q, h in reference.items()}
+    for q in QUERIES:
+        assert list(hits[q].values()) == pytest.approx(list(reference[q].values()), abs=1e-5)
+    assert set(narrowed["q1"]) <= {"2", "3"}
+    # One greedy one-token completion per query, its prompt as token ids, naming the catalog's
+    # tool tokens only (the two candidates when narrowed), as many log-probabilities as it names.
+    bodies = [r["body"] for r in server.requests]
+    assert len(bodies) == len(QUERIES) + 1
+    tool_tokens = sorted(t for code in codebook.to_json().values() for t in code)
+    assert all(b["logprob_token_ids"] == tool_tokens for b in bodies[:-1])
+    assert sorted(bodies[-1]["logprob_token_ids"]) == sorted(codebook.to_json()[t][0] for t in ("2", "3"))
+    assert all(b["max_tokens"] == 1 and b["logprobs"] == len(b["logprob_token_ids"]) for b in bodies)
+    assert all(isinstance(b["prompt"], list) and b["model"] == "tg" for b in bodies)
+
+
+def test_a_step_is_split_into_requests_of_at_most_max_token_ids(model_dir):
+    lm, _, _ = load_bundle(model_dir)
+    with LogprobServer(lm) as server:
+        scorer = VLLMScorer.from_config({"endpoint": server.url, "model": "tg"}, "test", max_token_ids=3)
+        logp = scorer.next_logprobs([[5, 6, 7]], [list(range(10, 20))])
+    # Sent concurrently (the engine batches them), so they arrive in any order.
+    named = sorted(r["body"]["logprob_token_ids"] for r in server.requests)
+    assert named == [[10, 11, 12], [13, 14, 15], [16, 17, 18], [19]]
+    full = last_logprobs(TargetedLM(lm).eval(), [[5, 6, 7]], pad_id=0)[0]
+    assert logp[0, 10:20].tolist() == pytest.approx(full[10:20].tolist(), abs=1e-5)
+    assert torch.isinf(logp[0, :10]).all()  # not asked for: -inf, never a made-up score
+    with pytest.raises(ValueError, match="max_token_ids must be 1 to 128"):
+        VLLMScorer.from_config({"endpoint": server.url, "model": "tg"}, "test", max_token_ids=129)
+
+
+def test_a_server_without_logprob_token_ids_is_refused_clearly(model_dir):
+    lm, _, _ = load_bundle(model_dir)
+    with LogprobServer(lm, named_only=False) as server:
+        served = method(model_dir, engine="vllm", engine_endpoint={"endpoint": server.url, "model": "tg"})
+        with pytest.raises(ChatEndpointError, match="must be vLLM with logprob_token_ids"):
+            served.retrieve({"q1": QUERIES["q1"]}, 3)
+
+
+def test_multi_token_codes_decode_as_on_transformers_with_the_end_token_asked_for(model_dir):
+    # ToolWeaver-like codes: several tokens, shared prefixes, and a code that a longer one extends
+    # (it finishes with the end token's log-probability, which the step must ask vLLM for).
+    lm, tokenizer, _ = load_bundle(model_dir)
+    trie = TokenTrie([((5, 6), "a"), ((5, 6, 7), "b"), ((5, 8), "c"), ((9, 6, 7), "d"), ((9, 10), "e")])
+    prompts = [tokenizer(q).input_ids for q in QUERIES.values()]
+    eos = tokenizer.eos_token_id
+    reference = constrained_top_k(TargetedLM(lm), prompts, trie, 4, 0, num_beams=4, end_token=eos)
+    with LogprobServer(lm) as server:
+        scorer = VLLMScorer.from_config({"endpoint": server.url, "model": "tg"}, "test")
+        served = constrained_top_k(scorer, prompts, trie, 4, 0, num_beams=4, end_token=eos)
+    assert [[v for v, _ in h] for h in served] == [[v for v, _ in h] for h in reference]
+    scores = [s for h in served for _, s in h]
+    assert scores == pytest.approx([s for h in reference for _, s in h], abs=1e-5)
+    # The end token is asked for after code "a" (5, 6), which "b" extends, and nowhere else.
+    asked = [r["body"]["prompt"] for r in server.requests if eos in r["body"]["logprob_token_ids"]]
+    assert asked and all(p[-2:] == [5, 6] for p in asked)
