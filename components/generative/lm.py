@@ -114,6 +114,14 @@ def build_causal_lm(
     return LlamaForCausalLM(config), tokenizer
 
 
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
+    """The tokenizer of an LM (as :func:`load_causal_lm` loads it: a pad token ensured)."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_lm(name_or_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_causal_lm(
     name_or_path: str, dtype: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
@@ -123,9 +131,7 @@ def load_causal_lm(
     ``dtype`` (e.g. ``"bfloat16"``) loads the weights in that precision; None keeps the default.
     """
     name_or_path = resolve_lm(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(name_or_path)
     kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     return model, tokenizer

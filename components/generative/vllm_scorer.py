@@ -104,7 +104,6 @@ class VLLMScorer:
             answers = list(pool.map(lambda job: self._logprobs(job[1], job[2]), jobs))
         for (row, _, _), got in zip(jobs, answers, strict=True):
             for token, value in got.items():
-                if token < width:
-                    # vLLM writes -inf as -9999.0 (JSON has no infinity).
-                    out[row, token] = value if value > -9999.0 else float("-inf")
+                if token < width:  # (vLLM clamps at -9999.0: JSON has no infinity; kept finite)
+                    out[row, token] = value
         return out

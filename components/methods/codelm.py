@@ -13,12 +13,13 @@ A subclass names its params class and LM-stage task and says how tools get codes
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.generative import sequences as td
-from components.generative.bundle import load_bundle, save_bundle
+from components.generative.bundle import load_bundle, load_codes, save_bundle, save_codebook
 from components.generative.constrained import Hits, constrained_top_k
 from components.generative.hallucination import (
     Output,
@@ -29,6 +30,7 @@ from components.generative.hallucination import (
 )
 from components.generative.llamacpp import LlamaCppScorer
 from components.generative.lm import lm_spec_from, to_inference_device
+from components.generative.packaged import resolve_lm
 from components.generative.params import CodeLMParams
 from components.generative.targeted import NextTokenScorer, TargetedLM
 from components.generative.tool_tokens import ToolCodebook
@@ -43,6 +45,9 @@ class CodeLMMethod(CodeLMStages):
 
     capabilities: ClassVar[frozenset[str]] = frozenset({"train", "generate", "candidates"})
     params_class: ClassVar[type[CodeLMParams]] = CodeLMParams
+    # Whether coding a new tool adds a token to the LM (ToolGen) or only spells it with existing
+    # code tokens (ToolWeaver): on vllm the former needs the LM saved and served again.
+    codes_grow_vocab: ClassVar[bool] = True
 
     def __init__(self, **params: Any) -> None:
         self.params = self.params_class(**params)
@@ -56,7 +61,9 @@ class CodeLMMethod(CodeLMStages):
         self.codebook = ToolCodebook()
         self._trie: TokenTrie | None = None
         self._names: dict[str, str] = {}
-        self._scorer: NextTokenScorer | None = None  # the llama.cpp / vLLM engine, built on first use
+        self._scorer: NextTokenScorer | None = None  # the llama.cpp engine, built on first use
+        self._model_dir: str | None = None  # where the LM was loaded from (reloaded after vllm)
+        self._lm_changed = False  # tokens added here since it was loaded or saved
 
     @classmethod
     def from_dir(cls, model_dir: str, params: dict[str, Any] | None = None) -> CodeLMMethod:
@@ -90,15 +97,34 @@ class CodeLMMethod(CodeLMStages):
         """The inverse of :meth:`save_extra`."""
 
     def use_model(self, model_dir: str, data: Dataset | None = None) -> None:
-        """Load an LM stage output; with ``data``, make sure every known tool has its code."""
-        self._lm, self._tokenizer, self.codebook = load_bundle(model_dir, lm_spec_from(self.params.lm).dtype)
-        if data is not None:
-            self.add_codes(data.corpus, td.known_tools(data))
-        # Retrieval and generation run where the process has an accelerator (a GPU replica, a GPU bench).
-        self._lm = to_inference_device(self._lm).eval()
-        self._model = TargetedLM(self._lm)
+        """Load an LM stage output; with ``data``, make sure every known tool has its code. With
+        ``engine: vllm`` only the tokenizer and codebook load: the weights are the server's."""
+        self._model_dir, self._scorer, self._lm_changed = resolve_lm(model_dir), None, False
+        if self.params.engine == "vllm":
+            self._tokenizer, self.codebook = load_codes(model_dir)
+            self._lm = self._model = None
+        else:
+            dtype = lm_spec_from(self.params.lm).dtype
+            self._lm, self._tokenizer, self.codebook = load_bundle(model_dir, dtype)
+            # Retrieval and generation run where the process has an accelerator (a GPU replica).
+            self._lm = to_inference_device(self._lm).eval()
+            self._model = TargetedLM(self._lm)
         self._prompter = td.Prompter(self._tokenizer)
-        self._scorer = None
+        if data is not None:
+            self._code(data.corpus, td.known_tools(data))
+
+    def _code(self, corpus: Corpus, tools: list[str]) -> list[str]:
+        """:meth:`add_codes`, unless that would grow the vocabulary of an LM a vLLM server holds."""
+        missing = [t for t in tools if t not in self.codebook]
+        if missing and self.params.engine == "vllm" and self.codes_grow_vocab:
+            raise ValueError(
+                f"{self.name}: {len(missing)} tools have no code (e.g. {missing[:3]}) and a code is a new "
+                "token, which the vLLM server's LM lacks: index them on transformers, save, and serve "
+                "the saved LM"
+            )
+        added = self.add_codes(corpus, tools) if missing else []
+        self._lm_changed |= bool(added) and self.codes_grow_vocab
+        return added
 
     def use_engine(
         self,
@@ -111,8 +137,19 @@ class CodeLMMethod(CodeLMStages):
         on (checked as in params), e.g. an LM trained on a GPU, served by CPU replicas."""
         given = {"engine": engine, "engine_dtype": dtype, "engine_threads": threads}
         given["engine_endpoint"] = endpoint
+        if engine == "vllm" and self._lm_changed:
+            raise ValueError(
+                f"{self.name}: this LM gained tool tokens since it was loaded; save the artifact and "
+                "serve the saved LM before decoding on vllm"
+            )
         self.params = replace(self.params, **{k: v for k, v in given.items() if v is not None})
         self._scorer = None
+        if self.params.engine == "vllm":
+            self._lm = self._model = None  # the server holds the weights: free this copy
+        elif self._lm is None and self._model_dir is not None:
+            codebook = self.codebook  # with any codes given on vllm (no new tokens)
+            self.use_model(self._model_dir)  # back in process: load the weights again
+            self.codebook = codebook
 
     def _decoder_model(self) -> TargetedLM | NextTokenScorer:
         """The PyTorch LM, llama.cpp over a GGUF export of it (made once per model and vocabulary), or
@@ -134,11 +171,11 @@ class CodeLMMethod(CodeLMStages):
 
     def index(self, corpus: Corpus) -> None:
         """Constrain decoding to ``corpus``; tools without a code get one now (see :meth:`add_codes`)."""
-        if self._lm is None:
+        if self._tokenizer is None:
             raise RuntimeError(f"{self.name}: train (fit) or load a model before indexing")
+        added = self._code(corpus, list(corpus))  # refused before anything changes
         self.tool_ids = list(corpus)
         self._names = td.tool_names(corpus, self.tool_ids)
-        added = self.add_codes(corpus, self.tool_ids)
         self.added_after_training += added  # codes stay once given
         if added:
             self._scorer = None  # the vocabulary grew: the next decode exports the LM again
@@ -184,6 +221,8 @@ class CodeLMMethod(CodeLMStages):
         if constrained:
             beams = max(self.params.num_beams, k)
             return hits_to_outputs(self._constrained(queries, self._trie, beams), self.codebook)
+        if self._lm is None:
+            raise RuntimeError(f"{self.name}: free generation runs in process; engine vllm keeps no LM here")
         parser = OutputParser(self.codebook, self._tokenizer, {t: self._names[t] for t in self.tool_ids})
         return generate_outputs(
             self._lm,
@@ -199,7 +238,7 @@ class CodeLMMethod(CodeLMStages):
 
     def save(self, path: str) -> None:
         """``config.json`` (params, indexed tools, training report) + the LM bundle under ``lm/``."""
-        if self._lm is None or self._trie is None:
+        if self._tokenizer is None or self._trie is None:
             raise RuntimeError(f"{self.name}: nothing to save; fit/load and index first")
         write_config(
             path,
@@ -213,12 +252,25 @@ class CodeLMMethod(CodeLMStages):
                 **self.save_extra(path),
             },
         )
-        save_bundle(self._lm, self._tokenizer, self.codebook, os.path.join(path, "lm"))
+        lm_dir = os.path.join(path, "lm")
+        if self._lm is not None:
+            save_bundle(self._lm, self._tokenizer, self.codebook, lm_dir)
+        else:  # engine vllm: the LM as loaded (it gained no tokens), with the codebook as it is now
+            if not os.path.isdir(self._model_dir or ""):
+                raise RuntimeError(
+                    f"{self.name}: {self._model_dir} is not a local LM to copy; save in process"
+                )
+            if os.path.abspath(self._model_dir) != os.path.abspath(lm_dir):
+                shutil.copytree(self._model_dir, lm_dir, dirs_exist_ok=True)
+            save_codebook(self.codebook, lm_dir)
+        self._model_dir, self._lm_changed = lm_dir, False  # the LM a server can now be given
 
     @classmethod
-    def load(cls, path: str) -> CodeLMMethod:
+    def load(cls, path: str, overrides: dict[str, Any] | None = None) -> CodeLMMethod:
+        """The saved method; ``overrides`` replace saved params before the LM loads (``engine: vllm``
+        loads no weights: a serving replica decoding on a vLLM server)."""
         config = read_config(path)
-        method = cls.from_dir(os.path.join(path, "lm"), config["params"])
+        method = cls.from_dir(os.path.join(path, "lm"), {**config["params"], **(overrides or {})})
         method.tool_ids = config["tool_ids"]
         method._names = config["tool_names"]
         method.added_after_training = config.get("added_after_training", [])

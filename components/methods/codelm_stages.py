@@ -91,6 +91,12 @@ class CodeLMStages:
 
         if stage not in LM_STAGES:
             raise ValueError(f"{self.name} has stages {self.stages}, not {stage!r}")
+        if self.params.engine == "vllm":
+            # Each stage's model is scored in process; vLLM serves a saved LM, not one in training.
+            raise ValueError(
+                f"{self.name}: engine vllm decodes on a server of a saved LM; train on transformers and "
+                "serve the artifact with lm_engine: vllm"
+            )
         index = LM_STAGES.index(stage)
         if index == 0:
             init = self.initial_model(data, run)

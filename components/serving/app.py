@@ -125,6 +125,8 @@ class ServeArgs(BaseModel):
     def _vllm_has_an_endpoint(self) -> ServeArgs:
         if self.lm_engine == "vllm" and not self.lm_endpoint:
             raise ValueError("lm_engine vllm needs lm_endpoint ({endpoint: .../v1, model: <served name>})")
+        if self.lm_endpoint and self.lm_engine != "vllm":
+            raise ValueError("lm_endpoint is the server of lm_engine vllm; set lm_engine: vllm")
         if self.lm_endpoint:
             ChatEndpoint.from_config(self.lm_endpoint, "lm_endpoint")
         return self

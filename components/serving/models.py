@@ -45,6 +45,11 @@ def load_method(
     ToolWeaver) constrained decoder on that engine instead of the one it was saved with. What a
     method does not have (BM25's encoders, dense's LM) has nothing to move."""
     check_runtime(encoder_runtime)
+    path, name = methods.artifact_method(artifact)
+    if lm_engine == "vllm" and "generate" in methods.method_class(name).capabilities:
+        # Loaded for the server from the start: the replica never holds the LM's weights.
+        server = {"engine": "vllm", "engine_endpoint": lm_endpoint}
+        return methods.method_class(name).load(path, overrides=server)
     method = methods.load(artifact)
     if encoder_runtime != "torch" and "text_encoders" in method.capabilities:
         for encoder in method.text_encoders():

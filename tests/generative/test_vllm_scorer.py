@@ -134,3 +134,58 @@ def test_multi_token_codes_decode_as_on_transformers_with_the_end_token_asked_fo
     # The end token is asked for after code "a" (5, 6), which "b" extends, and nowhere else.
     asked = [r["body"]["prompt"] for r in server.requests if eos in r["body"]["logprob_token_ids"]]
     assert asked and all(p[-2:] == [5, 6] for p in asked)
+
+
+def test_on_vllm_the_process_keeps_no_weights_and_adds_no_codes(model_dir, tmp_path):
+    reference = method(model_dir).retrieve(QUERIES, 3)
+    lm, _, _ = load_bundle(model_dir)
+    with LogprobServer(lm) as server:
+        endpoint = {"endpoint": server.url, "model": "tg"}
+        m = method(model_dir)
+        m.use_engine("vllm", endpoint=endpoint)  # as a serving replica told lm_engine: vllm
+        with pytest.raises(RuntimeError, match="free generation runs in process"):
+            m.generate({"q1": QUERIES["q1"]}, 2, constrained=False)  # the weights are gone
+        assert {q: list(h) for q, h in m.retrieve(QUERIES, 3).items()} == {
+            q: list(h) for q, h in reference.items()
+        }
+        # A tool with no code needs a new token in the LM, which the server does not have.
+        grown = {**{t: {"text": x} for t, x in TOOLS.items()}, "9": {"text": "tool_name:Tune, api_name:play"}}
+        with pytest.raises(ValueError, match="1 tools have no code"):
+            m.index(grown)
+        assert m.tool_ids == list(TOOLS)  # refused before anything changed
+        # Saved on vllm (the LM copied as loaded), loaded back: no weights load, the same ranking.
+        m.save(str(tmp_path / "artifact"))
+        again = ToolGenMethod.load(str(tmp_path / "artifact"))
+        assert again.params.engine == "vllm"
+        with pytest.raises(RuntimeError, match="free generation runs in process"):
+            again.generate({"q1": QUERIES["q1"]}, 2, constrained=False)
+        assert list(again.retrieve({"q1": QUERIES["q1"]}, 3)["q1"]) == list(reference["q1"])
+        # A serving replica told lm_engine vllm loads the artifact without its weights at all.
+        from components.serving.models import RetrieverModel
+
+        replica = RetrieverModel(str(tmp_path / "artifact"), lm_engine="vllm", lm_endpoint=endpoint)
+        with pytest.raises(RuntimeError, match="free generation runs in process"):
+            replica.method.generate({"q1": QUERIES["q1"]}, 2, constrained=False)
+        assert [t for t, _ in replica.retrieve([QUERIES["q1"]], 3)[0]] == list(reference["q1"])
+    # Back on transformers the weights load again, and the saved LM is the one it was given.
+    again.use_engine("transformers")
+    assert {q: list(h) for q, h in again.retrieve(QUERIES, 3).items()} == {
+        q: list(h) for q, h in reference.items()
+    }
+    assert again.generate({"q1": QUERIES["q1"]}, 2, constrained=False)
+    # Stages train and score in process: engine vllm refuses to train.
+    again.use_engine("vllm", endpoint=endpoint)
+    with pytest.raises(ValueError, match="engine vllm decodes on a server of a saved LM"):
+        again.fit("retrieval", None, None)
+
+
+def test_an_lm_that_gained_tool_tokens_goes_to_vllm_only_once_saved(model_dir, tmp_path):
+    m = method(model_dir)
+    grown = {**{t: {"text": x} for t, x in TOOLS.items()}, "9": {"text": "tool_name:Tune, api_name:play"}}
+    m.index(grown)  # on transformers: tool 9 gets a new token, which a server of model_dir lacks
+    endpoint = {"endpoint": "http://127.0.0.1:9/v1", "model": "tg"}
+    with pytest.raises(ValueError, match="gained tool tokens since it was loaded"):
+        m.use_engine("vllm", endpoint=endpoint)
+    m.save(str(tmp_path / "artifact"))  # the LM a server can now be given
+    m.use_engine("vllm", endpoint=endpoint)
+    assert m.params.engine == "vllm"

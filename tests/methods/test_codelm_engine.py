@@ -126,6 +126,8 @@ def test_serving_moves_a_saved_decoder_to_the_engine_the_app_names(model_dir, tm
         ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="sglang")
     with pytest.raises(ValidationError, match="lm_engine vllm needs lm_endpoint"):
         ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="vllm")
+    with pytest.raises(ValidationError, match="lm_endpoint is the server of lm_engine vllm"):
+        ServeArgs(artifact=str(saved), catalog=str(data), lm_endpoint={"endpoint": "u", "model": "m"})
     server = {"endpoint": "http://127.0.0.1:8000/llm/v1", "model": "toolgen"}
     configs = user_configs(
         ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="vllm", lm_endpoint=server)

@@ -82,6 +82,7 @@ class ToolWeaverMethod(CodeLMMethod):
     name: ClassVar[str] = "toolweaver"
     stages: ClassVar[tuple[str, ...]] = STAGES
     capabilities: ClassVar[frozenset[str]] = frozenset({"train", "generate", "candidates", "cold_start"})
+    codes_grow_vocab: ClassVar[bool] = False  # a new tool is spelled with the L x K code tokens
     params_class = ToolWeaverParams
     task = "components.generative.task:CodeLMTask"
 
