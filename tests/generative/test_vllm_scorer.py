@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from chat_server import ChatCompletionsServer
 from conftest import QUERIES, TOOLS
+from logprob_server import LogprobServer
 
 from components.generative.bundle import load_bundle, save_bundle
 from components.generative.chat_endpoint import ChatEndpointError
@@ -30,24 +30,6 @@ NAMES = {
     "2": "Stay / hotel search",
     "3": "Chef / recipes",
 }
-
-
-class LogprobServer(ChatCompletionsServer):
-    """``POST /v1/completions`` answering as vLLM does for ``logprob_token_ids`` (``named_only``:
-    as a server without that option, with the top ``logprobs`` tokens instead)."""
-
-    route = "/v1/completions"
-
-    def __init__(self, lm: Any, named_only: bool = True) -> None:
-        super().__init__()
-        self.model, self.named_only = TargetedLM(lm).eval(), named_only
-
-    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
-        logp = last_logprobs(self.model, [body["prompt"]], pad_id=0)[0]
-        top = logp.topk(body["logprobs"]).indices.tolist()
-        ids = body["logprob_token_ids"] if self.named_only else top
-        named = {f"token_id:{t}": max(float(logp[t]), -9999.0) for t in ids}
-        return {"choices": [{"text": "", "logprobs": {"top_logprobs": [named]}}]}
 
 
 @pytest.fixture(scope="module")

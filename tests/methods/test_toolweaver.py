@@ -285,6 +285,39 @@ def test_a_new_tool_gets_a_code_from_the_quantizer_without_retraining(trained, q
         method.index(data.corpus)
 
 
+def test_on_vllm_a_new_tool_is_coded_without_the_weights_and_ranks_as_in_process(
+    trained, quickstart_1200, tmp_path
+):
+    # ToolWeaver's cold start spells a new tool with existing code tokens, so a replica decoding on
+    # a vLLM server of the saved LM (no weights here) codes it too, and ranks as the LM in process.
+    from logprob_server import LogprobServer
+
+    from components.generative.bundle import load_bundle
+
+    method, _ = trained
+    data = quickstart_1200
+    qid = next(iter(data.qrels["test"]))
+    twin = next(iter(data.qrels["test"][qid]))
+    corpus = {**data.corpus, "new-tool": {**data.corpus[twin], "_id": "new-tool"}}
+    queries = dict(list(data.split_queries("test").items())[:10])
+    method.save(str(tmp_path / "a"))
+    lm, _, _ = load_bundle(str(tmp_path / "a" / "lm"))
+    with LogprobServer(lm) as server:
+        server_cfg = {"endpoint": server.url, "model": "tw"}
+        served = ToolWeaverMethod.load(str(tmp_path / "a"), {"engine": "vllm", "engine_endpoint": server_cfg})
+        served.index(corpus)
+        hits = served.retrieve(queries, 5)
+        with pytest.raises(RuntimeError, match="free generation runs in process"):
+            served.generate(queries, 5, constrained=False)  # no weights were loaded
+    try:
+        method.index(corpus)
+        assert served.tool_codes["new-tool"] == method.tool_codes["new-tool"]
+        reference = method.retrieve(queries, 5)
+    finally:
+        method.index(data.corpus)
+    assert {q: list(h) for q, h in hits.items()} == {q: list(h) for q, h in reference.items()}
+
+
 def test_bad_params_fail_on_the_driver(quickstart_1200, tmp_path):
     with pytest.raises(ValueError, match="levels must be >= 1"):
         ToolWeaverMethod(levels=0)
