@@ -23,8 +23,13 @@ class LogprobServer(ChatCompletionsServer):
         self.model, self.named_only = TargetedLM(lm).eval(), named_only
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
-        logp = last_logprobs(self.model, [body["prompt"]], pad_id=0)[0]
-        top = logp.topk(body["logprobs"]).indices.tolist()
-        ids = body["logprob_token_ids"] if self.named_only else top
-        named = {f"token_id:{t}": max(float(logp[t]), -9999.0) for t in ids}
-        return {"choices": [{"text": "", "logprobs": {"top_logprobs": [named]}}]}
+        # One prompt (token ids) or several, as vLLM takes them; one choice per prompt, by index.
+        prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
+        choices = []
+        for i, prompt in enumerate(prompts):
+            logp = last_logprobs(self.model, [prompt], pad_id=0)[0]
+            top = logp.topk(body["logprobs"]).indices.tolist()
+            ids = body["logprob_token_ids"] if self.named_only else top
+            named = {f"token_id:{t}": max(float(logp[t]), -9999.0) for t in ids}
+            choices.append({"index": i, "text": "", "logprobs": {"top_logprobs": [named]}})
+        return {"choices": choices[::-1]}  # in any order: the client sorts them by index

@@ -65,30 +65,46 @@ def test_vllm_engine_ranks_as_transformers_asking_only_for_catalog_tokens(model_
     for q in QUERIES:
         assert list(hits[q].values()) == pytest.approx(list(reference[q].values()), abs=1e-5)
     assert set(narrowed["q1"]) <= {"2", "3"}
-    # One greedy one-token completion per query, its prompt as token ids, naming the catalog's
-    # tool tokens only (the two candidates when narrowed), as many log-probabilities as it names.
+    # One greedy one-token completion for all the queries (they name the same tokens: the catalog's
+    # tool tokens), prompts as token ids; one naming only the two candidates when narrowed; each asks
+    # for as many log-probabilities as it names.
     bodies = [r["body"] for r in server.requests]
-    assert len(bodies) == len(QUERIES) + 1
+    assert len(bodies) == 2 and len(bodies[0]["prompt"]) == len(QUERIES) and len(bodies[1]["prompt"]) == 1
     tool_tokens = sorted(t for code in codebook.to_json().values() for t in code)
-    assert all(b["logprob_token_ids"] == tool_tokens for b in bodies[:-1])
-    assert sorted(bodies[-1]["logprob_token_ids"]) == sorted(codebook.to_json()[t][0] for t in ("2", "3"))
+    assert bodies[0]["logprob_token_ids"] == tool_tokens
+    assert sorted(bodies[1]["logprob_token_ids"]) == sorted(codebook.to_json()[t][0] for t in ("2", "3"))
     assert all(b["max_tokens"] == 1 and b["logprobs"] == len(b["logprob_token_ids"]) for b in bodies)
-    assert all(isinstance(b["prompt"], list) and b["model"] == "tg" for b in bodies)
+    assert all(isinstance(p, list) and b["model"] == "tg" for b in bodies for p in b["prompt"])
 
 
 def test_a_step_is_split_into_requests_of_at_most_max_token_ids(model_dir):
     lm, _, _ = load_bundle(model_dir)
     with LogprobServer(lm) as server:
-        scorer = VLLMScorer.from_config({"endpoint": server.url, "model": "tg"}, "test", max_token_ids=3)
-        logp = scorer.next_logprobs([[5, 6, 7]], [list(range(10, 20))])
-    # Sent concurrently (the engine batches them), so they arrive in any order.
-    named = sorted(r["body"]["logprob_token_ids"] for r in server.requests)
-    assert named == [[10, 11, 12], [13, 14, 15], [16, 17, 18], [19]]
-    full = last_logprobs(TargetedLM(lm).eval(), [[5, 6, 7]], pad_id=0)[0]
-    assert logp[0, 10:20].tolist() == pytest.approx(full[10:20].tolist(), abs=1e-5)
-    assert torch.isinf(logp[0, :10]).all()  # not asked for: -inf, never a made-up score
+        config = {"endpoint": server.url, "model": "tg"}
+        scorer = VLLMScorer.from_config(config, "test", max_token_ids=3, prompts_per_request=2)
+        sequences = [[5, 6, 7], [8, 9], [5, 6, 7, 8]]
+        logp = scorer.next_logprobs(sequences, [list(range(10, 20))] * 2 + [[11, 30]])
+    # Sent concurrently (the engine batches them), so they arrive in any order: the first two
+    # sequences name the same tokens and share each request, the third has its own.
+    named = sorted((r["body"]["logprob_token_ids"], r["body"]["prompt"]) for r in server.requests)
+    pair = [[5, 6, 7], [8, 9]]
+    assert named == [
+        ([10, 11, 12], pair),
+        ([11, 30], [[5, 6, 7, 8]]),
+        ([13, 14, 15], pair),
+        ([16, 17, 18], pair),
+        ([19], pair),
+    ]
+    full = last_logprobs(TargetedLM(lm).eval(), sequences, pad_id=0)
+    for row in (0, 1):
+        assert logp[row, 10:20].tolist() == pytest.approx(full[row, 10:20].tolist(), abs=1e-5)
+        assert torch.isinf(logp[row, :10]).all()  # not asked for: -inf, never a made-up score
+    assert logp[2, [11, 30]].tolist() == pytest.approx(full[2, [11, 30]].tolist(), abs=1e-5)
+    assert torch.isinf(logp[2, 12:30]).all()
     with pytest.raises(ValueError, match="max_token_ids must be 1 to 128"):
-        VLLMScorer.from_config({"endpoint": server.url, "model": "tg"}, "test", max_token_ids=129)
+        VLLMScorer.from_config(config, "test", max_token_ids=129)
+    with pytest.raises(ValueError, match="prompts_per_request must be >= 1"):
+        VLLMScorer.from_config(config, "test", prompts_per_request=0)
 
 
 def test_a_server_without_logprob_token_ids_is_refused_clearly(model_dir):
@@ -114,7 +130,7 @@ def test_multi_token_codes_decode_as_on_transformers_with_the_end_token_asked_fo
     scores = [s for h in served for _, s in h]
     assert scores == pytest.approx([s for h in reference for _, s in h], abs=1e-5)
     # The end token is asked for after code "a" (5, 6), which "b" extends, and nowhere else.
-    asked = [r["body"]["prompt"] for r in server.requests if eos in r["body"]["logprob_token_ids"]]
+    asked = [p for r in server.requests if eos in r["body"]["logprob_token_ids"] for p in r["body"]["prompt"]]
     assert asked and all(p[-2:] == [5, 6] for p in asked)
 
 
