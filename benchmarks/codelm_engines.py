@@ -69,31 +69,19 @@ def measure(method: Any, queries: dict[str, str], qrels: dict, timed: list[str])
     }
 
 
-def serve_on_vllm(method: Any, python: str, port: int = 8000) -> dict[str, Any]:
+def serve_on_vllm(method: Any, python: str) -> dict[str, Any]:
     """Deploy the Ray Serve LLM app with ``method``'s LM (saved to a temporary directory) on a local
     Ray; returns the ``engine_endpoint`` that decodes on it."""
-    from ray import serve
-
-    from components.serving.deploy import apply_serve_env, deploy_config
-    from components.serving.llm_app import endpoint_url, llm_application
-    from workflows.ray_env import init_ray
+    from benchmarks.serve_llm import deploy_llm_app
 
     saved = os.path.join(tempfile.mkdtemp(prefix="codelm-vllm-"), "artifact")
     method.save(saved)
-    apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     # The prompt (query_max_length) plus a code; vLLM's CPU engine in fp32, its KV cache 1 GiB.
-    llm = {
-        "model": os.path.join(saved, "lm"),
-        "model_id": "codes",
-        "max_model_len": 256,
-        "tool_call_parser": None,
-    }
-    started = time.perf_counter()
-    deploy_config({"applications": [llm_application(llm, python=python)]}, timeout_s=900)
-    print(f"vLLM app deployed in {time.perf_counter() - started:.0f} s", flush=True)
-    return {"endpoint": endpoint_url("127.0.0.1", port), "model": "codes", "timeout_s": 300}
+    llm = {"model": os.path.join(saved, "lm"), "model_id": "codes", "max_model_len": 256}
+    llm["tool_call_parser"] = None  # retrieval only: no tool-call parsing
+    url, seconds = deploy_llm_app(llm, python)
+    print(f"vLLM app deployed in {seconds:.0f} s", flush=True)
+    return {"endpoint": url, "model": "codes", "timeout_s": 300}
 
 
 def top3(results: dict[str, dict[str, float]]) -> dict[str, list[str]]:

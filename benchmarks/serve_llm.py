@@ -112,6 +112,23 @@ def cell(metrics: dict, key: str, digits: int) -> str:
     return f"{metrics[key]:.{digits}f}" if key in metrics else "-"
 
 
+def deploy_llm_app(llm_args: dict[str, Any], python: str, port: int = 8000) -> tuple[str, float]:
+    """A local Ray and Serve on 127.0.0.1:``port`` with the LLM app for ``llm_args`` deployed (its
+    engine in ``python``'s environment, which has vLLM); returns the app's ``/v1`` URL and the
+    seconds the deploy took (vLLM's start-up)."""
+    from ray import serve
+
+    from components.serving.deploy import apply_serve_env, deploy_config
+    from workflows.ray_env import init_ray
+
+    apply_serve_env()
+    init_ray({"num_cpus": 2, "progress_bars": False})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    start = time.perf_counter()
+    deploy_config({"applications": [llm_application(llm_args, python=python)]})  # waits 900 s for an LLM app
+    return endpoint_url("127.0.0.1", port), time.perf_counter() - start
+
+
 def write_table(
     results: list[dict], out: str, title: str, head: list[str], cells: Callable[[dict], list[str]], note: str
 ) -> None:
@@ -160,18 +177,8 @@ def main() -> None:
 
     from ray import serve
 
-    from components.serving.deploy import apply_serve_env, deploy_config
-    from workflows.ray_env import init_ray
-
-    apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
-    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
-    entry = llm_application({"model": "smollm2-135m", "max_model_len": 2048}, python=args.vllm_python)
-    start = time.perf_counter()
-    deploy_config({"applications": [entry]})  # its default waits 900 s for an LLM app
-    deploy_seconds = time.perf_counter() - start
+    url, deploy_seconds = deploy_llm_app({"model": "smollm2-135m", "max_model_len": 2048}, args.vllm_python)
     try:
-        url = endpoint_url("127.0.0.1", 8000)
         results += engine_rows(
             "Ray Serve LLM, vLLM CPU fp32, via proxy",
             partial(vllm_select, OpenAISelector(url, "smollm2", catalog, timeout_s=180)),

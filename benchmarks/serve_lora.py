@@ -25,11 +25,10 @@ import os
 import time
 from typing import Any
 
-from benchmarks.serve_llm import cell, engine_parser, parse_engine_args, timed, write_table
+from benchmarks.serve_llm import cell, deploy_llm_app, engine_parser, parse_engine_args, timed, write_table
 from benchmarks.serve_load import summary
 from components.data import open_dataset
 from components.methods.querygen.adapter import export_generator_adapter
-from components.serving.llm_app import endpoint_url, llm_application
 from components.serving.rewriter import QueryGenRewriter
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_lora.json")
@@ -89,12 +88,6 @@ def main() -> None:
 
     from ray import serve
 
-    from components.serving.deploy import apply_serve_env, deploy_config
-    from workflows.ray_env import init_ray
-
-    apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
-    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     llm_args = {
         "model": "smollm2-135m",
         "max_model_len": 2048,
@@ -102,10 +95,7 @@ def main() -> None:
         "max_lora_rank": args.max_lora_rank,
         "env_vars": env,
     }
-    start = time.perf_counter()
-    deploy_config({"applications": [llm_application(llm_args, python=args.vllm_python)]})
-    deploy_seconds = time.perf_counter() - start
-    url = endpoint_url("127.0.0.1", 8000)
+    url, deploy_seconds = deploy_llm_app(llm_args, args.vllm_python)
     try:
         for name, model in (
             ("Ray Serve LLM, vLLM CPU: base model", "smollm2"),

@@ -283,3 +283,34 @@ def trained_toolgen(ray_session, quickstart_1200, tmp_path_factory):
     )
     report = fit_method(method, quickstart_1200, run)
     return method, report, root
+
+
+# The tools' "tool / api" names, as ToolGen's tokens spell them.
+TOOL_NAMES = {
+    "0": "Sky / forecast",
+    "1": "Fly / search flights",
+    "2": "Stay / hotel search",
+    "3": "Chef / recipes",
+}
+
+
+def write_tiny_toolgen_lm(path: Path) -> str:
+    """A tiny Llama LM with one token per :data:`TOOLS` tool (seeded), its weights moved off the
+    initialisation as a trained LM's are, saved as a ToolGen stage output (LM + codebook) at ``path``."""
+    import torch
+
+    from components.generative.bundle import save_bundle
+    from components.generative.lm import LMSpec, build_causal_lm
+    from components.generative.tool_tokens import add_tool_tokens
+
+    spec = LMSpec(
+        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64
+    )
+    lm, tokenizer = build_causal_lm(spec, list(QUERIES.values()) * 10, seed=5)
+    codebook = add_tool_tokens(lm, tokenizer, TOOL_NAMES)
+    torch.manual_seed(6)
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    save_bundle(lm, tokenizer, codebook, str(path))
+    return str(path)

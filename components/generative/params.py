@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.data.tooltext import TOOL_FIELDS
-from components.generative.chat_endpoint import ChatEndpoint
-from components.generative.engines import check_engine
+from components.generative.engines import check_engine, check_engine_endpoint
 from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import check_select_metric
 
@@ -116,10 +115,7 @@ class CodeLMParams:
         check_engine(self.engine, self.method)
         if self.engine_dtype not in ("f32", "f16"):
             raise ValueError(f"{self.method}: engine_dtype must be f32 or f16, got {self.engine_dtype!r}")
-        if self.engine == "vllm" and not self.engine_endpoint:
-            raise ValueError(f"{self.method}: engine vllm needs engine_endpoint (url and model)")
-        if self.engine_endpoint:
-            ChatEndpoint.from_config(self.engine_endpoint, f"{self.method}.engine_endpoint")
+        check_engine_endpoint(self.engine, self.engine_endpoint, self.method)
 
     def lora_spec(self) -> LoraSpec | None:
         """The adapter of the tool stages, or None for full fine-tuning."""

@@ -117,9 +117,11 @@ class VLLMScorer:
         width = 1 + max((max(ids) for _, ids in jobs), default=0)
         out = torch.full((len(sequences), width), float("-inf"))
 
+        prompts = [[int(t) for t in seq] for seq in sequences]  # JSON wants plain ints
+
         def ask(job: tuple[list[int], list[int]]) -> list[dict[int, float]]:
             rows, ids = job
-            return self._logprobs([[int(t) for t in sequences[r]] for r in rows], ids)
+            return self._logprobs([prompts[r] for r in rows], ids)
 
         with ThreadPoolExecutor(max_workers=max(1, self.server.concurrency)) as pool:
             answers = list(pool.map(ask, jobs))

@@ -61,7 +61,7 @@ class CodeLMMethod(CodeLMStages):
         self.codebook = ToolCodebook()
         self._trie: TokenTrie | None = None
         self._names: dict[str, str] = {}
-        self._scorer: NextTokenScorer | None = None  # the llama.cpp engine, built on first use
+        self._scorer: NextTokenScorer | None = None  # the llama.cpp / vLLM engine, built on first use
         self._model_dir: str | None = None  # where the LM was loaded from (reloaded after vllm)
         self._lm_changed = False  # tokens added here since it was loaded or saved
 
@@ -156,12 +156,10 @@ class CodeLMMethod(CodeLMStages):
         the vLLM server of it."""
         if self.params.engine == "transformers":
             return self._model
-        if self.params.engine == "vllm":
-            # The server must hold this LM with every code token indexed so far: a tool coded after
-            # training (cold start) needs the LM saved and served again.
-            return VLLMScorer.from_config(self.params.engine_endpoint, f"{self.name}.engine_endpoint")
-        if self._scorer is None:
-            p = self.params  # prompts are cut to query_max_length tokens; codes add a few more
+        p = self.params
+        if self._scorer is None and p.engine == "vllm":
+            self._scorer = VLLMScorer.from_config(p.engine_endpoint, f"{self.name}.engine_endpoint")
+        elif self._scorer is None:  # prompts are cut to query_max_length tokens; codes add a few more
             self._scorer = LlamaCppScorer.from_lm(
                 self._lm, self._tokenizer, p.engine_dtype, p.query_max_length + 32, p.engine_threads
             )

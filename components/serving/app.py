@@ -25,8 +25,7 @@ from ray import serve
 from ray.serve import Application
 
 from components.encoders.runtimes import check_runtime
-from components.generative.chat_endpoint import ChatEndpoint
-from components.generative.engines import check_engine
+from components.generative.engines import check_engine, check_engine_endpoint
 from components.methods import artifact_method
 from components.registry import resolve
 from components.serving import catalog as tool_catalog
@@ -123,12 +122,11 @@ class ServeArgs(BaseModel):
 
     @model_validator(mode="after")
     def _vllm_has_an_endpoint(self) -> ServeArgs:
-        if self.lm_engine == "vllm" and not self.lm_endpoint:
-            raise ValueError("lm_engine vllm needs lm_endpoint ({endpoint: .../v1, model: <served name>})")
+        check_engine_endpoint(
+            self.lm_engine, self.lm_endpoint, engine_key="lm_engine", endpoint_key="lm_endpoint"
+        )
         if self.lm_endpoint and self.lm_engine != "vllm":
             raise ValueError("lm_endpoint is the server of lm_engine vllm; set lm_engine: vllm")
-        if self.lm_endpoint:
-            ChatEndpoint.from_config(self.lm_endpoint, "lm_endpoint")
         return self
 
 

@@ -46,16 +46,16 @@ def load_method(
     method does not have (BM25's encoders, dense's LM) has nothing to move."""
     check_runtime(encoder_runtime)
     path, name = methods.artifact_method(artifact)
-    if lm_engine == "vllm" and "generate" in methods.method_class(name).capabilities:
-        # Loaded for the server from the start: the replica never holds the LM's weights.
-        server = {"engine": "vllm", "engine_endpoint": lm_endpoint}
-        return methods.method_class(name).load(path, overrides=server)
-    method = methods.load(artifact)
+    cls = methods.method_class(name)
+    if lm_engine is not None and "generate" in cls.capabilities:
+        # Loaded for that engine from the start: on vllm the replica never holds the LM's weights.
+        given = {"engine": lm_engine, "engine_endpoint": lm_endpoint}
+        method = cls.load(path, overrides={k: v for k, v in given.items() if v is not None})
+    else:
+        method = cls.load(path)
     if encoder_runtime != "torch" and "text_encoders" in method.capabilities:
         for encoder in method.text_encoders():
             encoder.use_runtime(encoder_runtime)
-    if lm_engine is not None and "generate" in method.capabilities:
-        method.use_engine(lm_engine, endpoint=lm_endpoint)
     return method
 
 

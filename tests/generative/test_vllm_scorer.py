@@ -10,42 +10,23 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import QUERIES, TOOLS
+from conftest import QUERIES, TOOLS, write_tiny_toolgen_lm
 from logprob_server import LogprobServer
 
-from components.generative.bundle import load_bundle, save_bundle
+from components.generative.bundle import load_bundle
 from components.generative.chat_endpoint import ChatEndpointError
 from components.generative.constrained import constrained_top_k
-from components.generative.lm import LMSpec, build_causal_lm
 from components.generative.targeted import TargetedLM, last_logprobs
-from components.generative.tool_tokens import add_tool_tokens
 from components.generative.trie import TokenTrie
 from components.generative.vllm_scorer import VLLMScorer
 from components.methods.toolgen.method import ToolGenMethod
 
 PARAMS = {"query_max_length": 24, "num_beams": 4}
-NAMES = {
-    "0": "Sky / forecast",
-    "1": "Fly / search flights",
-    "2": "Stay / hotel search",
-    "3": "Chef / recipes",
-}
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    spec = LMSpec(
-        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64
-    )
-    lm, tokenizer = build_causal_lm(spec, list(QUERIES.values()) * 10, seed=5)
-    codebook = add_tool_tokens(lm, tokenizer, NAMES)
-    torch.manual_seed(6)
-    with torch.no_grad():  # off the initialisation, as a trained LM is
-        for p in lm.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    path = tmp_path_factory.mktemp("toolgen") / "lm"
-    save_bundle(lm, tokenizer, codebook, str(path))
-    return str(path)
+    return write_tiny_toolgen_lm(tmp_path_factory.mktemp("toolgen") / "lm")
 
 
 def method(model_dir: str, **params: Any) -> ToolGenMethod:

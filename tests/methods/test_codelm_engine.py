@@ -5,12 +5,8 @@ save / load with the engine setting."""
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import QUERIES, TOOLS
+from conftest import QUERIES, TOOLS, write_tiny_toolgen_lm
 
-from components.generative.bundle import save_bundle
-from components.generative.lm import LMSpec, build_causal_lm
-from components.generative.tool_tokens import add_tool_tokens
 from components.methods.toolgen.method import ToolGenMethod
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python (the pretrained extra) is not installed")
@@ -20,27 +16,7 @@ PARAMS = {"query_max_length": 24, "num_beams": 4}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    spec = LMSpec(
-        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64
-    )
-    lm, tokenizer = build_causal_lm(spec, list(QUERIES.values()) * 10, seed=5)
-    codebook = add_tool_tokens(
-        lm,
-        tokenizer,
-        {
-            "0": "Sky / forecast",
-            "1": "Fly / search flights",
-            "2": "Stay / hotel search",
-            "3": "Chef / recipes",
-        },
-    )
-    torch.manual_seed(6)
-    with torch.no_grad():  # off the initialisation, as a trained LM is
-        for p in lm.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    path = tmp_path_factory.mktemp("toolgen") / "lm"
-    save_bundle(lm, tokenizer, codebook, str(path))
-    return str(path)
+    return write_tiny_toolgen_lm(tmp_path_factory.mktemp("toolgen") / "lm")
 
 
 def method(model_dir, corpus, **params):
