@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,64 @@ class ConfigError(ValueError):
     """A config file or override that cannot be used, with the reason."""
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's scalars: PyYAML follows YAML 1.1, where ``1e-4`` (no dot)
+    is a string, ``no`` / ``on`` are booleans, ``0755`` is octal 493 and ``2024-01-01`` a date; a
+    learning rate written ``lr=1e-4`` would reach the optimizer as text. Here only ``true`` /
+    ``false`` are booleans, integers are decimal (or ``0x`` / ``0o``), floats take YAML 1.2's form,
+    and dates stay strings."""
+
+
+_REDEFINED = {"bool", "int", "float", "timestamp"}  # YAML 1.1's resolvers dropped, 1.2's added below
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag.rsplit(":", 1)[-1] not in _REDEFINED]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def _int12(loader: yaml.SafeLoader, node: yaml.Node) -> int:
+    text = loader.construct_scalar(node)
+    return int(text, 0) if text[:2] in ("0x", "0o") else int(text, 10)
+
+
+_Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _int12)
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` as YAML with YAML 1.2's scalars (see :class:`_Yaml12Loader`)."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # a SafeLoader subclass: no arbitrary objects
+
+
+def as_list(value: Any, key: str) -> list[Any]:
+    """A list-valued setting: one value given alone (``bench.run=bm25``) is a list of one."""
+    if isinstance(value, str | int | float):
+        return [value]
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list, got {value!r}")
+    return value
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, with file and line in the error when it does not parse."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -54,13 +106,15 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r}: expected key=value, e.g. train.num_workers=2")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = parse_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             if ": " not in raw:
                 raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from e
             value = raw  # free text with a colon, e.g. a title
         if isinstance(value, dict) and not raw.lstrip().startswith("{"):
             value = raw
+        if " #" in raw and isinstance(value, str):
+            value = raw.strip()  # YAML would read " #..." as a comment and drop it: keep the text
         node = out
         parts = key.strip().split(".")
         for part in parts[:-1]:

@@ -6,7 +6,7 @@ from importlib import resources
 
 import pytest
 
-from components.config import ConfigError, apply_overrides, load_config, load_yaml, merge
+from components.config import ConfigError, apply_overrides, as_list, load_config, load_yaml, merge
 from components.methods import REGISTRY
 
 SHIPPED = sorted(
@@ -36,6 +36,33 @@ def test_free_text_with_a_colon_stays_a_string_and_flow_mappings_parse():
     with pytest.raises(ConfigError, match=r"'train\.env' is a section"):
         apply_overrides({"train": {"env": {}}}, ["train.env=FOO: bar"])
     assert apply_overrides({"train": {"env": {}}}, ["train.env={FOO: bar}"])["train"]["env"] == {"FOO": "bar"}
+
+
+def test_values_take_yaml_1_2_types_in_overrides_and_files(tmp_path):
+    # PyYAML alone reads YAML 1.1: "1e-4" a string, "no" False, "0755" octal 493, a date a date.
+    got = apply_overrides(
+        {},
+        ["m.lr=1e-4", "m.wd=5e-2", "m.name=no", "m.mode=0755", "m.day=2024-01-01", "m.hex=0x10", "m.on=true"],
+    )
+    assert got["m"] == {
+        "lr": 1e-4,
+        "wd": 0.05,
+        "name": "no",
+        "mode": 755,
+        "day": "2024-01-01",
+        "hex": 16,
+        "on": True,
+    }
+    assert apply_overrides({}, ["title=run #3"])["title"] == "run #3"  # not a YAML comment
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 3e-5\nflag: off\nratio: .5\nsteps: -3\nnone: null\n")
+    assert load_yaml(path) == {"lr": 3e-5, "flag": "off", "ratio": 0.5, "steps": -3, "none": None}
+
+
+def test_a_list_setting_given_one_value_is_a_list_of_one():
+    assert as_list("bm25", "bench.run") == ["bm25"] and as_list(["a", "b"], "bench.run") == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"bench\.run: expected a list"):
+        as_list({"a": 1}, "bench.run")
 
 
 @pytest.mark.parametrize("bad", ["novalue", "=3", "a.b=[1,"])

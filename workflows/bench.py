@@ -16,9 +16,9 @@ import torch
 from tqdm import tqdm
 
 from components import methods
-from components.config import merge
+from components.config import ConfigError, as_list, merge
 from components.data import Dataset, dataset_from_config
-from components.metrics import DEFAULT_KS
+from components.metrics import DEFAULT_KS, evaluate_retrieval
 from components.training.spec import RunSpec
 from workflows.evaluate import score
 from workflows.report import write_report
@@ -112,6 +112,13 @@ def split_rows(
     return rows
 
 
+def check_bench_metric(metric: str) -> None:
+    """``bench.select_metric`` must name a metric the valid scoring computes (``recall@3``, ...)."""
+    names = evaluate_retrieval({"q": {"t": 1.0}}, {"q": {"t": 1.0}})
+    if metric not in names:
+        raise ConfigError(f"bench.select_metric: expected one of {sorted(names)}, got {metric!r}")
+
+
 def bench(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the benchmark described by ``cfg`` and write JSON, markdown and a Recall@K plot.
 
@@ -120,12 +127,14 @@ def bench(cfg: dict[str, Any]) -> dict[str, Any]:
     """
     bcfg = cfg["bench"]
     started = time.perf_counter()
-    dataset = dataset_from_config(cfg)
     entries = bcfg["methods"]
-    wanted = bcfg.get("run") or list(entries)
+    wanted = as_list(bcfg.get("run") or list(entries), "bench.run")
     unknown = [w for w in wanted if w not in entries]
     if unknown:
-        raise KeyError(f"bench: unknown method entries {unknown}; configured: {sorted(entries)}")
+        raise ConfigError(f"bench.run: unknown method entries {unknown}; configured: {sorted(entries)}")
+    # Checked before any training: a misspelt metric would otherwise fail after the first model.
+    check_bench_metric(bcfg.get("select_metric", "ndcg@3"))
+    dataset = dataset_from_config(cfg)
     results: list[dict[str, Any]] = []
 
     def report(done: int) -> dict[str, Any]:

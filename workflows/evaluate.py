@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from components import methods
+from components.config import as_list
 from components.data import Dataset, dataset_from_config, io
 from components.methods.base import Method
 from components.metrics import DEFAULT_KS, detection_metrics, evaluate_retrieval
@@ -54,7 +55,7 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
         artifact = f"models:/{model_name(cfg, dataset.name)}/latest"
     method = methods.load(resolve(artifact, cfg.get("registry")))
     rows = []
-    for split in ecfg.get("splits", ["valid"]):
+    for split in as_list(ecfg.get("splits", ["valid"]), "evaluate.splits"):
         rows.append(
             {
                 "method": method.name,

@@ -21,7 +21,9 @@ from typing import Any
 
 from components.data import io
 from components.data.mcp_catalog import corpus_records
-from components.data.rejects import RejectLog
+from components.data.parse import split_lines
+from components.data.rejects import DatasetError, RejectLog
+from components.data.resolve import parse_lines, resolve_records
 
 CORPUS, RETIRED, REJECTS = "corpus.jsonl", "retired.jsonl", "rejects.jsonl"
 
@@ -94,6 +96,26 @@ def merge_server(
     return retired
 
 
+def read_catalog(path: str) -> dict[str, dict[str, Any]]:
+    """The catalog an earlier ingest wrote, by ``_id``, read by the loader's row rules. It is
+    rewritten whole, so a row that cannot be read (or a second row with the same id) would be
+    dropped from it without a word: such a catalog is refused, naming file and line.
+
+    Raises:
+        DatasetError: a malformed row or a repeated ``_id``; nothing is written.
+    """
+    if not io.exists(path):
+        return {}
+    rows, rejects = parse_lines("records", path, split_lines(io.read_bytes(path)))
+    log = RejectLog()
+    log.extend(rejects)
+    records = resolve_records(path, rows, log)
+    if len(log):
+        shown = "\n".join(f"  {r}" for r in log.sorted()[:20])
+        raise DatasetError(f"ingest mcp: {len(log)} catalog row(s) cannot be kept; fix them first:\n{shown}")
+    return records
+
+
 def ingest_mcp(
     out_dir: str, sources: list[str], names: list[str] | None = None, headers: dict[str, str] | None = None
 ) -> IngestReport:
@@ -117,7 +139,7 @@ def ingest_mcp(
         if not name:
             raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
         listed.append((name, source, tools))
-    corpus = {r["_id"]: r for r in io.read_jsonl(os.path.join(out_dir, CORPUS))}
+    corpus = read_catalog(os.path.join(out_dir, CORPUS))
     report, rejects, retired = IngestReport(), RejectLog(), []
     for name, source, tools in listed:
         records = corpus_records(name, tools, rejects, source)

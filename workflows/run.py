@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from components.config import merge
+from components.config import as_list, merge
 from components.data import io
 from components.data.quickstart import QUICKSTART_VERSION, generate_quickstart
 from workflows.evaluate import evaluate
@@ -122,7 +122,7 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
     )
     cfg = merge(cfg, {"data": {"path": prepared}})
     rows, artifacts = [], {}
-    for name in rcfg.get("methods") or [cfg["method"]["name"]]:
+    for name in as_list(rcfg.get("methods") or [cfg["method"]["name"]], "run.methods"):
         params = resolve_artifacts((rcfg.get("params") or {}).get(name, {}), artifacts)
         # Replace (not merge) the method section: each method has its own parameters.
         mcfg = {**cfg, "method": {"name": name, "params": params}}

@@ -6,9 +6,9 @@ import sys
 from typing import Any
 
 from components.data.loader import load_dataset
-from components.data.prepared import is_prepared, load_prepared
+from components.data.prepared import is_prepared, load_prepared, read_manifest
 from components.data.rejects import DatasetError, RejectLog
-from components.data.splits import splits_from_config
+from components.data.splits import split_settings, splits_from_config
 from components.data.types import Corpus, Dataset, Qrels, Queries, Results
 
 __all__ = [
@@ -41,13 +41,31 @@ def open_dataset(
     prepared one was checked when it was written.
     """
     if is_prepared(path, storage_options):
+        check_prepared_splits(path, splits, storage_options)
         return load_prepared(path, storage_options)
     log = RejectLog()
     dataset = load_dataset(path, files, strict=strict, log=log, storage_options=storage_options, name=name)
     if len(log):
         # stderr: commands such as ``evaluate`` print their report on stdout.
-        print(f"warning: {len(log)} row(s) rejected while loading {path}: {log.counts()}", file=sys.stderr)
+        print(log.summary(path), file=sys.stderr)
     return splits_from_config(dataset, splits)
+
+
+def check_prepared_splits(
+    path: str, splits: dict[str, Any] | None, storage_options: dict[str, Any] | None
+) -> None:
+    """A prepared directory holds the splits it was written with: a run that asks for others
+    (``splits.mode=cold_start`` on a standard preparation) would get those, labelled as asked.
+
+    Raises:
+        DatasetError: the run's ``splits`` settings differ from the preparation's.
+    """
+    written = (read_manifest(path, storage_options).get("config") or {}).get("splits")
+    if split_settings(splits) != split_settings(written):
+        raise DatasetError(
+            f"{path}: prepared with splits {split_settings(written)}, but this run asks for "
+            f"{split_settings(splits)}; run `toolscout preprocess` with these splits, or drop the overrides"
+        )
 
 
 def dataset_from_config(cfg: dict[str, Any]) -> Dataset:

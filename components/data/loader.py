@@ -17,6 +17,7 @@ Data: :func:`discover` lists the files, :func:`parse_file` turns each into rows 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ from components.data.resolve import (
     resolve_qrels,
     resolve_records,
 )
-from components.data.types import Dataset
+from components.data.types import Dataset, Qrels
 
 NEG_QUERIES = "tooldet/neg_queries.jsonl"
 RECORD_HINT = 'JSON objects like {"_id": "1", "text": "..."}'
@@ -114,6 +115,7 @@ def assemble(name: str, rows: dict[str, list], log: RejectLog) -> Dataset:
     for rel in sorted(r for r in rows if r.startswith("qrels/")):
         require_rows(rel, rows[rel], "tab-separated rows 'query-id corpus-id score'")
         qrels[rel[len("qrels/") : -len(".tsv")]] = resolve_qrels(rel, rows[rel], queries, corpus, log)
+    one_split_per_query(qrels, rows, log)
 
     scene_tool: dict[str, list[str]] = {}
     if "scene_tool.txt" in rows:
@@ -127,10 +129,54 @@ def assemble(name: str, rows: dict[str, list], log: RejectLog) -> Dataset:
         rel = f"query_scene_{split}.txt"
         if rel in rows:
             pairs = resolve_pairs(rel, rows[rel], qrels[split], scene_tool, ("query-id", "scene-id"), log)
-            query_scene[split] = dict(pairs)
+            query_scene[split] = one_scene_per_query(rel, rows[rel], pairs, log)
 
     neg = unique_texts(NEG_QUERIES, sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0]), log)
     return Dataset(name, corpus, queries, qrels, query_scene, scene_tool, neg)
+
+
+def split_order(splits: Iterable[str]) -> list[str]:
+    """Which split keeps a query judged in several: evaluation splits before train, so that a
+    repeated query never lets a model train on what it is scored on."""
+    rest = sorted(s for s in splits if s not in ("test", "valid", "train"))
+    return [s for s in ("test", "valid") if s in splits] + rest + (["train"] if "train" in splits else [])
+
+
+def one_split_per_query(qrels: dict[str, Qrels], rows: dict[str, list], log: RejectLog) -> None:
+    """Reject (in place) the judgements of a query in any split after the first that judges it
+    (:func:`split_order`), each with its file and line: a query in train and test would leak."""
+    owner: dict[str, str] = {}
+    for split in split_order(qrels):
+        rel = f"qrels/{split}.tsv"
+        repeated = {qid for qid in qrels[split] if qid in owner}
+        for number, (qid, tid, score) in sorted(rows[rel], key=lambda r: r[0]):
+            if qid in repeated and tid in qrels[split].get(qid, {}):
+                log.add(
+                    rel,
+                    number,
+                    f"query-id {qid!r} is judged in qrels/{owner[qid]}.tsv too; a query belongs to one split",
+                    f"{qid}\t{tid}\t{score}",
+                )
+        for qid in repeated:
+            del qrels[split][qid]
+        owner.update(dict.fromkeys(qrels[split], split))
+
+
+def one_scene_per_query(
+    rel: str, rows: list[tuple[int, tuple[str, str]]], pairs: list[tuple[str, str]], log: RejectLog
+) -> dict[str, str]:
+    """Each query's scene; a query given a second, different scene keeps its first and the later
+    line is rejected (a scene decides which tools co-occur, so two cannot both be right)."""
+    kept = set(pairs)
+    scene: dict[str, str] = {}
+    for number, (qid, sid) in sorted(rows, key=lambda r: r[0]):
+        if (qid, sid) not in kept:
+            continue  # rejected or merged by resolve_pairs already
+        if qid in scene and scene[qid] != sid:
+            log.add(rel, number, f"query-id {qid!r} already has scene {scene[qid]!r}", f"{qid}\t{sid}")
+        else:
+            scene.setdefault(qid, sid)
+    return scene
 
 
 def unique_texts(file: str, rows: list[tuple[int, str]], log: RejectLog) -> list[str]:

@@ -290,6 +290,13 @@ def generate_quickstart(
             os.path.join(out_dir, f"query_scene_{split}.txt"), [f"{q}\t{query_scene[q]}" for q in qids]
         )
         counts[f"{split}_queries"], counts[f"{split}_pairs"] = len(qids), len(qrels)
+    for split in [s for s in ("train", "valid", "test") if s not in split_of]:
+        # Data generated into this directory before may have had this split (``held_out`` wording
+        # writes valid, ``shared`` does not): left behind, the loader would read the old ids as a
+        # valid split that now names train and test queries.
+        for stale in (f"qrels/{split}.tsv", f"query_scene_{split}.txt"):
+            if os.path.exists(stale := os.path.join(out_dir, stale)):
+                os.remove(stale)
     scene_tool = [f"{sid}\t{t.tid}" for sid, scene in enumerate(scenes) for t in scene]
     _write_lines(os.path.join(out_dir, "scene_tool.txt"), scene_tool)
     _write_lines(os.path.join(out_dir, "tooldet", "neg_queries.jsonl"), [json.dumps(q) for q in neg])

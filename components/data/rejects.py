@@ -74,6 +74,12 @@ class RejectLog:
         lines = [json.dumps(asdict(r), ensure_ascii=False) for r in self.sorted()]
         io.write_bytes(path, ("\n".join(lines) + ("\n" if lines else "")).encode(), storage_options)
 
+    def summary(self, source: str, limit: int = 5) -> str:
+        """A warning naming the first ``limit`` rejects of a load from ``source`` with file and line."""
+        shown = "".join(f"\n  {r}" for r in self.sorted()[:limit])
+        more = f"\n  ... and {len(self) - limit} more: {self.counts()}" if len(self) > limit else ""
+        return f"warning: {len(self)} row(s) rejected while loading {source}:{shown}{more}"
+
     def check_strict(self, limit: int = 20, written_to: str | None = None) -> None:
         """Raise :class:`StrictModeError` listing the first ``limit`` rejects, if there are any.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
+from typing import Any
 
 from components.data.types import Dataset, Qrels
 
@@ -114,21 +115,43 @@ def regroup(query_scene: dict[str, dict[str, str]], qrels: dict[str, Qrels]) -> 
 SPLIT_KEYS = ("mode", "valid_fraction", "unseen_fraction", "neg_fractions", "seed")
 
 
-def splits_from_config(dataset: Dataset, cfg: dict | None) -> Dataset:
-    """:func:`prepare_splits` with the ``splits`` config section (mode, fractions, seed)."""
+def split_settings(cfg: dict | None) -> dict[str, Any]:
+    """The ``splits`` config section with every default filled in (two sections that split data
+    the same way compare equal).
+
+    Raises:
+        ValueError: a key :func:`prepare_splits` does not take.
+    """
     s = cfg or {}
     unknown = sorted(set(s) - set(SPLIT_KEYS))
     if unknown:
         raise ValueError(f"splits: unknown keys {unknown}; expected some of {list(SPLIT_KEYS)}")
     neg = s.get("neg_fractions")
-    return prepare_splits(
-        dataset,
-        mode=s.get("mode", "standard"),
-        valid_fraction=float(s.get("valid_fraction", 0.1)),
-        unseen_fraction=float(s.get("unseen_fraction", 0.1)),
-        neg_fractions={k: float(v) for k, v in neg.items()} if neg else None,
-        seed=int(s.get("seed", 0)),
+    return {
+        "mode": s.get("mode", "standard"),
+        "valid_fraction": float(s.get("valid_fraction", 0.1)),
+        "unseen_fraction": float(s.get("unseen_fraction", 0.1)),
+        "neg_fractions": {k: float(v) for k, v in neg.items()} if neg else dict(NEG_FRACTIONS),
+        "seed": int(s.get("seed", 0)),
+    }
+
+
+def splits_from_config(dataset: Dataset, cfg: dict | None) -> Dataset:
+    """:func:`prepare_splits` with the ``splits`` config section (mode, fractions, seed)."""
+    return prepare_splits(dataset, **split_settings(cfg))
+
+
+def with_holdout(dataset: Dataset, cfg: dict | None) -> Dataset:
+    """``dataset`` with the ``valid`` split :func:`splits_from_config` would carve from train, if it
+    has none, and nothing else changed (data that grows, as in a retrain, keeps its holdout)."""
+    if "valid" in dataset.qrels or "train" not in dataset.qrels:
+        return dataset
+    settings = split_settings(cfg)
+    qrels = dict(dataset.qrels)
+    qrels["train"], qrels["valid"] = carve_validation(
+        qrels["train"], settings["valid_fraction"], settings["seed"]
     )
+    return replace(dataset, qrels=qrels, query_scene=regroup(dataset.query_scene, qrels))
 
 
 def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dict[str, list[str]]:

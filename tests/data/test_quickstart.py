@@ -214,6 +214,17 @@ def test_shared_wording_words_train_and_test_alike_from_the_catalogue_templates(
     assert sum(len(test[tid] & train[tid]) for tid in test) >= 0.8 * sum(len(v) for v in test.values())
 
 
+def test_regenerating_into_a_used_directory_leaves_no_split_of_the_old_data(tmp_path: Path) -> None:
+    # held_out writes a valid split, shared does not: the old valid ids must not survive the second
+    # run, where they would name train and test queries of the new data.
+    generate_quickstart(str(tmp_path), seed=0, n_queries=200, n_neg=20, wording="held_out")
+    generate_quickstart(str(tmp_path), seed=0, n_queries=200, n_neg=20, wording="shared")
+    assert not (tmp_path / "qrels" / "valid.tsv").exists()
+    assert not (tmp_path / "query_scene_valid.txt").exists()
+    ds = load_dataset(str(tmp_path))
+    assert sorted(ds.qrels) == ["test", "train"]
+
+
 def test_test_queries_use_openers_no_other_query_uses(loaded: tuple[Dataset, RejectLog]) -> None:
     ds, _ = loaded
     seen = {p.lower() for p in wording.PREFIXES_SEEN if p}

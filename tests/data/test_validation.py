@@ -197,6 +197,13 @@ def test_qrels_identical_duplicate_pair_merged_not_rejected(tmp_path: Path) -> N
     assert log.notes == {"qrels/train.tsv: merged duplicate pairs": 2}
 
 
+def test_a_query_judged_in_train_and_test_stays_in_test_only(tmp_path: Path) -> None:
+    # Kept in train too, a model would train on a query it is scored on.
+    root = make_dataset(tmp_path, {"qrels/train.tsv": TRAIN + "q3\tt1\t1\n"})
+    ds, _ = assert_one_reject(root, "qrels/train.tsv", 4, "query-id 'q3' is judged in qrels/test.tsv too")
+    assert_good_rows(ds)
+
+
 def test_qrels_header_is_optional(tmp_path: Path) -> None:
     root = make_dataset(tmp_path, {"qrels/train.tsv": "q1\tt1\t1\nq2\tt2\t1\n"})
     assert_good_rows(load_dataset(root, strict=True))
@@ -303,6 +310,14 @@ def test_query_scene_unknown_scene(tmp_path: Path) -> None:
     ds, _ = assert_one_reject(root, "query_scene_train.txt", 2, "unknown scene-id 's9'")
     assert_good_rows(ds)
     assert ds.query_scene == {"train": {"q1": "s1"}}
+
+
+def test_a_second_scene_for_a_query_is_rejected_and_the_first_kept(tmp_path: Path) -> None:
+    root = make_dataset(
+        tmp_path, {"scene_tool.txt": "s1 t1\ns2 t2\n", "query_scene_train.txt": "q1 s1\nq2 s2\nq1 s2\n"}
+    )
+    ds, _ = assert_one_reject(root, "query_scene_train.txt", 3, "query-id 'q1' already has scene 's1'")
+    assert ds.query_scene == {"train": {"q1": "s1", "q2": "s2"}}
 
 
 def test_query_scene_query_not_in_split(tmp_path: Path) -> None:

@@ -88,6 +88,11 @@ def test_train_then_evaluate(ray_session, tiny_dataset, tmp_path):
     assert runner.invoke(app, args).exit_code == 0
     report = json.loads(out.read_text())
     assert report["results"][0]["split"] == "valid"  # valid unless asked for test
+    # A split the data does not have, on a real artifact: the error names it and what there is.
+    args = ["evaluate", "--data", str(tiny_dataset), "--split", "nope", "--artifact", "models:/tiny-bm25/1"]
+    result = runner.invoke(app, [*args, reg])
+    said = " ".join(result.output.split())  # the console wraps long lines
+    assert result.exit_code == 1 and "has no split 'nope'; it has ['test', 'train', 'valid']" in said
     args = ["evaluate", "--data", str(tiny_dataset), "--artifact", "models:/tiny-bm25@previous", reg]
     result = runner.invoke(app, args)
     assert result.exit_code == 1 and "has no alias 'previous'" in " ".join(result.output.split())
@@ -100,13 +105,6 @@ def test_missing_data_is_a_clear_error():
     result = runner.invoke(app, ["preprocess"])
     assert result.exit_code == 1
     assert "data.path is not set: pass --data" in result.output
-
-
-def test_missing_split_is_a_clear_error(tiny_dataset):
-    result = runner.invoke(
-        app, ["evaluate", "--data", str(tiny_dataset), "--split", "nope", "--artifact", "x"]
-    )
-    assert result.exit_code == 1
 
 
 def test_bad_override_and_bad_config(tmp_path):

@@ -131,3 +131,19 @@ def test_an_ingested_catalog_is_a_dataset_once_it_has_queries(tmp_path):
     data = load_dataset(str(cat))  # zero-shot: a test split only, as LiveMCPBench
     assert sorted(data.corpus) == ["weather-desk/alerts", "weather-desk/convert", "weather-desk/forecast"]
     assert data.qrels["test"] == {"q1": {"weather-desk/forecast": 1}}
+
+
+def test_a_catalog_row_that_cannot_be_kept_stops_the_ingest(tmp_path):
+    # The catalog is rewritten whole: a row it cannot read, or a second row with the same id,
+    # would vanish from it. The ingest refuses instead, naming file and line.
+    from components.data.rejects import DatasetError
+    from workflows.ingest_mcp import read_catalog
+
+    path = tmp_path / "corpus.jsonl"
+    good = json.dumps({"_id": "s/a", "title": "a", "text": "first", "metadata": {}})
+    path.write_text(f'{good}\n{{"_id": "s/b", "text": \n{json.dumps({"_id": "s/a", "text": "again"})}\n')
+    with pytest.raises(DatasetError) as e:
+        read_catalog(str(path))
+    assert f"{path}:2: " in str(e.value) and f"{path}:3: duplicate _id 's/a'" in str(e.value)
+    path.write_text(good + "\n")
+    assert read_catalog(str(path)) == {"s/a": json.loads(good)}

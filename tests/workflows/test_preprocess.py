@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import write_tiny_dataset
 
+from components.data import DatasetError, open_dataset
 from components.data.graphs import IdMap, cooccurrence, incidence, load_sparse, qrels_pairs
 from components.data.loader import load_dataset
 from components.data.prepared import load_prepared, read_manifest
@@ -44,6 +45,11 @@ def test_prepared_dataset_equals_single_process_load(ray_session, tmp_path):
     ]
     assert manifest["rejects"]["total"] == len(log) == 5
     assert manifest["inputs"]["corpus.jsonl"]["bytes"] == (data / "corpus.jsonl").stat().st_size
+    # Read back under the splits it was written with (defaults spelt out or not); other splits
+    # settings are refused, not silently replaced by the prepared ones.
+    assert open_dataset(str(tmp_path / "out"), {"seed": 0, "mode": "standard"}).qrels == got.qrels
+    with pytest.raises(DatasetError, match="prepared with splits"):
+        open_dataset(str(tmp_path / "out"), {"mode": "cold_start"})
 
 
 def test_graphs_equal_scipy_builds(ray_session, tmp_path):

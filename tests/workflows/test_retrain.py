@@ -107,6 +107,31 @@ def test_increment_rejects_are_reported_with_file_line_and_reason(ray_session, t
     assert set(base.queries) < set(merged.queries) and merged.corpus == base.corpus
 
 
+def test_an_increment_with_valid_judgements_grows_the_holdout_and_keeps_the_bases(
+    ray_session, timeline, tmp_path
+):
+    from components.data.rejects import RejectLog
+    from components.data.splits import splits_from_config
+    from workflows.retrain.increment import merge, read_increment
+
+    base = load_dataset(str(timeline["base"]))
+    inc_dir = tmp_path / "inc"
+    shutil.copytree(timeline["increment"], inc_dir)
+    train_rows = (inc_dir / "qrels" / "train.tsv").read_text().splitlines()
+    (inc_dir / "qrels" / "valid.tsv").write_text(tsv(train_rows[1:4]))  # these queries also in train
+    log = RejectLog()
+    inc = read_increment(str(inc_dir), base, log)
+    moved = {row.split("\t")[0] for row in train_rows[1:4]}
+    assert set(inc.qrels["valid"]) == moved and not moved & set(inc.qrels["train"])
+    repeated = [r for r in log.rejects if "judged in qrels/valid.tsv too" in r.reason]
+    assert {(r.file, r.line) for r in repeated} == {("qrels/train.tsv", n) for n in (2, 3, 4)}
+    # The base's holdout is what the base alone is split into; the increment's valid queries join it.
+    base_holdout = set(splits_from_config(base, None).qrels["valid"])
+    grown = splits_from_config(merge(base, inc), None)
+    assert set(grown.qrels["valid"]) == base_holdout | moved
+    assert not set(grown.qrels["valid"]) & set(grown.qrels["train"])
+
+
 def test_better_challenger_is_promoted_and_worse_one_kept(ray_session, timeline, tmp_path):
     registry_root = tmp_path / "registry"
     # Round 0: a champion trained on shuffled judgements (it has nothing to beat).

@@ -18,7 +18,7 @@ from components.config import ConfigError, load_yaml, merge
 from workflows.cli_config import build_config, packaged_config
 from workflows.tune.settings import tune_settings
 from workflows.tune.space import parse_space
-from workflows.tune.sweep import SweepInterrupted, base_config, check_space, tune_sweep
+from workflows.tune.sweep import SweepInterrupted, base_config, check_space, most_epochs, tune_sweep
 
 
 def config(data: str, root: Path, method: dict, **tune_section) -> dict:
@@ -87,17 +87,33 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
     cfg["tune"]["space"] = {"model.lr": {"uniform": [0.1, 0.2]}}
     with pytest.raises(ConfigError, match=r"tune.space.model.lr: sweep keys start with method\."):
         check_space(base_config(cfg, settings), parse_space(cfg["tune"]["space"]), settings)
+    # The data is split once for all trials: a splits key would change nothing but the noise.
+    cfg["tune"]["space"] = {"splits.valid_fraction": {"uniform": [0.1, 0.2]}}
+    with pytest.raises(ConfigError, match=r"tune.space.splits.valid_fraction: sweep keys start with"):
+        check_space(base_config(cfg, settings), parse_space(cfg["tune"]["space"]), settings)
     for bad, says in [
         ({"metric": "test/ndcg@3"}, "never test"),
         ({"search": "bayes"}, "tune.search"),
         ({"spaces": {}}, "unknown keys"),
         ({"space": None}, "tune.space is not set"),
+        # Before any trial, not after the sweep has read test for its best trial.
+        ({"baseline": "hand_picked"}, "tune.baseline: 'hand_picked' is not a bench.methods entry"),
+        ({"entry": "nope"}, "tune.entry: 'nope' is not a bench.methods entry"),
     ]:
         with pytest.raises(ConfigError, match=says):
             tune_settings(merge(cfg, {"tune": bad}), "x")
     # Ray refuses ray.train's APIs in a Tune function: trials cannot train in local mode.
     with pytest.raises(ConfigError, match=r"train.num_workers: 0 .* cannot run inside Tune trials"):
         tune_settings(merge(cfg, {"train": {"num_workers": 0}}), "x")
+
+
+def test_asha_lets_the_longest_swept_epochs_finish():
+    # ASHA stops every trial at max_t: taken from the base epochs alone, a swept 6-epoch trial
+    # would be stopped before its last report and could never count as completed.
+    base = {"method": {"params": {"epochs": 3}}}
+    assert most_epochs(base, {"method.params.epochs": {"choice": [2, 6]}}) == 6
+    assert most_epochs(base, {"method.params.epochs": {"randint": [1, 9]}}) == 9
+    assert most_epochs(base, {"method.params.lr": {"uniform": [0.1, 0.2]}}) == 3
 
 
 def cpus_free_again(before: float, timeout_s: float = 60.0) -> bool:

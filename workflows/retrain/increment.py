@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.data import io
-from components.data.loader import NEG_QUERIES, SourceFile, list_splits
+from components.data.loader import NEG_QUERIES, SourceFile, list_splits, one_split_per_query
 from components.data.rejects import DatasetError, RejectLog
 from components.data.resolve import resolve_qrels, resolve_records
+from components.data.splits import with_holdout
 from components.data.types import Dataset, Qrels
 from workflows.ray_ingest import ingest
 
@@ -114,6 +115,7 @@ def read_increment(
             qrels[f.rel[len("qrels/") : -len(".tsv")]] = resolve_qrels(
                 f.rel, rows[f.rel], queries, corpus, log
             )
+    one_split_per_query(qrels, rows, log)  # a query judged in train and valid stays in valid
     judged = {q for split in qrels.values() for q in split}
     for qid in sorted(set(queries) - judged, key=line_of.get):
         log.add("queries.jsonl", line_of[qid], f"query {qid!r} has no judgement in the increment's qrels")
@@ -126,8 +128,18 @@ def read_increment(
     return increment
 
 
-def merge(base: Dataset, increment: Increment, name: str | None = None) -> Dataset:
-    """``base`` with ``increment`` on top (a new :class:`Dataset`; ``base`` is unchanged)."""
+def merge(
+    base: Dataset, increment: Increment, name: str | None = None, splits: dict | None = None
+) -> Dataset:
+    """``base`` with ``increment`` on top (a new :class:`Dataset`; ``base`` is unchanged).
+
+    Where the increment brings valid judgements and the base has no valid split, the base's
+    holdout is carved first with the run's ``splits`` settings, as it is for the base alone: a
+    valid split present after the merge stops the carving, which would otherwise move the base's
+    holdout queries into training (and a champion would be gated on queries it trained on).
+    """
+    if "valid" in increment.qrels:
+        base = with_holdout(base, splits)
     qrels = {split: dict(q) for split, q in base.qrels.items()}
     for split, new in increment.qrels.items():
         qrels.setdefault(split, {}).update(new)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -57,7 +58,17 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             raise DatasetError(
                 f"{data['path']}: retrain merges raw BEIR data; pass the dataset, not a prepared dir"
             )
-        base = load_dataset(data["path"], storage_options=options, name=data.get("name"))
+        # The base's rejects are kept apart from the increment's (both name files by their path
+        # inside their own directory) and reported: the merged data written below is the next
+        # round's base, so a row dropped here without a word would be gone for good.
+        base_log = RejectLog()
+        strict = bool(data.get("strict"))
+        base = load_dataset(
+            data["path"], storage_options=options, name=data.get("name"), log=base_log, strict=strict
+        )
+        if len(base_log):
+            base_log.write(io.join(out, "base_rejects.jsonl"))
+            print(base_log.summary(data["path"]), file=sys.stderr)
         log = RejectLog()
         inc = read_increment(increment, base, log, rcfg.get("increment_storage_options") or options)
         log.write(io.join(out, "rejects.jsonl"))
@@ -65,7 +76,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             raise DatasetError(
                 f"{increment}: {len(log)} row(s) rejected (see {io.join(out, 'rejects.jsonl')})"
             )
-        merged = merge(base, inc)
+        merged = merge(base, inc, splits=cfg.get("splits"))
         dataset = splits_from_config(merged, cfg.get("splits"))
         holdout = dataset.qrels["valid"]
         negatives = dataset.neg_split.get("valid", [])
@@ -122,6 +133,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
                 "rejects": len(log),
                 "reject_reasons": log.reason_counts(),
             },
+            "base_rejects": len(base_log),
             "data_out": data_out,
             "holdout_queries": len(holdout),
             "train_seconds": report["train_seconds"],

@@ -113,4 +113,11 @@ def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
     split, _, name = settings.metric.partition("/")
     if split != "valid" or not name:
         raise ConfigError(f"tune.metric: expected valid/<metric> (never test), got {settings.metric!r}")
+    # Checked here, not when the sweep's outputs are written: by then test has been read for the
+    # best trial, and a rerun would restore the sweep and read it again.
+    entries = (cfg.get("bench") or {}).get("methods") or {}
+    for key in ("entry", "baseline"):
+        value = getattr(settings, key)
+        if value is not None and value not in entries:
+            raise ConfigError(f"tune.{key}: {value!r} is not a bench.methods entry ({sorted(entries)})")
     return settings

@@ -8,10 +8,10 @@ Each entry names one distribution with its arguments, e.g.::
         method.params.lr: {loguniform: [5.0e-4, 1.0e-2]}
         method.params.layers: {choice: [1, 2, 3]}
 
-A key is a dotted path into the whole trial config (``method.params.*`` for the method's own
-parameters, ``train.*`` or ``splits.*`` for the rest). Every mistake is a :class:`ConfigError`
-that names the key: an unknown distribution, the wrong number of arguments, an empty or inverted
-range, a non-positive bound of a log scale.
+A key is a dotted path into the whole trial config: ``method.params.*`` for the method's own
+parameters, ``train.*`` for the runner's (not ``splits.*``: every trial is scored on one split).
+Every mistake is a :class:`ConfigError` that names the key: an unknown distribution, the wrong
+number of arguments, an empty or inverted range, a non-positive bound of a log scale.
 """
 
 from __future__ import annotations

@@ -57,8 +57,10 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
     """Build the method with one sample of every key, so that a key the method does not take fails
     here, naming it, and not in every trial. Returns the built method."""
     for key in space:
-        if not key.startswith(("method.", "train.", "splits.")):
-            raise ConfigError(f"tune.space.{key}: sweep keys start with method., train. or splits.")
+        # Not splits.*: the data is split once for the whole sweep (every trial is scored on the
+        # same valid queries, or their scores could not be compared).
+        if not key.startswith(("method.", "train.")):
+            raise ConfigError(f"tune.space.{key}: sweep keys start with method. or train.")
     try:
         _, method = trial_method(base, sample_once(space))
     except (TypeError, ValueError) as e:
@@ -104,12 +106,23 @@ def max_concurrent(held: dict[str, float], settings: TuneSettings) -> int:
     return max(1, min(fits) if fits else 1)
 
 
+def most_epochs(base: dict[str, Any], space: dict[str, Any] | None) -> int:
+    """The base config's ``method.params.epochs``, or the largest value the space gives it."""
+    epochs = int(((base.get("method") or {}).get("params") or {}).get("epochs", 1))
+    spec = (space or {}).get("method.params.epochs")
+    for args in spec.values() if isinstance(spec, dict) else []:
+        numbers = args if isinstance(args, list) else [args]
+        epochs = max([epochs, *(int(a) for a in numbers if isinstance(a, int | float))])
+    return epochs
+
+
 def scheduler(settings: TuneSettings, base: dict[str, Any]) -> Any:
     if settings.scheduler == "fifo":
         return FIFOScheduler()
-    epochs = int(((base.get("method") or {}).get("params") or {}).get("epochs", 1))
-    # +1: after the last epoch the trial reports the whole method scored on valid.
-    max_t = settings.max_t or epochs + 1
+    # +1: after the last epoch the trial reports the whole method scored on valid. Where the space
+    # sweeps the epochs, the longest setting's: ASHA stops every trial at max_t, and a trial stopped
+    # before its last report would never count as completed.
+    max_t = settings.max_t or most_epochs(base, settings.space) + 1
     return ASHAScheduler(
         time_attr="training_iteration",
         max_t=max_t,
