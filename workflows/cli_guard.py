@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,7 +17,10 @@ from components.registry import LockHeld
 console = Console(stderr=True)
 
 
-def guarded(fn):
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guarded(fn: F) -> F:
     """Turn the expected failures into one red line and exit code 1, not a traceback.
 
     ``TOOLSCOUT_DEBUG=1`` lets the exception through with its traceback, since a ``KeyError`` or
@@ -36,4 +40,4 @@ def guarded(fn):
             console.print("[dim](set TOOLSCOUT_DEBUG=1 for the traceback)[/]")
             raise typer.Exit(1) from e
 
-    return wrapper
+    return wrapper  # type: ignore[return-value]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from typing import Any
 
@@ -147,6 +148,13 @@ def redact(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, "data": data}
 
 
+def same_place(a: str, b: str) -> bool:
+    """Whether two dataset locations (local paths or URLs) name the same directory."""
+    if io.is_remote(a) or io.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the preprocessing job described by ``cfg`` (sections ``data``, ``splits``, ``preprocess``).
 
@@ -155,6 +163,9 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
     """
     data, pre = cfg["data"], cfg["preprocess"]
     root, out = data["path"], pre["output"]
+    if same_place(root, out):
+        # The prepared tables (qrels/ among them) would overwrite the raw files they are read from.
+        raise ValueError(f"preprocess: the output {out} is the input dataset; write it elsewhere")
     opts = data.get("storage_options") or None
     started = time.perf_counter()
     log = RejectLog()

@@ -99,13 +99,14 @@ def publish_dir(src: str, dst: str) -> None:
     parent = os.path.dirname(os.path.abspath(dst))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(dst)}.{uuid.uuid4().hex}.tmp")
-    shutil.copytree(src, tmp)
     try:
+        shutil.copytree(src, tmp)
         os.rename(tmp, dst)
     except OSError:
         if not os.path.isdir(dst):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed copy leaves no hidden half copy
 
 
 def write_jsonl(path: str, rows: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
@@ -168,9 +169,13 @@ def fetch(path: str, storage_options: dict | None = None) -> str:
     if os.path.isdir(local):
         return local
     partial = f"{local}.{uuid.uuid4().hex}.tmp"
-    fs.get(path.rstrip("/") + "/", partial, recursive=True)
     try:
+        fs.get(path.rstrip("/") + "/", partial, recursive=True)
         os.rename(partial, local)
-    except OSError:  # another process got there first: keep its copy
-        shutil.rmtree(partial, ignore_errors=True)
+    except OSError:
+        if not os.path.isdir(local):  # the download itself failed
+            raise
+        # another process got there first: keep its copy
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # a failed download leaves no half copy
     return local

@@ -85,6 +85,11 @@ def test_strict_mode_fails_with_file_and_line(ray_session, tmp_path):
     assert not (tmp_path / "out" / "manifest.json").exists()
     # The whole reject file is written before the job fails, not only the lines the message shows.
     assert len((tmp_path / "out" / "rejects.jsonl").read_text().splitlines()) == 5
+    # An output on top of the input would overwrite the raw qrels it reads: refused, nothing changed.
+    before = (data / "qrels" / "train.tsv").read_bytes()
+    with pytest.raises(ValueError, match="is the input dataset"):
+        run_job(data, tmp_path / "d" / ".")
+    assert (data / "qrels" / "train.tsv").read_bytes() == before
 
 
 def test_rerun_into_the_same_output_leaves_nothing_stale(ray_session, tmp_path):
