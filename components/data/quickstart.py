@@ -13,15 +13,12 @@ phrasings rather than recall the ones it saw; ``"shared"`` words every split ali
 (chit-chat, general knowledge, writing, translation, arithmetic) feed tool-usage detection.
 
 Everything is drawn from one ``random.Random(seed)``, so a seed fixes every byte written.
-
-Example::
-
-    from components.data.quickstart import generate_quickstart
-    counts = generate_quickstart("/tmp/quickstart")   # then: load_dataset("/tmp/quickstart")
+Example: ``generate_quickstart("/tmp/quickstart")``, then ``load_dataset("/tmp/quickstart")``.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -278,6 +275,9 @@ def generate_quickstart(
         texts = [make_query(scenes[s], rng, phrasing[split_of[q]]) for q, s in enumerate(query_scene)]
     neg = unique_neg_queries(rng, n_neg, phrasing["train"])
 
+    # No split file of data generated here before may outlive it (an old valid would name new queries).
+    for old in glob.glob(os.path.join(out_dir, "qrels", "*.tsv")) + glob.glob(f"{out_dir}/query_scene_*.txt"):
+        os.remove(old)
     _write_lines(os.path.join(out_dir, "corpus.jsonl"), [_record(t.tid, t.text, "") for t in tools])
     _write_lines(os.path.join(out_dir, "queries.jsonl"), [_record(str(q), t) for q, t in enumerate(texts)])
     counts = {"tools": len(tools), "categories": len(CATALOG), "scenes": len(scenes), "queries": n_queries}
@@ -290,13 +290,6 @@ def generate_quickstart(
             os.path.join(out_dir, f"query_scene_{split}.txt"), [f"{q}\t{query_scene[q]}" for q in qids]
         )
         counts[f"{split}_queries"], counts[f"{split}_pairs"] = len(qids), len(qrels)
-    for split in [s for s in ("train", "valid", "test") if s not in split_of]:
-        # Data generated into this directory before may have had this split (``held_out`` wording
-        # writes valid, ``shared`` does not): left behind, the loader would read the old ids as a
-        # valid split that now names train and test queries.
-        for stale in (f"qrels/{split}.tsv", f"query_scene_{split}.txt"):
-            if os.path.exists(stale := os.path.join(out_dir, stale)):
-                os.remove(stale)
     scene_tool = [f"{sid}\t{t.tid}" for sid, scene in enumerate(scenes) for t in scene]
     _write_lines(os.path.join(out_dir, "scene_tool.txt"), scene_tool)
     _write_lines(os.path.join(out_dir, "tooldet", "neg_queries.jsonl"), [json.dumps(q) for q in neg])

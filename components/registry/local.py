@@ -34,14 +34,18 @@ def materialise(version: Version, settings: RegistrySettings) -> str:
         import mlflow.artifacts
 
         os.makedirs(tmp)
-        mlflow.artifacts.download_artifacts(
-            artifact_uri=version.source, dst_path=tmp, tracking_uri=settings.resolved_uri
-        )
-        inner = os.path.join(tmp, MODEL_PATH)  # the download keeps the last path part
-        if os.path.isdir(inner) and not os.path.exists(os.path.join(tmp, "config.json")):
-            for entry in os.listdir(inner):
-                os.rename(os.path.join(inner, entry), os.path.join(tmp, entry))
-            os.rmdir(inner)
+        try:
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=version.source, dst_path=tmp, tracking_uri=settings.resolved_uri
+            )
+            inner = os.path.join(tmp, MODEL_PATH)  # the download keeps the last path part
+            if os.path.isdir(inner) and not os.path.exists(os.path.join(tmp, "config.json")):
+                for entry in os.listdir(inner):
+                    os.rename(os.path.join(inner, entry), os.path.join(tmp, entry))
+                os.rmdir(inner)
+        except BaseException:  # a failed download leaves no partial copy for each retry to add to
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     try:
         os.rename(tmp, target)
     except OSError:  # another process materialised it first: keep theirs

@@ -1,9 +1,13 @@
 """One retrain at a time: an exclusive lock file beside the registry's local state.
 
-``os.open(O_CREAT | O_EXCL)`` either creates the file or fails, atomically, so two retrains that
-start together cannot both hold it. The file names its holder (host, pid, start time); a lock left
-by a process that died on this host is taken over, one from another host is not (its owner may be
-alive: remove the file by hand, as the error says). On Kubernetes the CronJob's
+The lock file is created whole or not at all: the holder's record (host, pid, start time) is
+written to a private file first and hard-linked to the lock's name, which fails if the name
+exists. Two retrains that start together cannot both hold it, and a crash never leaves an empty
+lock that no one could judge. A lock left by a process that died on this host is taken over, one
+from another host is not (its owner may be alive: remove the file by hand, as the error says). A
+takeover moves the stale file aside by rename and checks that what it moved is the record it
+judged stale; had another process taken the lock over in between, its file is put back. Release
+removes the file only while it still holds this process's record. On Kubernetes the CronJob's
 ``concurrencyPolicy: Forbid`` is the first guard and this file the second.
 """
 
@@ -14,6 +18,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from types import TracebackType
 
 
@@ -31,54 +36,83 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read(path: str) -> dict | None:
+    """The record in the lock file at ``path``; ``None`` if there is none."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except ValueError:  # not a record this code wrote: never judged stale
+        return {"host": "?", "pid": -1, "started": 0}
+
+
 class RetrainLock:
     """``with RetrainLock(path): ...`` holds ``path`` for the block, or raises :class:`LockHeld`."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.held = False
+        self.record: dict = {}
 
     def holder(self) -> dict | None:
         """The current holder's record, or ``None`` when the lock is free."""
-        try:
-            with open(self.path) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            return {"host": "?", "pid": -1, "started": 0}  # being written right now
+        return _read(self.path)
 
     def acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self.holder() or {}
-                stale = (
-                    holder.get("host") == record["host"]
-                    and holder.get("pid", -1) > 0
-                    and not _alive(holder["pid"])
-                )
-                if stale:
-                    os.unlink(self.path)  # its process is gone: take over
-                    continue
-                raise LockHeld(
-                    f"another retrain holds {self.path} (host {holder.get('host')}, "
-                    f"pid {holder.get('pid')}); remove the file if that process is gone"
-                ) from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            self.held = True
-            return
-        raise LockHeld(f"could not take {self.path}")
+        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        mine = f"{self.path}.{uuid.uuid4().hex}.new"
+        with open(mine, "w") as f:
+            json.dump(self.record, f)
+        try:
+            for _ in range(3):
+                try:
+                    os.link(mine, self.path)  # the whole record under the lock's name, or nothing
+                except FileExistsError:
+                    holder = self.holder()
+                    if holder is None or (self._stale(holder) and self._take_over(holder)):
+                        continue  # released meanwhile, or its process is gone: try again
+                    raise LockHeld(
+                        f"another retrain holds {self.path} (host {holder.get('host')}, "
+                        f"pid {holder.get('pid')}); remove the file if that process is gone"
+                    ) from None
+                self.held = True
+                return
+            raise LockHeld(f"could not take {self.path}")
+        finally:
+            os.unlink(mine)
+
+    def _stale(self, holder: dict) -> bool:
+        """Whether ``holder`` is a process of this host that is gone."""
+        pid = holder.get("pid", -1)
+        return (
+            holder.get("host") == self.record["host"] and isinstance(pid, int) and pid > 0 and not _alive(pid)
+        )
+
+    def _take_over(self, stale: dict) -> bool:
+        """Remove the lock file if it still holds ``stale``; ``False`` if another process's record
+        was there by then (it is put back)."""
+        aside = f"{self.path}.{uuid.uuid4().hex}.stale"
+        try:
+            os.rename(self.path, aside)  # atomic: what is moved is what the name held at that moment
+        except FileNotFoundError:
+            return True
+        moved = _read(aside)
+        if moved != stale:
+            # Another process took the lock over between our read and the rename: its file goes
+            # back (link: unless a third one holds the name by now, which then keeps it).
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)
+        os.unlink(aside)
+        return moved == stale
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            if self.holder() == self.record:  # never another process's lock
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
 
     def __enter__(self) -> RetrainLock:
         self.acquire()

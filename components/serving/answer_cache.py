@@ -9,9 +9,11 @@ Exactness: a cached answer must be the answer the model would give now. Two rule
 * The query is normalised (:func:`normalise_query`) *before* the model sees it, cached or not, so
   two texts that share a key are the same model input; the cache never merges inputs the model
   would tell apart.
-* The model version is part of the key, and the deployment empties the cache when a new version
-  loads (a hot-swap). The key alone would suffice, but a batch that started on the old version can
-  still store its answers after the swap; with the version in the key they can never be read.
+* The deployment empties the cache when a new model (or catalog) loads, and an answer whose
+  request began before that clear is not stored after it (:attr:`AnswerCache.generation`): a batch
+  that started on the old model could otherwise store its answer under the new one, since two loads
+  can share a version string (the same directory recalibrated, another encoder runtime). The
+  version stays in the key, so an entry also says what answered it.
 """
 
 from __future__ import annotations
@@ -41,11 +43,16 @@ class AnswerCache(Generic[Value]):
 
     Not thread-safe: a Serve replica's deployment methods run on its one event loop, and that is
     the only place this is read or written.
+
+    ``generation`` counts the clears. A request reads it before it awaits its answer and passes it
+    to :meth:`put`: an answer computed by the model (or catalog) that a clear replaced meanwhile is
+    then dropped, not stored under the new one, whatever the two call their versions.
     """
 
     def __init__(self, size: int) -> None:
         self.hits = 0
         self.misses = 0
+        self.generation = 0
         self._items: OrderedDict[Hashable, Value] = OrderedDict()
         self.resize(size)
 
@@ -58,9 +65,10 @@ class AnswerCache(Generic[Value]):
         self.misses += 1
         return None
 
-    def put(self, key: Hashable, value: Value) -> None:
-        """Store ``value``, dropping the least recently used entry past ``size``."""
-        if self.size == 0:
+    def put(self, key: Hashable, value: Value, generation: int | None = None) -> None:
+        """Store ``value``, dropping the least recently used entry past ``size``; an answer begun
+        before the last :meth:`clear` (``generation`` older than the cache's) is not stored."""
+        if self.size == 0 or (generation is not None and generation != self.generation):
             return
         self._items[key] = value
         self._items.move_to_end(key)
@@ -78,6 +86,7 @@ class AnswerCache(Generic[Value]):
     def clear(self) -> None:
         """Forget every answer (a new model version loaded); the counts stay."""
         self._items.clear()
+        self.generation += 1
 
     def __len__(self) -> int:
         return len(self._items)

@@ -81,8 +81,10 @@ class Detector:
         found = self.cache.get((model.version, query))
         if found is not None:
             return found
+        generation = self.cache.generation
         answer = raise_failed(await self._detect_batch(query))
-        self.cache.put((answer["version"], query), answer)  # the version that answered
+        # Stored only if no swap cleared the cache meanwhile: the answer may be the old model's.
+        self.cache.put((answer["version"], query), answer, generation)
         return answer
 
     async def cache_stats(self) -> dict[str, int]:
@@ -130,6 +132,7 @@ class QueryRewriter:
         found = self.cache.get(key)
         if found is not None:
             return found
+        generation = self.cache.generation
         try:
             text = raise_failed(
                 await asyncio.wait_for(self._rewrite_batch((query, list(history))), self.timeout_s)
@@ -137,7 +140,10 @@ class QueryRewriter:
         except TimeoutError:
             logger.warning("rewrite took over %.2f s; retrieving with the query as sent", self.timeout_s)
             return query
-        self.cache.put(key, text)
+        except Exception as e:  # a generator that fails (an endpoint down) must not fail the request
+            logger.warning("rewrite failed (%s: %s); retrieving with the query as sent", type(e).__name__, e)
+            return query  # not cached: the next request tries the generator again
+        self.cache.put(key, text, generation)  # not if a new rewriter loaded meanwhile
         return text
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)

@@ -111,7 +111,11 @@ class Ingress:
                 return await method.remote(*args)
             except RETRYABLE as e:
                 if attempt == self.retries:
-                    raise BackendUnavailable(str(e)) from e
+                    # Ray's message names the node's IP, the actor, its PID: for the log, not the client.
+                    logger.error("a model deployment failed %d times: %s", self.retries + 1, e)
+                    raise BackendUnavailable(
+                        f"a model deployment did not answer after {self.retries + 1} tries; try again"
+                    ) from e
                 logger.warning("retrying after replica failure: %s", type(e).__name__)
                 await asyncio.sleep(0.05 * 2**attempt)
         raise AssertionError("unreachable")
@@ -140,9 +144,12 @@ class Ingress:
             return out
         text = req.query
         if self.rewriter is not None:
-            text = await self._timed(
-                timings, "rewrite", self._call(self.rewriter.rewrite, req.query, req.history)
-            )
+            try:
+                text = await self._timed(
+                    timings, "rewrite", self._call(self.rewriter.rewrite, req.query, req.history)
+                )
+            except Exception as e:  # retrieval on the request's own words is still an answer
+                logger.warning("rewriter failed, retrieving with the query as sent: %s", e)
         found = await self._timed(timings, "retrieve", self._call(self.retriever.retrieve, (text, req.top_k)))
         out["tools"] = found["tools"]
         out["versions"]["retriever"] = found["version"]

@@ -154,5 +154,8 @@ class ToolSearchEndpoint:
         """The ``/v1/select`` answer with each tool's description and input schema added."""
         answer = await _BINDING["select"](request)
         described = await _BINDING["describe"]([t["id"] for t in answer["tools"]])
-        tools = [{**hit, **(info or {})} for hit, info in zip(answer["tools"], described, strict=True)]
+        # A hit the catalog does not describe (a replica that reloaded the catalog between the
+        # ranking and this call retired it) is dropped: an agent is only offered tools that exist.
+        pairs = zip(answer["tools"], described, strict=True)
+        tools = [{**hit, **info} for hit, info in pairs if info is not None]
         return {**answer, "tools": tools}

@@ -105,9 +105,11 @@ class Retriever:
         found = self.cache.get((model.version, self.catalog.version, text, k))
         if found is not None:
             return found
+        generation = self.cache.generation
         answer = raise_failed(await self._retrieve_batch((text, k)))
-        # Keyed by what answered: a batch that began before a swap cannot store under the new key.
-        self.cache.put((answer["version"], answer["catalog_version"], text, k), answer)
+        # Keyed by what answered, and stored only if no swap or catalog reload cleared the cache
+        # meanwhile: two loads can share a version string (the same directory, another runtime).
+        self.cache.put((answer["version"], answer["catalog_version"], text, k), answer, generation)
         return answer
 
     async def cache_stats(self) -> dict[str, int]:

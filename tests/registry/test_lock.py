@@ -39,3 +39,30 @@ def test_a_dead_holder_on_this_host_is_taken_over_a_remote_one_is_not(tmp_path):
     path.write_text(json.dumps({"host": "another-node", "pid": 1, "started": 0}))
     with pytest.raises(LockHeld, match="another-node"):
         RetrainLock(str(path)).acquire()
+
+
+def test_a_takeover_that_lost_the_race_puts_the_new_holders_lock_back(tmp_path):
+    path = tmp_path / "retrain.lock"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = {"host": socket.gethostname(), "pid": int(dead.stdout), "started": 0}
+    lock = RetrainLock(str(path))
+    lock.record = {"host": socket.gethostname(), "pid": 0, "started": 0}
+    # Judged stale from what was read; by the time it moves the file, another process has taken
+    # the lock over and written its own record there.
+    fresh = {"host": socket.gethostname(), "pid": 999_999_999, "started": 1}
+    path.write_text(json.dumps(fresh))
+    assert lock._take_over(stale) is False
+    assert json.loads(path.read_text()) == fresh
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["retrain.lock"]  # nothing left aside
+
+
+def test_release_leaves_a_lock_that_is_no_longer_its_own(tmp_path):
+    path = tmp_path / "retrain.lock"
+    lock = RetrainLock(str(path))
+    lock.acquire()
+    other = {"host": "another-node", "pid": 7, "started": 2}
+    path.write_text(json.dumps(other))  # taken by hand from a holder thought dead
+    lock.release()
+    assert json.loads(path.read_text()) == other

@@ -103,3 +103,41 @@ def test_detector_caches_by_version_too(bm25_versions, serving_data):
         assert (await detector.detect("weather forecast tomorrow"))["version"] == "bm25/v0002"
 
     asyncio.run(scenario())
+
+
+def test_an_answer_begun_before_a_clear_is_not_stored_after_it():
+    cache: AnswerCache[str] = AnswerCache(4)
+    began = cache.generation
+    cache.clear()  # a new model loaded while the answer was being computed
+    cache.put("q", "old model's answer", began)
+    assert len(cache) == 0
+    cache.put("q", "new model's answer", cache.generation)
+    assert cache.get("q") == "new model's answer"
+
+
+def test_a_detection_in_flight_during_a_reload_under_the_same_version_is_not_cached(
+    bm25_versions, serving_data
+):
+    # Reloading the same directory (a recalibration, another encoder runtime) keeps the version
+    # string: only the load itself tells the old model's in-flight answer from the new one's.
+    good = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+
+    async def scenario() -> None:
+        detector = Detector()
+        unbatched(detector, "_detect_batch")
+        await detector.reconfigure({**good, "cache_size": 4})
+        answer_now = detector._detect_batch
+
+        async def reloaded_midway(query):
+            answer = await answer_now(query)  # computed by the model loaded first
+            await detector.reconfigure({**good, "cache_size": 4})  # same version string, new load
+            return answer
+
+        detector._detect_batch = reloaded_midway
+        first = await detector.detect("weather forecast tomorrow")
+        assert first["version"] == "bm25/v0001" and len(detector.cache) == 0
+        detector._detect_batch = answer_now
+        assert await detector.detect("weather forecast tomorrow") == first
+        assert len(detector.cache) == 1  # an answer of the model now loaded is stored
+
+    asyncio.run(scenario())

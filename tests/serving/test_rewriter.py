@@ -89,3 +89,31 @@ def test_the_deployment_falls_back_to_the_query_on_timeout_and_caches_rewrites(
         assert handle.rewrite.remote(other, []).result() == other  # not cached: falls back
     finally:
         serve.delete("rewriter-test")
+
+
+def test_a_failing_generator_answers_with_the_query_and_caches_nothing():
+    import asyncio
+
+    from components.serving.deployments import QueryRewriter
+
+    class EndpointDown:
+        def rewrite(self, query, history):
+            raise ConnectionError("chat endpoint refused the connection")
+
+        def rewrite_many(self, items):
+            raise ConnectionError("chat endpoint refused the connection")
+
+    async def scenario() -> None:
+        deployment = QueryRewriter()
+        await deployment.reconfigure({"backend": "history", "turns": 1})
+        deployment.rewriter = EndpointDown()  # the generator of a querygen endpoint that went down
+        body = type(deployment)._rewrite_batch.__wrapped__
+
+        async def one(item):
+            return (await body(deployment, [item]))[0]
+
+        deployment._rewrite_batch = one
+        assert await deployment.rewrite("weather in Paris", ["hello"]) == "weather in Paris"
+        assert len(deployment.cache) == 0  # the next request tries the generator again
+
+    asyncio.run(scenario())

@@ -1,0 +1,64 @@
+"""The ingress's answers when a model deployment fails: what reaches the client, and what does not."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ray.exceptions import ActorDiedError
+
+from components.serving.ingress import BackendUnavailable, Ingress
+from components.serving.schemas import SelectRequest
+
+
+class Method:
+    """One deployment method as a handle exposes it (``.remote(...)`` returns an awaitable)."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, 0
+
+    def remote(self, *args):
+        self.calls += 1
+
+        async def reply():
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer(*args) if callable(self.answer) else self.answer
+
+        return reply()
+
+
+class Handle:
+    def __init__(self, **methods):
+        self.__dict__.update(methods)
+
+
+DIED = ActorDiedError()  # Ray's message names the node IP, actor id and PID of the dead replica
+
+
+def test_a_deployment_that_keeps_dying_is_a_503_that_names_no_internals():
+    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
+    retrieve = Method(DIED)
+    ingress = Ingress(Handle(detect=detect), Handle(retrieve=retrieve), retries=1)
+
+    async def scenario() -> str:
+        try:
+            await ingress.answer(SelectRequest(query="weather in Paris"))
+        except BackendUnavailable as e:
+            return str(e)
+        raise AssertionError("the dead retriever was not reported")
+
+    said = asyncio.run(scenario())
+    assert retrieve.calls == 2  # tried again once on another replica
+    assert said == "a model deployment did not answer after 2 tries; try again"
+    assert "actor" not in said.lower() and "pid" not in said.lower()
+
+
+def test_a_rewriter_that_fails_leaves_retrieval_on_the_query_as_sent():
+    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
+    retrieve = Method(lambda request: {"tools": [{"id": "t", "q": request[0]}], "version": "bm25/v1"})
+    rewrite = Method(DIED)
+    ingress = Ingress(
+        Handle(detect=detect), Handle(retrieve=retrieve), rewriter=Handle(rewrite=rewrite), retries=0
+    )
+    out = asyncio.run(ingress.answer(SelectRequest(query="weather in Paris")))
+    assert out["tools"] == [{"id": "t", "q": "weather in Paris"}] and rewrite.calls == 1
