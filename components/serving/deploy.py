@@ -139,12 +139,14 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
 
 
 def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
-    """Make the running app's Retriever replicas read their catalog again, keeping their model.
+    """Make the running app's Retriever replicas read their catalog again, in place (no restart).
 
     For a corpus changed under a running server (``toolscout ingest mcp`` run again): the user
     configs are rebuilt, as :func:`swap_artifact` builds them, for the artifact a Retriever replica
     answers with now (asked, not read from the args: a ``models:/`` URI there may name another
-    version by now), so only ``catalog_version`` changes and replicas reconfigure in place.
+    version by now), so only ``catalog_version`` changes and replicas reconfigure in place. They
+    load their model again from the same directory too (a directory can be rewritten in place, so
+    the same path is not taken for the same model): an LM artifact briefly holds two copies.
     Returns the catalog version now configured.
     """
     serving = serve.get_deployment_handle("Retriever", app_name).serving_artifact.remote().result()
