@@ -191,8 +191,12 @@ class ModelRegistry:
 
         try:
             return self._version(self.client.get_model_version_by_alias(name, alias))
-        except MlflowException:
-            return None
+        except MlflowException as e:
+            # An unknown model, or an alias that is not set; a server that fails is an error, not
+            # "no champion" (a promotion would then drop the champion it replaces from previous).
+            if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
 
     def versions(self, name: str) -> list[Version]:
         """Every version of ``name``, oldest first (empty for an unknown model)."""
@@ -209,8 +213,10 @@ class ModelRegistry:
 
         try:
             found = self.client.get_registered_model(name).aliases or {}
-        except MlflowException:
-            return {}
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":  # an unknown model has no aliases
+                return {}
+            raise
         return {alias: int(found[alias]) for alias in ALIASES if alias in found}
 
     def lookup(self, ref: str) -> Version:

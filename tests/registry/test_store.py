@@ -116,3 +116,27 @@ def test_settings_prefer_explicit_uri_then_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     assert s.resolved_uri == "http://mlflow:5000" and not s.embedded
     assert RegistrySettings(tracking_uri="sqlite:///x.db").resolved_uri == "sqlite:///x.db"
+
+
+def test_a_hand_move_of_the_champion_waits_for_a_running_retrain(registry, tmp_path):
+    # A retrain gates its challenger against the champion it read at the start: a promotion or
+    # rollback during the round is refused, not silently overwritten by the round's promotion.
+    from typer.testing import CliRunner
+
+    from components.registry import RetrainLock
+    from workflows.cli import app
+    from workflows.retrain.job import champion_moved
+
+    for i in range(2):
+        registry.log_version("m", saved(tmp_path, f"v{i}", str(i)))
+    registry.promote("m", 1)
+    started_with = registry.alias("m", "champion")
+    root = f"registry.root={registry.settings.root}"
+    with RetrainLock(str(tmp_path / "reg" / "retrain.lock")):
+        for args in (["registry", "promote", "m", "2", root], ["registry", "rollback", "m", root]):
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 1 and "another retrain holds" in " ".join(result.output.split())
+    assert registry.aliases("m") == {"champion": 1} and not champion_moved(registry, "m", started_with)
+    assert CliRunner().invoke(app, ["registry", "promote", "m", "2", root]).exit_code == 0
+    assert champion_moved(registry, "m", started_with)  # a round that read v1 now promotes nothing
+    assert registry.alias("m", "challenger") is None  # an alias that is not set reads as none

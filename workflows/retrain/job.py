@@ -100,6 +100,11 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             )
         decision = decide(measured.get("champion"), measured["challenger"], gate)
 
+        if decision.decision == "promoted" and champion_moved(registry, name, champion_version):
+            # Gated against a champion that is no longer the champion (moved by hand, outside the
+            # lock): promoting would overwrite that decision with one made against another model.
+            decision.decision = "kept"
+            decision.reasons.append("the champion moved during the round; gate again against the new one")
         # Registry writes, last: nothing before this point changed what serving or an alias sees.
         tags = {
             "toolscout.retrain": stamp,
@@ -142,6 +147,12 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         }
         io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode())
         return record
+
+
+def champion_moved(registry: ModelRegistry, name: str, started_with: Any) -> bool:
+    """Whether ``name``'s champion is another version than the one the round started with."""
+    now = registry.alias(name, "champion")
+    return (now.number if now else None) != (started_with.number if started_with else None)
 
 
 def follow_serving(name: str, app_name: str | None = None) -> dict[str, Any]:
