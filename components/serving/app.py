@@ -211,6 +211,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
     selector = dict(args.selector)
     if selector.get("backend") == "lm" and "model" in selector and os.path.exists(selector["model"]):
         selector["model"] = _local(selector["model"])
+    version = catalog_version(_local(args.catalog))
     configs = {
         "Detector": detector,
         # The corpus's content hash: when `toolscout ingest mcp` changes it, rebuilding these
@@ -221,10 +222,11 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
             "encoder_runtime": args.encoder_runtime,
             "lm_engine": args.lm_engine,
             "lm_endpoint": args.lm_endpoint,
-            "catalog_version": catalog_version(_local(args.catalog)),
+            "catalog_version": version,
         },
         "QueryRewriter": dict(args.rewriter),
-        "Selector": selector,
+        # Its candidates' schemas come from the same catalog: it reloads when the Retriever does.
+        "Selector": {**selector, "catalog_version": version},
     }
     return {name: {**config, **args.batching.get(name, {})} for name, config in configs.items()}
 

@@ -101,7 +101,10 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
     app = config["applications"][0]
     configs = user_configs(ServeArgs.model_validate({**app["args"], "artifact": artifact}))
     deployments = {d["name"]: d for d in app.get("deployments") or []}
-    for name in ("Retriever", "Detector"):
+    names = ["Retriever", "Detector"]
+    if (app["args"].get("selector") or {}).get("backend", "none") != "none":
+        names.append("Selector")  # it reads the same catalog (catalog_version)
+    for name in names:
         deployments.setdefault(name, {"name": name})["user_config"] = configs[name]
     app["deployments"] = list(deployments.values())
     return config

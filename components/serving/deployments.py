@@ -173,19 +173,31 @@ async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[
 
 
 class Selector:
-    """Picks the call among the candidates (see :mod:`.selector`). User config: the ``selector`` section.
+    """Picks the call among the candidates (see :mod:`.selector`). User config: the ``selector``
+    section, plus ``catalog_version`` (the corpus's content hash, as the Retriever gets it: when
+    it changes the catalog is read again, so a tool the Retriever now ranks can be called, with
+    the parameter schema it has now).
 
     Args:
         catalog: Dataset dir with the tools' parameter schemas.
     """
 
     def __init__(self, catalog: str) -> None:
+        self.catalog_path = catalog
         self.catalog = load_catalog(catalog)
         self.backend: Any = None
         self.configured = False  # backend None is a configuration too (``backend: none``)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        load = partial(build_selector, _settings(config), self.catalog)
+        settings = _settings(config)
+        wanted = settings.pop("catalog_version", None)
+        if wanted is not None and wanted != self.catalog.version:
+            loaded, catalog = await load_new(
+                "Selector catalog", partial(load_catalog, self.catalog_path), True
+            )
+            if loaded:
+                self.catalog = catalog  # the backend below is built over it
+        load = partial(build_selector, settings, self.catalog)
         loaded, backend = await load_new("Selector", load, serving=self.configured)
         if loaded:
             self.backend, self.configured = backend, True

@@ -60,3 +60,34 @@ def test_a_changed_catalog_is_reloaded_and_its_retired_tools_never_answered(serv
 def test_user_configs_carry_the_catalog_version(serving_data, bm25_versions):
     configs = user_configs(ServeArgs(artifact=bm25_versions["default"], catalog=serving_data))
     assert configs["Retriever"]["catalog_version"] == load_catalog(serving_data).version
+
+
+def test_the_selector_reads_the_changed_catalog_with_the_retriever(serving_data, bm25_versions, tmp_path):
+    # A tool the Retriever ranks after a re-ingest must be callable with the schema it has now.
+    import json
+
+    from components.serving.deploy import serve_config, swap_artifact
+    from components.serving.deployments import Selector
+
+    data = tmp_path / "data"
+    shutil.copytree(serving_data, data)
+    selector_args = {"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "m"}  # never called
+    args = ServeArgs(artifact=bm25_versions["default"], catalog=str(data), selector=selector_args)
+    first, second = sorted(load_catalog(str(data)).tools)[:2]
+
+    async def scenario() -> None:
+        selector = Selector(str(data))
+        await selector.reconfigure(user_configs(args)["Selector"])
+        before = json.dumps(selector.backend.request_body("q", [], [second]))
+        rewrite_corpus(data, drop=first, rename=second)
+        await selector.reconfigure(user_configs(args)["Selector"])  # what refresh_catalog deploys
+        after = json.dumps(selector.backend.request_body("q", [], [second]))
+        assert "renamed_" in after and "renamed_" not in before
+        assert first not in selector.catalog.tools
+
+    asyncio.run(scenario())
+    # refresh_catalog rewrites the Selector's user config too, when the app has one.
+    config = swap_artifact(serve_config(args.model_dump()), bm25_versions["default"])
+    (app,) = config["applications"]
+    configs = {d["name"]: d["user_config"] for d in app["deployments"]}
+    assert configs["Selector"]["catalog_version"] == configs["Retriever"]["catalog_version"]
