@@ -42,6 +42,32 @@ def listed(ranking: Ranking | Exception, gone: frozenset[str], k: int) -> Rankin
     return [(t, s) for t, s in ranking if t not in gone][:k]
 
 
+def rank_without_retired(
+    model: RetrieverModel, requests: list[tuple[str, int]], gone: frozenset[str]
+) -> list[Ranking | Exception]:
+    """Each ``(text, k)``'s ranking, wide enough that ``k`` remain once retired tools are dropped.
+
+    A request first asks for ``k`` more at most (``2k``): asking for ``k + len(gone)`` every time
+    would make a catalog with hundreds of retired tools decode hundreds of beams per ToolGen
+    request. Only a request that this leaves short (and whose ranking went that deep) asks again
+    for ``k + len(gone)``, which always leaves ``k`` if the catalog has them.
+    """
+    first = [(text, k + min(len(gone), k)) for text, k in requests]
+    rankings = rank_by_k(model, first)
+    short = [
+        i
+        for i, (ranking, (_, k)) in enumerate(zip(rankings, requests, strict=True))
+        if not isinstance(ranking, Exception)
+        and len(ranking) >= first[i][1]  # it may go deeper
+        and len(listed(ranking, gone, k)) < k
+    ]
+    if short:
+        again = rank_by_k(model, [(requests[i][0], requests[i][1] + len(gone)) for i in short])
+        for i, ranking in zip(short, again, strict=True):
+            rankings[i] = ranking
+    return rankings
+
+
 class Retriever:
     """Ranks the catalog with any trained method's artifact. User config: ``artifact``,
     ``cache_size`` (answers kept, see :mod:`.answer_cache`), ``catalog_version`` (reload the catalog
@@ -120,9 +146,7 @@ class Retriever:
     async def _retrieve_batch(self, requests: list[tuple[str, int]]) -> list[dict[str, Any] | Exception]:
         model, catalog, gone = self.model, self.catalog, self.retired  # one version for the batch
         assert model is not None, "reconfigure() loads the model before any request"
-        # Ask for as many more as are retired, so dropping them still leaves k.
-        wider = [(text, k + len(gone)) for text, k in requests]
-        rankings = await asyncio.to_thread(rank_by_k, model, wider)
+        rankings = await asyncio.to_thread(rank_without_retired, model, requests, gone)
         out: list[dict[str, Any] | Exception] = []
         for ranking, (_, k) in zip(rankings, requests, strict=True):
             r = listed(ranking, gone, k)

@@ -91,3 +91,34 @@ def test_the_selector_reads_the_changed_catalog_with_the_retriever(serving_data,
     (app,) = config["applications"]
     configs = {d["name"]: d["user_config"] for d in app["deployments"]}
     assert configs["Selector"]["catalog_version"] == configs["Retriever"]["catalog_version"]
+
+
+def test_many_retired_tools_still_leave_k_without_asking_every_request_for_all_of_them(
+    serving_data, tmp_path
+):
+    from components.serving.retriever_deployment import listed, rank_without_retired
+
+    data = tmp_path / "data"
+    shutil.copytree(serving_data, data)
+    method = build("bm25", {"profile": "default"})
+    method.index(open_dataset(str(data)).corpus)
+    method.save(str(tmp_path / "bm25"))
+    model = RetrieverModel(str(tmp_path / "bm25"))
+    query = "what will the weather be like in Paris this week"
+    full = [t for t, _ in model.retrieve([query], 40)[0]]
+
+    class Counting:  # the model, recording how deep each request asked
+        def __init__(self):
+            self.asked: list[int] = []
+
+        def retrieve(self, texts, k):
+            self.asked.append(k)
+            return model.retrieve(texts, k)
+
+    few, many = frozenset(full[:2]), frozenset(full[:10])
+    counting = Counting()
+    (ranking,) = rank_without_retired(counting, [(query, 3)], few)
+    assert [t for t, _ in listed(ranking, few, 3)] == full[2:5] and counting.asked == [5]
+    counting.asked.clear()
+    (ranking,) = rank_without_retired(counting, [(query, 3)], many)
+    assert [t for t, _ in listed(ranking, many, 3)] == full[10:13] and counting.asked == [6, 13]
