@@ -27,7 +27,7 @@ from ray.serve import Application
 from components.encoders.runtimes import check_runtime
 from components.generative.engines import check_engine, check_engine_endpoint
 from components.methods import artifact_method
-from components.registry import resolve
+from components.registry import ModelRegistry, RegistrySettings, is_model_uri
 from components.serving import catalog as tool_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Selector
 from components.serving.errors import API_KEY_ENV
@@ -135,21 +135,33 @@ def _local(path: str | None) -> str | None:
     return path if path is None or "://" in path else os.path.abspath(path)
 
 
-def pinned_artifact(path: str, registry: dict[str, Any] | None = None) -> str:
-    """The absolute dir of one artifact version, checked to hold a known method.
+def pinned(path: str, registry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"artifact": <absolute dir of one version>}``, checked to hold a known method, plus, for a
+    registry URI, ``source`` (the immutable ``models:/<name>/<N>`` of that version) and
+    ``registry`` (how to reach the registry from any process).
 
-    A registry URI (``models:/<name>@champion``) is resolved here, once, to the local directory of
-    the version it names now (``.../versions/<name>/v<N>``): every replica then loads that version,
-    even one started after the alias moves. Following the alias is a swap (see
-    :func:`components.serving.deploy.follow_model`).
+    A registry URI (``models:/<name>@champion``) is resolved here, once, to the version it names now
+    (``.../versions/<name>/v<N>`` on this machine): every replica then loads that version, even one
+    started after the alias moves. Following the alias is a swap (see
+    :func:`components.serving.deploy.follow_model`). The directory exists where it was resolved;
+    a replica on another node of the cluster, where it was never materialised, materialises the
+    same version from ``source`` (:func:`components.serving.models.artifact_dir`).
 
     Raises:
         ValueError: ``path`` is no directory, has no readable ``config.json``, names a method that
             is not registered, or is a URI the registry cannot resolve; said here, before any
             replica tries to load it.
     """
+    extra: dict[str, Any] = {}
     try:
-        version = os.path.abspath(resolve(path, registry))
+        if is_model_uri(path):
+            settings = RegistrySettings.from_config(registry)
+            store = ModelRegistry(settings)
+            found = store.lookup(path)  # one read: the directory and the source name the same version
+            version = os.path.abspath(store.local_dir(found))
+            extra = {"source": f"models:/{found.name}/{found.number}", "registry": settings.as_config()}
+        else:
+            version = os.path.abspath(path)
     except LookupError as e:
         raise ValueError(f"artifact {path!r}: {e}") from e
     if not os.path.isdir(version):
@@ -160,7 +172,7 @@ def pinned_artifact(path: str, registry: dict[str, Any] | None = None) -> str:
         raise ValueError(f"artifact {path!r}: cannot read its config.json: {e}") from e
     except KeyError as e:
         raise ValueError(f"artifact {path!r}: {e.args[0]}") from e
-    return version
+    return {"artifact": version, **extra}
 
 
 def deployment_options(args: ServeArgs, name: str) -> dict[str, Any]:
@@ -195,13 +207,11 @@ def catalog_version(catalog: str) -> str:
 def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
     """The user config of each model deployment (what a hot-swap changes), batching included.
 
-    Artifacts are pinned (see :func:`pinned_artifact`), so every replica loads the same version.
+    Artifacts are pinned (see :func:`pinned`), so every replica loads the same version.
     """
-    retriever = pinned_artifact(args.artifact, args.registry)
+    retriever = pinned(args.artifact, args.registry)
     detector = {
-        "artifact": pinned_artifact(args.detector_artifact, args.registry)
-        if args.detector_artifact
-        else retriever,
+        **(pinned(args.detector_artifact, args.registry) if args.detector_artifact else retriever),
         "detector_file": _local(args.detector_file),
         "calibration_data": _local(args.calibration_data),
         "splits": args.splits,
@@ -217,7 +227,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         # The corpus's content hash: when `toolscout ingest mcp` changes it, rebuilding these
         # configs (deploy.refresh_catalog) makes the Retriever replicas read the catalog again.
         "Retriever": {
-            "artifact": retriever,
+            **retriever,
             "cache_size": args.cache_size,
             "encoder_runtime": args.encoder_runtime,
             "lm_engine": args.lm_engine,

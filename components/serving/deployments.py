@@ -62,7 +62,9 @@ class Detector:
         self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        settings = {k: config.get(k) for k in ("detector_file", "calibration_data", "splits")}
+        settings = {
+            k: config.get(k) for k in ("detector_file", "calibration_data", "splits", "source", "registry")
+        }
         settings["encoder_runtime"] = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
         self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         load = partial(DetectorModel, config["artifact"], **settings)

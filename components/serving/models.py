@@ -59,6 +59,17 @@ def load_method(
     return method
 
 
+def artifact_dir(artifact: str, source: str | None = None, registry: dict[str, Any] | None = None) -> str:
+    """The local directory to load ``artifact`` from: the directory itself, or, on a node of the
+    cluster where that pinned registry version was never materialised, the version ``source``
+    (``models:/<name>/<N>``) names, materialised here through ``registry``
+    (:func:`components.serving.app.pinned`)."""
+    path = os.path.abspath(resolve(artifact, registry))
+    if source is not None and not os.path.isdir(path):
+        path = os.path.abspath(resolve(source, registry))
+    return path
+
+
 class RetrieverModel:
     """A trained method's artifact (BM25, dense, MassTool, ...) ready to rank the catalog, its text
     encoders on ``encoder_runtime`` and its LM decoder on ``lm_engine`` (see :func:`load_method`)."""
@@ -69,8 +80,10 @@ class RetrieverModel:
         encoder_runtime: str = "torch",
         lm_engine: str | None = None,
         lm_endpoint: dict[str, Any] | None = None,
+        source: str | None = None,
+        registry: dict[str, Any] | None = None,
     ) -> None:
-        self.artifact = os.path.abspath(resolve(artifact))
+        self.artifact = artifact_dir(artifact, source, registry)
         self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
         self.version = model_version(self.artifact)
 
@@ -100,6 +113,7 @@ class DetectorModel:
         calibration_data: Dataset dir to calibrate on when ``detector_file`` has no entry.
         splits: The ``splits`` config used to carve valid from train (as in training).
         encoder_runtime: Where the method's text encoders run (see :func:`load_method`).
+        source, registry: The registry version ``artifact`` pins (see :func:`artifact_dir`).
     """
 
     def __init__(
@@ -109,8 +123,10 @@ class DetectorModel:
         calibration_data: str | None = None,
         splits: dict[str, Any] | None = None,
         encoder_runtime: str = "torch",
+        source: str | None = None,
+        registry: dict[str, Any] | None = None,
     ) -> None:
-        self.artifact = os.path.abspath(resolve(artifact))
+        self.artifact = artifact_dir(artifact, source, registry)
         self.version = model_version(self.artifact)
         self.method = load_method(self.artifact, encoder_runtime)
         self.threshold: ScoreThreshold | None = None

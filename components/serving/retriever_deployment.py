@@ -93,7 +93,13 @@ class Retriever:
             await self._reload_catalog(wanted)
         runtime = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
         load = partial(
-            RetrieverModel, config["artifact"], runtime, config.get("lm_engine"), config.get("lm_endpoint")
+            RetrieverModel,
+            config["artifact"],
+            runtime,
+            config.get("lm_engine"),
+            config.get("lm_endpoint"),
+            source=config.get("source"),  # a pinned registry version, for a node without its dir
+            registry=config.get("registry"),
         )
         loaded, model = await load_new("Retriever", load, serving=self.model is not None)
         if loaded:

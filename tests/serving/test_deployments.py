@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 from functools import partial
 from pathlib import Path
@@ -118,9 +119,16 @@ def test_the_champion_is_pinned_when_user_configs_are_built(bm25_versions, servi
     configs = user_configs(args)
     assert configs["Retriever"]["artifact"] == str(tmp_path / "registry" / "versions" / "bm25" / "v2")
     assert configs["Detector"]["artifact"] == configs["Retriever"]["artifact"]
+    assert configs["Retriever"]["source"] == configs["Detector"]["source"] == "models:/bm25/2"
     registry.rollback("bm25")  # the champion moves back to v1 while replicas run
     # A replica started now (autoscaling, a crash replacement) loads what its peers loaded.
     assert RetrieverModel(configs["Retriever"]["artifact"]).version == "bm25/v2"
+    # A replica on another node, where the pinned directory was never materialised, materialises
+    # the same version from the registry (not the champion of now).
+    os.unlink(configs["Retriever"]["artifact"])  # a link to the logged files, for this registry
+    keys = ("source", "registry")
+    elsewhere = RetrieverModel(configs["Retriever"]["artifact"], **{k: configs["Retriever"][k] for k in keys})
+    assert elsewhere.version == "bm25/v2" and os.path.isdir(configs["Retriever"]["artifact"])
     # A swap to the URI builds the configs again and pins the new champion.
     assert user_configs(args)["Retriever"]["artifact"].endswith("/bm25/v1")
     # An alias the registry lacks is refused before any replica sees it.
