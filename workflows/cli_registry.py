@@ -58,10 +58,14 @@ def _follow(address: str | None, name: str) -> None:
         return
     import ray
 
-    from components.serving.deploy import follow_model
+    from components.serving.deploy import SwapFailed, follow_model
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    pinned = follow_model(f"models:/{name}@champion")
+    try:
+        pinned = follow_model(f"models:/{name}@champion")
+    except SwapFailed as e:  # the alias moved; serving did not follow it
+        console.print(f"[bold red]error:[/] the champion moved, but serving did not follow: {e}")
+        raise typer.Exit(1) from e
     console.print(f"serving follows the champion: {pinned}")
 
 

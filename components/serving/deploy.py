@@ -128,17 +128,53 @@ def running_config(app_name: str = APP_NAME) -> dict[str, Any]:
     return {"applications": [deployed[app_name], *others]}
 
 
+class SwapFailed(RuntimeError):
+    """A hot-swap that Retriever replicas did not take; the app was put back on what it served."""
+
+
+def serving_artifacts(app_name: str = APP_NAME, calls_per_replica: int = 8) -> set[str]:
+    """The artifact directories the app's Retriever replicas answer with.
+
+    Asked through the deployment handle, ``calls_per_replica`` times per running replica: Serve
+    routes each call to one replica (the less loaded of two drawn), so with 8 calls a replica of two
+    goes unasked with probability 2**-16. A replica whose swap failed still answers with its old
+    version (:func:`components.serving.batch_calls.load_new`), so this is what each one serves.
+    """
+    from components.serving.replicas import running_replicas
+
+    handle = serve.get_deployment_handle("Retriever", app_name)
+    calls = calls_per_replica * max(1, running_replicas("Retriever", app_name))
+    return {handle.serving_artifact.remote().result() for _ in range(calls)}
+
+
 def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
     """Hot-swap the running app to the version ``model_uri`` names now (e.g. after a promotion).
 
     The URI (``models:/<name>@champion``) is pinned on this driver to that version's directory,
     and only the deployments' user configs change, so replicas reconfigure in place with no
     dropped request (as :func:`swap_artifact` explains). Returns the pinned directory.
+
+    A version that passes the driver's checks can still fail to load in the replicas (a partial
+    copy, a missing index): they keep serving the old one and log why. The swap is confirmed by
+    asking the replicas what they serve (:func:`serving_artifacts`); if one did not take it, the
+    app is deployed again pinned to what it served before, so replicas that did take it go back and
+    replicas started later do not try the bad version, and :class:`SwapFailed` is raised.
     """
-    config = swap_artifact(running_config(app_name), model_uri)
+    running = running_config(app_name)
+    before = serving_artifacts(app_name)
+    config = swap_artifact(running, model_uri)
     deploy_config(config, timeout_s)
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
-    return deployments["Retriever"]["user_config"]["artifact"]
+    pinned = deployments["Retriever"]["user_config"]["artifact"]
+    serving = serving_artifacts(app_name)
+    if serving != {pinned}:
+        if len(before) == 1:  # one version served before: pin it again
+            deploy_config(swap_artifact(running, next(iter(before))), timeout_s)
+        raise SwapFailed(
+            f"{model_uri}: pinned {pinned}, but Retriever replicas answer with {sorted(serving)} "
+            f"(their logs say why); the app serves {sorted(before)} again"
+        )
+    return pinned
 
 
 def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:

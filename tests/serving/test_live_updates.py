@@ -17,9 +17,11 @@ from serving_helpers import Load, deploy, half_written, private_registry, rewrit
 
 from components.serving.deploy import (
     METRICS_COLLECTION,
+    SwapFailed,
     deploy_config,
     follow_model,
     refresh_catalog,
+    running_config,
     serve_config,
     swap_artifact,
 )
@@ -245,3 +247,24 @@ def test_autoscaling_adds_a_retriever_replica_under_load(live):
         load.wait_for(lambda s: s.ok >= served + 20)
     assert load.failures == []
     assert len(replica_names("Retriever")) == 2
+
+
+def test_following_a_version_the_replicas_cannot_load_is_reported_and_undone(
+    live, bm25_versions, serving_root
+):
+    url, args, bodies = live
+    registry = private_registry(bm25_versions, serving_root / "unloadable")
+    followed = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
+    deploy(followed)
+    assert select(url, bodies[0])["versions"]["retriever"] == "bm25/v2"
+    # A version that passes the driver's checks (its config.json names a method) and that no
+    # replica can load: its index is missing.
+    broken = registry.log_version("bm25", half_written(serving_root / "unloadable" / "files", "v0003"))
+    registry.promote("bm25", broken.number)
+    with pytest.raises(SwapFailed, match=r"replicas answer with .*bm25/v2"):
+        follow_model("models:/bm25@champion")
+    # Still serving v2, and pinned to it again: a replica started now would not try v3.
+    assert {select(url, body)["versions"]["retriever"] for body in bodies[:10]} == {"bm25/v2"}
+    (app,) = [a for a in running_config()["applications"] if a["name"] == "toolscout"]
+    pinned = {d["name"]: d["user_config"]["artifact"] for d in app["deployments"] if d["name"] == "Retriever"}
+    assert pinned["Retriever"].endswith("/bm25/v2")
