@@ -49,7 +49,7 @@ def _alias_lock(reg: ModelRegistry) -> RetrainLock:
     after the round ends) rather than overwritten by that round's own promotion."""
     from components.registry import RetrainLock
 
-    return RetrainLock(os.path.join(reg.settings.root, "retrain.lock"))
+    return RetrainLock(reg.settings.retrain_lock)
 
 
 def _follow(address: str | None, name: str) -> None:

@@ -111,8 +111,9 @@ def read_catalog(path: str) -> dict[str, dict[str, Any]]:
     log.extend(rejects)
     records = resolve_records(path, rows, log)
     if len(log):
-        shown = "\n".join(f"  {r}" for r in log.sorted()[:20])
-        raise DatasetError(f"ingest mcp: {len(log)} catalog row(s) cannot be kept; fix them first:\n{shown}")
+        raise DatasetError(
+            f"ingest mcp: {len(log)} catalog row(s) cannot be kept; fix them first:{log.listing(20)}"
+        )
     return records
 
 

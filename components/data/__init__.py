@@ -41,8 +41,9 @@ def open_dataset(
     prepared one was checked when it was written.
     """
     if is_prepared(path, storage_options):
-        check_prepared_splits(path, splits, storage_options)
-        return load_prepared(path, storage_options)
+        manifest = read_manifest(path, storage_options)
+        check_prepared_splits(path, manifest, splits)
+        return load_prepared(path, storage_options, manifest)
     log = RejectLog()
     dataset = load_dataset(path, files, strict=strict, log=log, storage_options=storage_options, name=name)
     if len(log):
@@ -51,20 +52,19 @@ def open_dataset(
     return splits_from_config(dataset, splits)
 
 
-def check_prepared_splits(
-    path: str, splits: dict[str, Any] | None, storage_options: dict[str, Any] | None
-) -> None:
+def check_prepared_splits(path: str, manifest: dict[str, Any], splits: dict[str, Any] | None) -> None:
     """A prepared directory holds the splits it was written with: a run that asks for others
     (``splits.mode=cold_start`` on a standard preparation) would get those, labelled as asked.
 
     Raises:
         DatasetError: the run's ``splits`` settings differ from the preparation's.
     """
-    written = (read_manifest(path, storage_options).get("config") or {}).get("splits")
-    if split_settings(splits) != split_settings(written):
+    written = split_settings((manifest.get("config") or {}).get("splits"))
+    asked = split_settings(splits)
+    if asked != written:
         raise DatasetError(
-            f"{path}: prepared with splits {split_settings(written)}, but this run asks for "
-            f"{split_settings(splits)}; run `toolscout preprocess` with these splits, or drop the overrides"
+            f"{path}: prepared with splits {written}, but this run asks for {asked}; "
+            "run `toolscout preprocess` with these splits, or drop the overrides"
         )
 
 

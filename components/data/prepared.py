@@ -54,9 +54,12 @@ def in_order(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: r["order"]) if rows and "order" in rows[0] else rows
 
 
-def load_prepared(path: str, storage_options: dict[str, Any] | None = None) -> Dataset:
-    """Rebuild the dataset (with its train/valid/test splits) from a prepared directory."""
-    manifest = read_manifest(path, storage_options)
+def load_prepared(
+    path: str, storage_options: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None
+) -> Dataset:
+    """Rebuild the dataset (with its train/valid/test splits) from a prepared directory
+    (``manifest``: its manifest, if the caller has read it already)."""
+    manifest = manifest or read_manifest(path, storage_options)
     corpus = {
         r["id"]: {
             "_id": r["id"],

@@ -74,11 +74,15 @@ class RejectLog:
         lines = [json.dumps(asdict(r), ensure_ascii=False) for r in self.sorted()]
         io.write_bytes(path, ("\n".join(lines) + ("\n" if lines else "")).encode(), storage_options)
 
+    def listing(self, limit: int) -> str:
+        """The first ``limit`` rejects as indented ``file:line: reason`` lines, and how many more."""
+        shown = "".join(f"\n  {r}" for r in self.sorted()[:limit])
+        more = f"\n  ... and {len(self) - limit} more" if len(self) > limit else ""
+        return shown + more
+
     def summary(self, source: str, limit: int = 5) -> str:
         """A warning naming the first ``limit`` rejects of a load from ``source`` with file and line."""
-        shown = "".join(f"\n  {r}" for r in self.sorted()[:limit])
-        more = f"\n  ... and {len(self) - limit} more: {self.counts()}" if len(self) > limit else ""
-        return f"warning: {len(self)} row(s) rejected while loading {source}:{shown}{more}"
+        return f"warning: {len(self)} row(s) rejected while loading {source}:{self.listing(limit)}"
 
     def check_strict(self, limit: int = 20, written_to: str | None = None) -> None:
         """Raise :class:`StrictModeError` listing the first ``limit`` rejects, if there are any.
@@ -88,7 +92,5 @@ class RejectLog:
         """
         if not self.rejects:
             return
-        shown = "\n".join(f"  {r}" for r in self.sorted()[:limit])
-        more = f"\n  ... and {len(self) - limit} more" if len(self) > limit else ""
         full = f"\n  every reject: {written_to}" if written_to else ""
-        raise StrictModeError(f"--strict: {len(self)} row(s) rejected:\n{shown}{more}{full}")
+        raise StrictModeError(f"--strict: {len(self)} row(s) rejected:{self.listing(limit)}{full}")

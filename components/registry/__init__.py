@@ -9,6 +9,7 @@ from components.registry.store import (
     is_model_uri,
     parse_model_uri,
     resolve,
+    resolve_version,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "is_model_uri",
     "parse_model_uri",
     "resolve",
+    "resolve_version",
 ]

@@ -50,6 +50,12 @@ class RegistrySettings:
         """Whether this is the sqlite store under ``root`` (no URI given, none in the environment)."""
         return not (self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
 
+    @property
+    def retrain_lock(self) -> str:
+        """The retrain lock file beside the registry's local state (retrains and hand-made alias
+        moves take it: :class:`components.registry.RetrainLock`)."""
+        return os.path.join(self.root, "retrain.lock")
+
     def as_config(self) -> dict[str, Any]:
         """Absolute and explicit: what a process with another working directory (a Serve build
         task, a Ray worker) needs to reach the same registry."""

@@ -267,9 +267,18 @@ def resolve(ref: str, settings: RegistrySettings | dict[str, Any] | None = None)
         LookupError: a URI names a model, version or alias the registry does not have.
         ValueError: a malformed ``models:/`` URI.
     """
+    return resolve_version(ref, settings)[0]
+
+
+def resolve_version(
+    ref: str, settings: RegistrySettings | dict[str, Any] | None = None
+) -> tuple[str, Version | None]:
+    """:func:`resolve`'s directory with the registry version it is (``None`` for a plain path), from
+    one registry read, so the two cannot name different versions when an alias moves meanwhile."""
     if not is_model_uri(ref):
-        return ref
+        return ref, None
     if not isinstance(settings, RegistrySettings):
         settings = RegistrySettings.from_config(settings)
     registry = ModelRegistry(settings)
-    return registry.local_dir(registry.lookup(ref))
+    version = registry.lookup(ref)
+    return registry.local_dir(version), version

@@ -27,7 +27,7 @@ from ray.serve import Application
 from components.encoders.runtimes import check_runtime
 from components.generative.engines import check_engine, check_engine_endpoint
 from components.methods import artifact_method
-from components.registry import ModelRegistry, RegistrySettings, is_model_uri
+from components.registry import RegistrySettings, resolve_version
 from components.serving import catalog as tool_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Selector
 from components.serving.errors import API_KEY_ENV
@@ -152,18 +152,15 @@ def pinned(path: str, registry: dict[str, Any] | None = None) -> dict[str, Any]:
             is not registered, or is a URI the registry cannot resolve; said here, before any
             replica tries to load it.
     """
-    extra: dict[str, Any] = {}
     try:
-        if is_model_uri(path):
-            settings = RegistrySettings.from_config(registry)
-            store = ModelRegistry(settings)
-            found = store.lookup(path)  # one read: the directory and the source name the same version
-            version = os.path.abspath(store.local_dir(found))
-            extra = {"source": f"models:/{found.name}/{found.number}", "registry": settings.as_config()}
-        else:
-            version = os.path.abspath(path)
+        local, found = resolve_version(path, registry)
     except LookupError as e:
         raise ValueError(f"artifact {path!r}: {e}") from e
+    version = os.path.abspath(local)
+    extra: dict[str, Any] = {}
+    if found is not None:
+        settings = RegistrySettings.from_config(registry).as_config()
+        extra = {"source": f"models:/{found.name}/{found.number}", "registry": settings}
     if not os.path.isdir(version):
         raise ValueError(f"artifact {path!r}: {version} is not a directory")
     try:

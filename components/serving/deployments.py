@@ -29,7 +29,7 @@ from ray import serve
 
 from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, call_each, load_new, raise_failed
-from components.serving.catalog import load_catalog
+from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.models import DEFAULT_ENCODER_RUNTIME, DetectorModel
 from components.serving.rewriter import build_rewriter, rewriter_settings
 from components.serving.selector import build_selector
@@ -51,6 +51,22 @@ DEFAULT_CACHE_SIZE = 4096
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
     """A user config without the batching keys (those go to :func:`_batching`)."""
     return {k: v for k, v in config.items() if k not in BATCH_KEYS}
+
+
+async def reread_catalog(deployment: str, path: str, wanted: str) -> ToolCatalog | None:
+    """The catalog at ``path`` read again for a changed ``catalog_version``, or ``None`` if that
+    fails (the caller keeps the catalog it has; the failure is logged)."""
+    loaded, catalog = await load_new(f"{deployment} catalog", partial(load_catalog, path), True)
+    if not loaded:
+        return None
+    if catalog.version != wanted:  # the corpus changed again since the config was built
+        logger.warning(
+            "catalog %s is at %s, not %s as configured: serving what is there", path, catalog.version, wanted
+        )
+    logger.info(
+        "%s: catalog %s reloaded: version %s, %d tools", deployment, path, catalog.version, len(catalog)
+    )
+    return catalog
 
 
 class Detector:
@@ -194,11 +210,8 @@ class Selector:
         settings = _settings(config)
         wanted = settings.pop("catalog_version", None)
         if wanted is not None and wanted != self.catalog.version:
-            loaded, catalog = await load_new(
-                "Selector catalog", partial(load_catalog, self.catalog_path), True
-            )
-            if loaded:
-                self.catalog = catalog  # the backend below is built over it
+            # The backend below is built over the catalog it reads now.
+            self.catalog = await reread_catalog("Selector", self.catalog_path, wanted) or self.catalog
         load = partial(build_selector, settings, self.catalog)
         loaded, backend = await load_new("Selector", load, serving=self.configured)
         if loaded:

@@ -24,7 +24,7 @@ from ray import serve
 from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, load_new, raise_failed, rank_by_k
 from components.serving.catalog import ToolCatalog, load_catalog
-from components.serving.deployments import DEFAULT_CACHE_SIZE
+from components.serving.deployments import DEFAULT_CACHE_SIZE, reread_catalog
 from components.serving.models import DEFAULT_ENCODER_RUNTIME, Ranking, RetrieverModel, named
 
 logger = logging.getLogger("ray.serve")
@@ -45,7 +45,7 @@ def listed(ranking: Ranking | Exception, gone: frozenset[str], k: int) -> Rankin
 def rank_without_retired(
     model: RetrieverModel, requests: list[tuple[str, int]], gone: frozenset[str]
 ) -> list[Ranking | Exception]:
-    """Each ``(text, k)``'s ranking, wide enough that ``k`` remain once retired tools are dropped.
+    """Each ``(text, k)``'s top ``k`` among the tools still listed (retired ones dropped).
 
     A request first asks for ``k`` more at most (``2k``): asking for ``k + len(gone)`` every time
     would make a catalog with hundreds of retired tools decode hundreds of beams per ToolGen
@@ -53,19 +53,19 @@ def rank_without_retired(
     for ``k + len(gone)``, which always leaves ``k`` if the catalog has them.
     """
     first = [(text, k + min(len(gone), k)) for text, k in requests]
-    rankings = rank_by_k(model, first)
+    ranked = rank_by_k(model, first)
+    out = [listed(r, gone, k) for r, (_, k) in zip(ranked, requests, strict=True)]
     short = [
         i
-        for i, (ranking, (_, k)) in enumerate(zip(rankings, requests, strict=True))
-        if not isinstance(ranking, Exception)
-        and len(ranking) >= first[i][1]  # it may go deeper
-        and len(listed(ranking, gone, k)) < k
+        for i, (ranking, (_, k)) in enumerate(zip(ranked, requests, strict=True))
+        # short of k after the drop, and the ranking went as deep as asked: there may be more
+        if not isinstance(ranking, Exception) and len(ranking) >= first[i][1] and len(out[i]) < k
     ]
     if short:
         again = rank_by_k(model, [(requests[i][0], requests[i][1] + len(gone)) for i in short])
         for i, ranking in zip(short, again, strict=True):
-            rankings[i] = ranking
-    return rankings
+            out[i] = listed(ranking, gone, requests[i][1])
+    return out
 
 
 class Retriever:
@@ -110,23 +110,13 @@ class Retriever:
 
     async def _reload_catalog(self, wanted: str) -> None:
         """Read the corpus again; on failure keep serving the catalog already loaded."""
-        loaded, catalog = await load_new("Retriever catalog", partial(load_catalog, self.catalog_path), True)
-        if not loaded:
+        catalog = await reread_catalog("Retriever", self.catalog_path, wanted)
+        if catalog is None:
             return
-        if catalog.version != wanted:  # the corpus changed again since the config was built
-            logger.warning(
-                "catalog %s is at %s, not %s as configured: serving what is there",
-                self.catalog_path,
-                catalog.version,
-                wanted,
-            )
         self.catalog = catalog
         if self.model is not None:
             self.retired = retired(self.model, catalog)
         self.cache.clear()  # answers carry the old names
-        logger.info(
-            "catalog %s reloaded: version %s, %d tools", self.catalog_path, catalog.version, len(catalog)
-        )
 
     async def retrieve(self, request: tuple[str, int]) -> dict[str, Any]:
         """``{"tools", "version"}`` for one ``(text, k)`` (batched with concurrent ones; a repeat of
@@ -154,8 +144,7 @@ class Retriever:
         assert model is not None, "reconfigure() loads the model before any request"
         rankings = await asyncio.to_thread(rank_without_retired, model, requests, gone)
         out: list[dict[str, Any] | Exception] = []
-        for ranking, (_, k) in zip(rankings, requests, strict=True):
-            r = listed(ranking, gone, k)
+        for r in rankings:
             if isinstance(r, Exception):
                 out.append(r)
             else:

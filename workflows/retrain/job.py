@@ -53,7 +53,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
     out = rcfg.get("out") or os.path.join(settings.root, "retrains", stamp)
     options = data.get("storage_options")
     started = time.perf_counter()
-    with RetrainLock(os.path.join(settings.root, "retrain.lock")):
+    with RetrainLock(settings.retrain_lock):
         if is_prepared(data["path"], options):
             raise DatasetError(
                 f"{data['path']}: retrain merges raw BEIR data; pass the dataset, not a prepared dir"

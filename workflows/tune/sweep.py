@@ -42,11 +42,8 @@ def base_config(cfg: dict[str, Any], settings: TuneSettings) -> dict[str, Any]:
     """The config every trial starts from: the ``method`` section (or the named bench entry's
     method and params), with the trials' Ray Train runs stored under the sweep."""
     base = copy.deepcopy(cfg)
-    if settings.entry:
-        entries = (cfg.get("bench") or {}).get("methods") or {}
-        if settings.entry not in entries:
-            raise ConfigError(f"tune.entry: {settings.entry!r} is not in bench.methods ({sorted(entries)})")
-        entry = entries[settings.entry]
+    if settings.entry:  # tune_settings checked that bench.methods has it
+        entry = cfg["bench"]["methods"][settings.entry]
         base["method"] = {"name": entry.get("method", settings.entry), "params": entry.get("params") or {}}
     base.setdefault("train", {})["storage_path"] = io.join(settings.experiment_path, "train")
     base["train"]["run_name"] = None  # trials name their runs after the sweep and trial id
