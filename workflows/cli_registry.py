@@ -171,3 +171,9 @@ def retrain_command(
     for reason in record["reasons"]:
         console.print(f"  {reason}")
     print(json.dumps(record, default=str))
+    serving = record.get("serving")
+    if serving and not serving["followed"]:
+        # The promotion stands in the registry, but serving still answers with the old champion:
+        # a scheduled run (cron, a Ray job) must fail so that someone looks.
+        console.print(f"[red]promoted, but serving did not follow:[/] {serving['reason']}")
+        raise typer.Exit(1)

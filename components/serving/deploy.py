@@ -129,11 +129,13 @@ def running_config(app_name: str = APP_NAME) -> dict[str, Any]:
 
 
 class SwapFailed(RuntimeError):
-    """A hot-swap that Retriever replicas did not take; the app was put back on what it served."""
+    """A hot-swap that replicas did not take; the app was put back on what it served."""
 
 
-def serving_artifacts(app_name: str = APP_NAME, calls_per_replica: int = 8) -> set[str]:
-    """The artifact directories the app's Retriever replicas answer with.
+def serving_artifacts(
+    app_name: str = APP_NAME, calls_per_replica: int = 8, deployment: str = "Retriever"
+) -> set[str]:
+    """The artifact directories the app's ``deployment`` replicas (Retriever or Detector) answer with.
 
     Asked through the deployment handle, ``calls_per_replica`` times per running replica: Serve
     routes each call to one replica (the less loaded of two drawn), so with 8 calls a replica of two
@@ -142,9 +144,16 @@ def serving_artifacts(app_name: str = APP_NAME, calls_per_replica: int = 8) -> s
     """
     from components.serving.replicas import running_replicas
 
-    handle = serve.get_deployment_handle("Retriever", app_name)
-    calls = calls_per_replica * max(1, running_replicas("Retriever", app_name))
+    handle = serve.get_deployment_handle(deployment, app_name)
+    calls = calls_per_replica * max(1, running_replicas(deployment, app_name))
     return {handle.serving_artifact.remote().result() for _ in range(calls)}
+
+
+def swapped_deployments(config: dict[str, Any]) -> list[str]:
+    """The deployments :func:`swap_artifact` moves to the new artifact: the Retriever, and the
+    Detector unless the app's args pin a ``detector_artifact``."""
+    pinned_detector = config["applications"][0]["args"].get("detector_artifact")
+    return ["Retriever"] if pinned_detector else ["Retriever", "Detector"]
 
 
 def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
@@ -155,24 +164,28 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
     dropped request (as :func:`swap_artifact` explains). Returns the pinned directory.
 
     A version that passes the driver's checks can still fail to load in the replicas (a partial
-    copy, a missing index): they keep serving the old one and log why. The swap is confirmed by
-    asking the replicas what they serve (:func:`serving_artifacts`); if one did not take it, the
-    app is deployed again pinned to what it served before, so replicas that did take it go back and
-    replicas started later do not try the bad version, and :class:`SwapFailed` is raised.
+    copy, a missing index, or no detection threshold calibrated for it): they keep serving the old
+    one and log why. The swap is confirmed by asking the replicas of every deployment it moved
+    (:func:`swapped_deployments`) what they serve (:func:`serving_artifacts`); if one did not take
+    it, the app is deployed again pinned to what it served before, so replicas that did take it go
+    back and replicas started later do not try the bad version, and :class:`SwapFailed` is raised.
     """
     running = running_config(app_name)
+    names = swapped_deployments(running)
     before = serving_artifacts(app_name)
     config = swap_artifact(running, model_uri)
     deploy_config(config, timeout_s)
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
     pinned = deployments["Retriever"]["user_config"]["artifact"]
-    serving = serving_artifacts(app_name)
-    if serving != {pinned}:
+    serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
+    refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
+    if refused:
         if len(before) == 1:  # one version served before: pin it again
             deploy_config(swap_artifact(running, next(iter(before))), timeout_s)
+        answers = "; ".join(f"{name} replicas answer with {artifacts}" for name, artifacts in refused.items())
         raise SwapFailed(
-            f"{model_uri}: pinned {pinned}, but Retriever replicas answer with {sorted(serving)} "
-            f"(their logs say why); the app serves {sorted(before)} again"
+            f"{model_uri}: pinned {pinned}, but {answers} (their logs say why); "
+            f"the app serves {sorted(before)} again"
         )
     return pinned
 

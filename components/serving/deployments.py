@@ -109,6 +109,12 @@ class Detector:
         """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
         return self.cache.stats()
 
+    async def serving_artifact(self) -> str:
+        """The artifact directory this replica detects with (a pinned version, never a URI)."""
+        model = self.model
+        assert model is not None, "reconfigure() loads the model before any request"
+        return model.artifact
+
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _detect_batch(self, queries: list[str]) -> list[dict[str, Any] | Exception]:
         model = self.model  # one version for the whole batch, even if a swap lands meanwhile

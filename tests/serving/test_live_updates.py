@@ -254,17 +254,33 @@ def test_following_a_version_the_replicas_cannot_load_is_reported_and_undone(
 ):
     url, args, bodies = live
     registry = private_registry(bm25_versions, serving_root / "unloadable")
-    followed = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
+    unpinned = {k: v for k, v in args.items() if k != "detector_artifact"}  # the detector follows too
+    followed = {**unpinned, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
     deploy(followed)
-    assert select(url, bodies[0])["versions"]["retriever"] == "bm25/v2"
+    v2 = {"detector": "bm25/v2", "retriever": "bm25/v2"}
+    assert select(url, bodies[0])["versions"] == v2
+
+    def pinned_back_to_v2() -> None:
+        # Still serving v2, and pinned to it again: a replica started now would not try the bad one.
+        assert all(select(url, body)["versions"] == v2 for body in bodies[:10])
+        (app,) = [a for a in running_config()["applications"] if a["name"] == "toolscout"]
+        pinned = {d["name"]: d["user_config"]["artifact"] for d in app["deployments"]}
+        assert pinned["Retriever"].endswith("/bm25/v2") and pinned["Detector"].endswith("/bm25/v2")
+
     # A version that passes the driver's checks (its config.json names a method) and that no
     # replica can load: its index is missing.
     broken = registry.log_version("bm25", half_written(serving_root / "unloadable" / "files", "v0003"))
     registry.promote("bm25", broken.number)
-    with pytest.raises(SwapFailed, match=r"replicas answer with .*bm25/v2"):
+    with pytest.raises(SwapFailed, match=r"Retriever replicas answer with .*bm25/v2"):
         follow_model("models:/bm25@champion")
-    # Still serving v2, and pinned to it again: a replica started now would not try v3.
-    assert {select(url, body)["versions"]["retriever"] for body in bodies[:10]} == {"bm25/v2"}
-    (app,) = [a for a in running_config()["applications"] if a["name"] == "toolscout"]
-    pinned = {d["name"]: d["user_config"]["artifact"] for d in app["deployments"] if d["name"] == "Retriever"}
-    assert pinned["Retriever"].endswith("/bm25/v2")
+    pinned_back_to_v2()
+    # A whole BM25 version the Retriever loads, but with no detection threshold calibrated for it
+    # in the detector file (and no calibration data to fit one): only the Detector refuses it.
+    # Before, the swap was confirmed on the Retriever alone and answers mixed v4 with v2.
+    uncalibrated = registry.log_version("bm25", bm25_versions["lucene"])
+    registry.promote("bm25", uncalibrated.number)
+    with pytest.raises(SwapFailed) as refused:
+        follow_model("models:/bm25@champion")
+    said = str(refused.value)
+    assert "Detector replicas answer with" in said and "Retriever replicas" not in said
+    pinned_back_to_v2()

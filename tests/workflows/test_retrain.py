@@ -202,3 +202,35 @@ def test_a_second_retrain_is_refused_while_one_runs(ray_session, timeline, tmp_p
             ],
         )
     assert result.exit_code == 1 and "another retrain holds" in " ".join(result.output.split())
+
+
+def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline, tmp_path):
+    # The first round has no champion to beat, so BM25 (no training) is promoted; the Serve app it
+    # is told to follow is not running on this Ray. The promotion stands, and the run exits 1: a
+    # scheduled retrain that left serving on the old champion must not look like a success.
+    registry_root, out = tmp_path / "registry", tmp_path / "r0"
+    result = runner.invoke(
+        app,
+        [
+            "retrain",
+            "--increment",
+            str(timeline["increment"]),
+            "--data",
+            str(timeline["base"]),
+            "--out",
+            str(out),
+            f"registry.root={registry_root}",
+            "registry.model_name=tools",
+            "retrain.follow_serving=true",
+            "retrain.serve_app=no-such-app",
+            "retrain.gate.latency_budget_ms=1000",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert "serving did not follow" in " ".join(result.output.split())
+    record = json.loads((out / "decision.json").read_text())
+    assert record["decision"] == "promoted" and record["serving"]["followed"] is False
+    # Why, in the record and on the console (no Serve on this Ray, or no such app: test order decides).
+    assert record["serving"]["reason"].split(":")[0] in result.output
+    registry = ModelRegistry(RegistrySettings(root=str(registry_root)))
+    assert registry.aliases("tools")["champion"] == 1
