@@ -132,13 +132,17 @@ def hallucination_rate(outputs: Sequence[Sequence[Output]]) -> float:
 
 
 def outputs_to_results(
-    qids: Sequence[str], outputs: Sequence[Sequence[Output]]
+    qids: Sequence[str], outputs: Sequence[Sequence[Output]], k: int
 ) -> dict[str, dict[str, float]]:
-    """Retrieval results from generated beams: real tools only, each at its best beam score."""
+    """Retrieval results from generated beams (best first): the first ``k`` real tools, each at
+    its best beam score. More beams than ``k`` are generated (at least ``num_beams``), so without
+    the cut a top-``k`` answer could hold up to ``num_beams`` tools."""
     results: dict[str, dict[str, float]] = {}
     for qid, beams in zip(qids, outputs, strict=True):
         ranked: dict[str, float] = {}
         for o in beams:
+            if len(ranked) == k:
+                break
             if o.tool is not None and o.tool not in ranked:
                 ranked[o.tool] = o.score
         results[qid] = ranked

@@ -111,6 +111,18 @@ def embedding_tables(model: PreTrainedModel) -> list[torch.Tensor]:
     return tables
 
 
+def grow_tables(model: PreTrainedModel, tokens: int) -> None:
+    """Give the embedding tables a row for each of ``tokens`` token ids, never fewer rows than now.
+
+    New tokens take the ids after the tokenizer's last one, which in a table padded past the
+    tokenizer (Qwen2.5) are padding rows already: resizing to ``len(tokenizer)`` would shrink such
+    a table and cut rows off the output layer. The caller writes the new tokens' rows by id.
+    """
+    rows = model.get_input_embeddings().weight.shape[0]
+    # mean_resizing=False: the callers overwrite the new rows, so skip HF's covariance sampling.
+    model.resize_token_embeddings(max(rows, tokens), mean_resizing=False)
+
+
 @torch.no_grad()
 def add_tool_tokens(
     model: PreTrainedModel,
@@ -141,8 +153,7 @@ def add_tool_tokens(
     rows = [name_embedding_rows(t.detach(), tokenizer, spoken) for t in embedding_tables(model)]
     tokenizer.add_tokens(list(strings.values()))
     ids = tokenizer.convert_tokens_to_ids(list(strings.values()))
-    # mean_resizing=False: the rows are overwritten just below, so skip HF's covariance sampling.
-    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    grow_tables(model, len(tokenizer))
     for table, new_rows in zip(embedding_tables(model), rows, strict=True):
         table[ids] = new_rows
     for t, i in zip(new, ids, strict=True):
@@ -174,14 +185,16 @@ def add_code_tokens(
     vocab = tokenizer.get_vocab()  # builds a dict: once, not once per token
     missing = [t for t in tokens if t not in vocab]
     if missing:
+        # The rows of real tokens: a table can be padded past the tokenizer (Qwen2.5: 151,936 rows
+        # for 151,665 tokens), and its unused padding rows say nothing about a token's spread.
+        known = len(tokenizer)
+        stats = [(t.detach()[:known].mean(0), t.detach()[:known].std(0)) for t in embedding_tables(model)]
         tokenizer.add_tokens(missing)
-        stats = [(t.detach().mean(0), t.detach().std(0)) for t in embedding_tables(model)]
-        old = model.get_input_embeddings().weight.shape[0]
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        new = tokenizer.convert_tokens_to_ids(missing)
+        grow_tables(model, len(tokenizer))
         for table, (mean, std) in zip(embedding_tables(model), stats, strict=True):
-            rows = table.shape[0] - old
-            noise = torch.randn(rows, table.shape[1], dtype=table.dtype, device=table.device)
-            table[old:] = mean + std * noise
+            noise = torch.randn(len(new), table.shape[1], dtype=table.dtype, device=table.device)
+            table[new] = mean + std * noise
     ids = tokenizer.convert_tokens_to_ids(tokens)
     return [ids[level * size : (level + 1) * size] for level in range(levels)]
 

@@ -188,7 +188,7 @@ class CodeLMMethod(CodeLMStages):
             raise RuntimeError(f"{self.name}: call index() before retrieve()")
         qids = list(queries)
         if self.params.decoding == "unconstrained" and candidates is None:
-            return outputs_to_results(qids, self.generate(queries, k, constrained=False))
+            return outputs_to_results(qids, self.generate(queries, k, constrained=False), k)
         tries = (
             self._trie if candidates is None else [self.codebook.trie(candidates.get(q, [])) for q in qids]
         )

@@ -84,10 +84,23 @@ def prepare(model: torch.nn.Module, config: StageConfig, world: int) -> torch.nn
     workers (gloo) the same wrapper is built here, so the sharded path also runs, and is tested, on
     a CPU cluster."""
     if sharded(config, world) and config.device == "cpu":
-        return fsdp_class()(
-            ray.train.torch.prepare_model(model, parallel_strategy=None), device_id=torch.device("cpu")
-        )
-    return ray.train.torch.prepare_model(model, parallel_strategy=config.parallel_strategy)
+        return fsdp_wrap(ray.train.torch.prepare_model(model, parallel_strategy=None))
+    kwargs = FSDP_OPTIONS if config.parallel_strategy == "fsdp" else None
+    return ray.train.torch.prepare_model(
+        model, parallel_strategy=config.parallel_strategy, parallel_strategy_kwargs=kwargs
+    )
+
+
+# FSDP keeps the module's own parameters visible (as views into its flat shards): a task's
+# parameter groups find them by submodule (MassTool's encoder at encoder_lr), and frozen and
+# trainable parameters may share a wrapper. Without it FSDP moves every parameter into the root's
+# flat parameter, so the encoder's group came out empty and the encoder trained at lr.
+FSDP_OPTIONS = {"use_orig_params": True}
+
+
+def fsdp_wrap(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in FSDP on CPU workers (gloo), as Ray Train wraps it on GPU workers."""
+    return fsdp_class()(model, device_id=torch.device("cpu"), **FSDP_OPTIONS)
 
 
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:

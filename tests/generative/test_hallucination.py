@@ -34,7 +34,9 @@ def test_rate_and_results_from_beams():
         [Output([2], -0.2, None), Output([2], -0.3, None)],
     ]
     assert hallucination_rate(beams) == 3 / 6
-    assert outputs_to_results(["q1", "q2"], beams) == {"q1": {"a": -0.1, "b": -0.9}, "q2": {}}
+    assert outputs_to_results(["q1", "q2"], beams, k=3) == {"q1": {"a": -0.1, "b": -0.9}, "q2": {}}
+    # Top 1 is one tool, the best beam's, although generation ran more beams than k.
+    assert outputs_to_results(["q1", "q2"], beams, k=1) == {"q1": {"a": -0.1}, "q2": {}}
 
 
 def test_an_untrained_model_hallucinates_unless_constrained():

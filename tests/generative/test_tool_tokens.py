@@ -103,3 +103,31 @@ def test_bundle_round_trip(tmp_path):
     assert tokenizer2(text)["input_ids"] == tokenizer(text)["input_ids"]
     ids = torch.tensor([tokenizer(text)["input_ids"]])
     torch.testing.assert_close(lm2(input_ids=ids).logits, lm(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_table_padded_past_the_tokenizer_keeps_its_rows_and_new_tokens_get_theirs(tied):
+    # Qwen2.5's tables have 271 rows more than its tokenizer has tokens. Adding fewer tokens than
+    # that used to shrink the table (and, for codes, fail on a negative row count); the new code
+    # rows were written from the old table end instead of at the new tokens' ids.
+    lm, tokenizer, _ = tiny_lm(tools=False, tied=tied)
+    real = len(tokenizer)
+    lm.resize_token_embeddings(real + 20, mean_resizing=False)
+    tables = lambda: [lm.get_input_embeddings().weight, lm.get_output_embeddings().weight]  # noqa: E731
+    padded = [t.detach().clone() for t in tables()]
+    torch.manual_seed(0)
+    ids = add_code_tokens(lm, tokenizer, levels=2, size=4)  # 8 new tokens, into the padding
+    flat = [i for level in ids for i in level]
+    assert flat == list(range(real, real + 8))
+    for table, before in zip(tables(), padded, strict=True):
+        assert table.shape[0] == real + 20  # not shrunk to len(tokenizer)
+        # Each new row was sampled (not left as it was padded); every other row is as it was.
+        assert all(not torch.equal(table[i], before[i]) for i in flat)
+        torch.testing.assert_close(table[real + 8 :], before[real + 8 :])
+        torch.testing.assert_close(table[:real], before[:real])
+    # Tool tokens after them land past the codes, in the padding too, and the table still holds.
+    codebook = add_tool_tokens(lm, tokenizer, NAMES)
+    assert lm.get_input_embeddings().weight.shape[0] == max(real + 20, len(tokenizer))
+    assert all(codebook.codes[t][0] >= real + 8 for t in NAMES)
+    logits = lm(torch.tensor([[1, *flat]])).logits
+    assert logits.shape[-1] == lm.get_input_embeddings().weight.shape[0] and torch.isfinite(logits).all()

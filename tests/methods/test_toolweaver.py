@@ -23,7 +23,7 @@ from components.generative.tool_tokens import ToolCodebook, add_code_tokens, cod
 from components.methods import load
 from components.methods.toolweaver.codes import assign, collision_rate, resolve_collisions
 from components.methods.toolweaver.method import QUANTIZER_TASK, ToolWeaverMethod, normalise
-from components.methods.toolweaver.model import RQVAE, QuantizerConfig
+from components.methods.toolweaver.model import RQVAE, QuantizerConfig, balanced_last_level
 from components.methods.toolweaver.params import ToolWeaverParams
 from components.methods.toolweaver.task import COOCCURRENCE, TOOLS, VECTORS
 from components.metrics import evaluate_retrieval
@@ -332,3 +332,15 @@ def test_bad_params_fail_on_the_driver(quickstart_1200, tmp_path):
         method.fit("codes", quickstart_1200, RunSpec(local_dir=str(tmp_path)))
     with pytest.raises(RuntimeError, match="codes stage before"):
         ToolWeaverMethod().fit("retrieval", quickstart_1200, RunSpec(local_dir=str(tmp_path)))
+
+
+def test_a_tool_alone_under_its_prefix_takes_its_nearest_last_code():
+    # Rows 0 and 1 share a prefix; rows 2 and 3 are each alone under theirs. Sinkhorn's uniform
+    # code marginal made a lone row's plan uniform, so every lone tool got code 0 (its argmax tie).
+    distances = torch.tensor(
+        [[0.1, 0.3, 0.9, 0.9], [0.15, 0.2, 0.9, 0.9], [0.9, 0.9, 0.1, 0.9], [0.9, 0.9, 0.9, 0.1]]
+    )
+    prefixes = [torch.tensor([0, 0, 1, 2])]
+    codes = balanced_last_level(distances, prefixes, epsilon=0.03, iters=50).tolist()
+    assert codes[2:] == [2, 3]
+    assert codes[:2] == [0, 1]  # the pair is balanced: both nearest code 0, one moves to code 1

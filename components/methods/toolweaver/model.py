@@ -92,6 +92,11 @@ def balanced_last_level(
     index = torch.empty(len(group), dtype=torch.long, device=group.device)
     for rows in _group_chunks(group, distances.shape[1]):
         index[rows] = _balance_groups(cost[rows], group[rows], epsilon, iters)
+    # A row alone under its prefix has nothing to be balanced against: the uniform code marginal
+    # makes its plan uniform, and argmax gave code 0 to every such row whatever its distances.
+    # It takes its nearest code, as quantize does for a batch of one row.
+    alone = torch.bincount(group)[group] == 1
+    index[alone] = distances[alone].argmin(1)
     return index
 
 
