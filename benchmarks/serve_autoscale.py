@@ -117,20 +117,27 @@ async def offer(urls: list[str], bodies: list[dict], times: list[float]) -> list
 
 
 def windows(results: list[tuple[float, float, bool]], samples: list, window: float, end: float) -> list[dict]:
-    """One row per ``window`` seconds: offered and completed req/s, latency, errors, replicas (max)."""
+    """One row per ``window`` seconds: offered and completed req/s, latency, errors, replicas (max).
+
+    Offered, latency and errors are of the requests scheduled in the window (latency from the
+    scheduled send time, failed requests included: a timeout is the latency its client saw);
+    completed counts the successful answers that arrived in the window, so a backlog shows as
+    completed below offered, and its drain as completed above it.
+    """
     rows = []
     for start in np.arange(0.0, end, window):
         mine = [(lat, ok) for slot, lat, ok in results if start <= slot < start + window]
-        ok = [lat * 1000 for lat, good in mine if good]
+        done = [1 for slot, lat, ok in results if ok and start <= slot + lat < start + window]
+        ms = [lat * 1000 for lat, _ in mine]
         replicas = [c for t, c in samples if start <= t < start + window]
         rows.append(
             {
                 "t_s": float(start),
                 "offered_rps": len(mine) / window,
-                "rps": len(ok) / window,
-                "p50_ms": float(np.percentile(ok, 50)) if ok else float("nan"),
-                "p99_ms": float(np.percentile(ok, 99)) if ok else float("nan"),
-                "errors": len(mine) - len(ok),
+                "rps": len(done) / window,
+                "p50_ms": float(np.percentile(ms, 50)) if ms else float("nan"),
+                "p99_ms": float(np.percentile(ms, 99)) if ms else float("nan"),
+                "errors": sum(1 for _, ok in mine if not ok),
                 **{f"{n.lower()}_replicas": max((c[n] for c in replicas), default=0) for n in SCALED},
             }
         )

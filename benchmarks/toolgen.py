@@ -61,7 +61,9 @@ def free_rows(method: CodeLMMethod, data: Dataset, label: str, constrained: bool
         started = time.perf_counter()
         queries = data.split_queries(split)
         outputs = method.generate(queries, max(DEFAULT_KS), constrained=constrained)
-        metrics = evaluate_retrieval(data.qrels[split], outputs_to_results(list(queries), outputs))
+        metrics = evaluate_retrieval(
+            data.qrels[split], outputs_to_results(list(queries), outputs, max(DEFAULT_KS))
+        )
         metrics["hallucination_rate"] = hallucination_rate(outputs)
         rows.append(
             {

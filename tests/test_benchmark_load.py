@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks.serve_load import load, method_rates, offered, one_epoch
+from benchmarks.serve_load import load, method_rates, offered, one_epoch, summary
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -108,3 +108,22 @@ def test_one_epoch_cuts_every_stage_and_keeps_the_model() -> None:
     cut = one_epoch(params)
     assert cut["stages"] == {"codes": {"epochs": 1, "lr": 1e-3}, "warmup": {"epochs": 0}}
     assert cut["lm"] == params["lm"] and params["stages"]["codes"]["epochs"] == 8  # not mutated
+
+
+def test_failed_requests_count_in_the_latency_tail_but_not_in_throughput() -> None:
+    # 98 answers in 10 ms and two requests that timed out after 30 s: before, p99 was 10 ms.
+    row = summary([0.01] * 98, errors=2, seconds=1.0, failed=[30.0, 30.0])
+    assert row["p99_ms"] > 1000 and row["p50_ms"] == pytest.approx(10.0)
+    assert row["rps"] == 98 and row["requests"] == 100 and row["errors"] == 2
+
+
+def test_autoscale_windows_count_completions_when_they_arrive() -> None:
+    from benchmarks.serve_autoscale import windows
+
+    # 10 requests sent in the first second, each answered 2.5 s later (a backlog), and one failure.
+    results = [(i / 10, 2.5, True) for i in range(10)] + [(0.5, 30.0, False)]
+    rows = windows(results, samples=[], window=1.0, end=4.0)
+    assert [r["offered_rps"] for r in rows] == [11, 0, 0, 0]
+    # Before, completed req/s was counted by send time and equalled offered minus errors (10, 0, 0, 0).
+    assert [r["rps"] for r in rows] == [0, 0, 5, 5]
+    assert rows[0]["errors"] == 1 and rows[0]["p99_ms"] > 2500

@@ -21,6 +21,7 @@ from components.methods.toolgen.method import ToolGenMethod
 from components.methods.toolgen.task import STAGE_FILE, ToolGenTask
 from components.metrics import evaluate_retrieval
 from components.training.spec import RunSpec
+from workflows.bench import report_splits
 
 TINY_PARAMS = TOOLGEN_TINY
 
@@ -167,6 +168,20 @@ def test_the_constraint_makes_every_output_a_real_tool(trained, quickstart_1200)
     free = method.generate(queries, 5, constrained=False)
     assert len(free) == 40 and all(len(b) == method.params.num_beams for b in free)
     assert 0.0 <= hallucination_rate(free) <= 1.0
+
+
+def test_the_benchmarks_free_decoding_rows_score_the_tools_named(trained, quickstart_1200):
+    # benchmarks/toolgen.py's rows for unconstrained decoding (the hallucination figure): each
+    # split read by the benchmark, scored on the real tools the beams name, cut to its deepest k.
+    from benchmarks.toolgen import free_rows
+
+    method, _, _ = trained
+    rows = free_rows(method, quickstart_1200, "toolgen_free", constrained=False)
+    assert [r["split"] for r in rows] == report_splits(quickstart_1200)
+    for row in rows:
+        metrics = row["metrics"]
+        assert 0.0 <= metrics["hallucination_rate"] <= 1.0
+        assert 0.0 <= metrics["recall@5"] <= 1.0 and 0.0 <= metrics["ndcg@3"] <= 1.0
 
 
 def test_candidates_narrow_retrieval(trained, quickstart_1200):

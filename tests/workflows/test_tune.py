@@ -15,10 +15,18 @@ from conftest import LOCAL_MODE, TINY_ENCODER
 from ray import tune
 
 from components.config import ConfigError, load_yaml, merge
+from components.methods import build
 from workflows.cli_config import build_config, packaged_config
 from workflows.tune.settings import tune_settings
 from workflows.tune.space import parse_space
-from workflows.tune.sweep import SweepInterrupted, base_config, check_space, most_epochs, tune_sweep
+from workflows.tune.sweep import (
+    SweepInterrupted,
+    base_config,
+    check_space,
+    most_epochs,
+    searcher,
+    tune_sweep,
+)
 
 
 def config(data: str, root: Path, method: dict, **tune_section) -> dict:
@@ -110,10 +118,35 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
 def test_asha_lets_the_longest_swept_epochs_finish():
     # ASHA stops every trial at max_t: taken from the base epochs alone, a swept 6-epoch trial
     # would be stopped before its last report and could never count as completed.
-    base = {"method": {"params": {"epochs": 3}}}
-    assert most_epochs(base, {"method.params.epochs": {"choice": [2, 6]}}) == 6
-    assert most_epochs(base, {"method.params.epochs": {"randint": [1, 9]}}) == 9
-    assert most_epochs(base, {"method.params.lr": {"uniform": [0.1, 0.2]}}) == 3
+    built = build("dense", {"epochs": 3}).config()
+    assert most_epochs(built, {"method.params.epochs": {"choice": [2, 6]}}) == 6
+    assert most_epochs(built, {"method.params.epochs": {"randint": [1, 9]}}) == 9
+    assert most_epochs(built, {"method.params.lr": {"uniform": [0.1, 0.2]}}) == 3
+    # Epochs the config leaves at the method's default (dense: 8), and per-stage epochs (ToolGen):
+    # before, both read as 1 epoch, so ASHA stopped every trial at its second report.
+    assert most_epochs(build("dense", {}).config(), {}) == 8
+    toolgen = build("toolgen", {}).config()
+    assert most_epochs(toolgen, {}) == max(s["epochs"] for s in toolgen["stages"].values())
+    assert most_epochs(toolgen, {"method.params.stages.agent.epochs": {"choice": [1, 30]}}) == 30
+
+
+def test_a_random_search_samples_the_same_configs_for_the_same_seed(tmp_path):
+    # Before, tune.seed reached Optuna only: search: random sampled other configs on every run.
+    lr = {"method.params.lr": {"loguniform": [1e-4, 1e-2]}}
+    space = parse_space(lr)
+    cfg = config(str(tmp_path / "data"), tmp_path, {"name": "dense", "params": {}}, space=lr)
+
+    def sampled(seed: int, concurrent: int = 3) -> list[float]:
+        generator = searcher(tune_settings(merge(cfg, {"tune": {"seed": seed}}), "x"), concurrent)
+        spec = {"run": lambda config: None, "config": space, "num_samples": 3, "storage_path": str(tmp_path)}
+        generator.add_configurations({f"seed{seed}-{concurrent}": spec})
+        trials = iter(generator.next_trial, None)
+        return [trial.config["method.params.lr"] for trial in trials]
+
+    assert len(sampled(1)) == 3 and sampled(1) == sampled(1) != sampled(2)
+    # The generator holds the concurrency limit (Tune ignores max_concurrent_trials for a search
+    # algorithm passed in): one trial at a time, the next once it finishes.
+    assert sampled(1, concurrent=1) == sampled(1)[:1]
 
 
 def cpus_free_again(before: float, timeout_s: float = 60.0) -> bool:

@@ -28,7 +28,9 @@ class TuneSettings:
         search: ``optuna`` (TPE through ``OptunaSearch``) or ``random``.
         scheduler: ``asha`` (stop a trial whose epoch reports trail the others) or ``fifo``.
         grace_period, reduction_factor, max_t: ASHA's settings, in epochs (``max_t`` defaults to
-            the method's epochs + 1: the last report is the whole method scored on valid).
+            the most epochs a trial can run + 1, :func:`workflows.tune.sweep.most_epochs`: the
+            last report is the whole method scored on valid).
+        seed: Seeds the search, Optuna's and random sampling alike.
         trial_resources: The trial actor's own resources; the training workers' come from
             ``train.num_workers`` and ``train.resources_per_worker``.
         max_concurrent: Trials at once; None derives it from the cluster's CPUs (or GPUs).

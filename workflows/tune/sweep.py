@@ -23,6 +23,7 @@ import ray
 from ray import tune
 from ray.train.constants import RAY_CHDIR_TO_TRIAL_DIR
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import BasicVariantGenerator
 
 from components.config import ConfigError
 from components.data import Dataset, dataset_from_config, io
@@ -103,34 +104,51 @@ def max_concurrent(held: dict[str, float], settings: TuneSettings) -> int:
     return max(1, min(fits) if fits else 1)
 
 
-def most_epochs(base: dict[str, Any], space: dict[str, Any] | None) -> int:
-    """The base config's ``method.params.epochs``, or the largest value the space gives it."""
-    epochs = int(((base.get("method") or {}).get("params") or {}).get("epochs", 1))
-    spec = (space or {}).get("method.params.epochs")
-    for args in spec.values() if isinstance(spec, dict) else []:
-        numbers = args if isinstance(args, list) else [args]
-        epochs = max([epochs, *(int(a) for a in numbers if isinstance(a, int | float))])
-    return epochs
+def most_epochs(method_config: dict[str, Any], space: dict[str, Any] | None) -> int:
+    """An upper bound on the epochs a trial's last stage reports: the largest ``epochs`` anywhere in
+    the built method's config (its defaults included, and ToolGen's or ToolWeaver's per-stage
+    ones), or among the values the space gives a key ending in ``.epochs``.
+
+    ASHA stops every trial at ``max_t``: a bound too small stops each one before its final report,
+    so no trial completes (or only the short ones of a swept ``epochs``); one too large only adds
+    rungs no trial reaches.
+    """
+
+    def found(node: Any) -> list[int]:
+        if not isinstance(node, dict):
+            return []
+        own = [int(v) for k, v in node.items() if k == "epochs" and isinstance(v, int | float)]
+        return own + [e for v in node.values() for e in found(v)]
+
+    epochs = [1, *found(method_config)]
+    for key, spec in (space or {}).items():
+        if key.rsplit(".", 1)[-1] == "epochs" and isinstance(spec, dict):
+            for args in spec.values():
+                numbers = args if isinstance(args, list) else [args]
+                epochs += [int(a) for a in numbers if isinstance(a, int | float)]
+    return max(epochs)
 
 
-def scheduler(settings: TuneSettings, base: dict[str, Any]) -> Any:
+def scheduler(settings: TuneSettings, epochs: int) -> Any:
+    """FIFO, or ASHA stopping trials on the last stage's per-epoch reports up to ``epochs`` + 1."""
     if settings.scheduler == "fifo":
         return FIFOScheduler()
-    # +1: after the last epoch the trial reports the whole method scored on valid. Where the space
-    # sweeps the epochs, the longest setting's: ASHA stops every trial at max_t, and a trial stopped
-    # before its last report would never count as completed.
-    max_t = settings.max_t or most_epochs(base, settings.space) + 1
+    # +1: after the last epoch the trial reports the whole method scored on valid (the longest
+    # setting's, where the space sweeps the epochs: see most_epochs).
     return ASHAScheduler(
         time_attr="training_iteration",
-        max_t=max_t,
+        max_t=settings.max_t or epochs + 1,
         grace_period=settings.grace_period,
         reduction_factor=settings.reduction_factor,
     )
 
 
-def searcher(settings: TuneSettings) -> Any:
+def searcher(settings: TuneSettings, concurrent: int) -> Any:
     if settings.search == "random":
-        return None  # Tune's BasicVariantGenerator (random sampling, grids enumerated)
+        # Random sampling, grids enumerated; seeded, so a sweep samples the same configs again.
+        # Tune applies max_concurrent_trials only to the generator it builds itself, so one passed
+        # in carries the limit (without it every trial started at once).
+        return BasicVariantGenerator(random_state=settings.seed, max_concurrent=concurrent)
     from ray.tune.search.optuna import OptunaSearch
 
     return OptunaSearch(seed=settings.seed)
@@ -169,6 +187,7 @@ def make_tuner(
     concurrent: int,
     total: int,
     callbacks: list[Any],
+    epochs: int,
 ) -> tune.Tuner:
     """A new Tuner, or the interrupted sweep of the same name restored."""
     fs = io.arrow_filesystem(settings.experiment_path, base["train"].get("storage_options") or {})
@@ -194,8 +213,8 @@ def make_tuner(
             metric=metric,
             mode=settings.mode,
             num_samples=int(settings.num_samples),
-            search_alg=searcher(settings),
-            scheduler=scheduler(settings, base),
+            search_alg=searcher(settings, concurrent),
+            scheduler=scheduler(settings, epochs),
             max_concurrent_trials=concurrent,
             time_budget_s=settings.time_budget_s,
         ),
@@ -241,7 +260,8 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         actor,
     )
     expected = int(settings.num_samples) * grid_size(space)
-    tuner = make_tuner(trainable, space, settings, base, concurrent, expected, list(callbacks or []))
+    epochs = most_epochs(method.config(), settings.space)
+    tuner = make_tuner(trainable, space, settings, base, concurrent, expected, list(callbacks or []), epochs)
     results = tuner.fit()
     if results.num_terminated + results.num_errors < expected:
         # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
