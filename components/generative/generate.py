@@ -62,8 +62,11 @@ def generate_texts(
         raise ValueError(f"greedy decoding gives one continuation per prompt, asked for {samples}")
     lm.eval()
     device = next(lm.parameters()).device
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
+    # Pad and cut on the left: a prompt longer than max_prompt_tokens (a long conversation for the
+    # rewriter) keeps its end, the latest turn and the assistant cue the answer follows, as the
+    # training prompts were cut. Cut on the right, the LM continued the middle of the history.
+    side, cut = tokenizer.padding_side, tokenizer.truncation_side
+    tokenizer.padding_side = tokenizer.truncation_side = "left"
     out: list[list[str]] = []
     try:
         for start in range(0, len(prompts), batch_size):
@@ -91,5 +94,5 @@ def generate_texts(
             texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             out += [[first_line(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     finally:
-        tokenizer.padding_side = side
+        tokenizer.padding_side, tokenizer.truncation_side = side, cut
     return out

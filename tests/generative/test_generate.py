@@ -1,0 +1,36 @@
+"""Free text generation (the query rewriter's): prompts over the length limit keep their end."""
+
+from __future__ import annotations
+
+import torch
+from tiny_lm import TEXTS, tiny_lm
+
+from components.generative.generate import first_line, generate_texts
+
+
+def greedy(lm, tokenizer, ids: list[int], new: int) -> str:
+    prompt = torch.tensor([ids])
+    out = lm.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return first_line(tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True))
+
+
+def test_a_prompt_over_the_limit_keeps_its_end():
+    # A long conversation given to the rewriter: its end holds the latest turn and the assistant
+    # cue. Cut on the right (the tokenizer's default), the LM continued the middle of the history.
+    lm, tokenizer, _ = tiny_lm(seed=4, tools=False)
+    prompt = " ".join(TEXTS * 3)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    limit = 12
+    assert len(ids) > 2 * limit
+    tail, head = greedy(lm, tokenizer, ids[-limit:], 6), greedy(lm, tokenizer, ids[:limit], 6)
+    assert tail != head  # the two cuts give different answers, so the test tells them apart
+    side = tokenizer.truncation_side
+    assert generate_texts(lm, tokenizer, [prompt], max_new_tokens=6, max_prompt_tokens=limit) == [[tail]]
+    assert tokenizer.truncation_side == side  # put back, as the padding side is
