@@ -132,6 +132,12 @@ def test_an_increment_with_valid_judgements_grows_the_holdout_and_keeps_the_base
     assert not set(grown.qrels["valid"]) & set(grown.qrels["train"])
 
 
+def retrain_cli(timeline: dict[str, Path], registry_root: Path, *extra: str):
+    """``toolscout retrain`` of the timeline's increment onto its base, in this process."""
+    argv = ["retrain", "--increment", str(timeline["increment"]), "--data", str(timeline["base"])]
+    return runner.invoke(app, [*argv, f"registry.root={registry_root}", *extra])
+
+
 def test_better_challenger_is_promoted_and_worse_one_kept(ray_session, timeline, tmp_path):
     registry_root = tmp_path / "registry"
     # Round 0: a champion trained on shuffled judgements (it has nothing to beat).
@@ -190,17 +196,7 @@ def test_an_interrupted_retrain_leaves_the_registry_as_it_was(ray_session, timel
 def test_a_second_retrain_is_refused_while_one_runs(ray_session, timeline, tmp_path):
     registry_root = tmp_path / "registry"
     with RetrainLock(str(registry_root / "retrain.lock")):
-        result = runner.invoke(
-            app,
-            [
-                "retrain",
-                "--increment",
-                str(timeline["increment"]),
-                "--data",
-                str(timeline["base"]),
-                f"registry.root={registry_root}",
-            ],
-        )
+        result = retrain_cli(timeline, registry_root)
     assert result.exit_code == 1 and "another retrain holds" in " ".join(result.output.split())
 
 
@@ -209,22 +205,15 @@ def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline
     # is told to follow is not running on this Ray. The promotion stands, and the run exits 1: a
     # scheduled retrain that left serving on the old champion must not look like a success.
     registry_root, out = tmp_path / "registry", tmp_path / "r0"
-    result = runner.invoke(
-        app,
-        [
-            "retrain",
-            "--increment",
-            str(timeline["increment"]),
-            "--data",
-            str(timeline["base"]),
-            "--out",
-            str(out),
-            f"registry.root={registry_root}",
-            "registry.model_name=tools",
-            "retrain.follow_serving=true",
-            "retrain.serve_app=no-such-app",
-            "retrain.gate.latency_budget_ms=1000",
-        ],
+    result = retrain_cli(
+        timeline,
+        registry_root,
+        "--out",
+        str(out),
+        "registry.model_name=tools",
+        "retrain.follow_serving=true",
+        "retrain.serve_app=no-such-app",
+        "retrain.gate.latency_budget_ms=1000",
     )
     assert result.exit_code == 1, result.output
     assert "serving did not follow" in " ".join(result.output.split())
