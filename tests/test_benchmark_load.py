@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks.serve_load import load, method_rates, offered, one_epoch, summary
+from benchmarks.serve_load import in_process, load, method_rates, offered, one_epoch, summary
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -127,3 +127,30 @@ def test_autoscale_windows_count_completions_when_they_arrive() -> None:
     # Before, completed req/s was counted by send time and equalled offered minus errors (10, 0, 0, 0).
     assert [r["rps"] for r in rows] == [0, 0, 5, 5]
     assert rows[0]["errors"] == 1 and rows[0]["p99_ms"] > 2500
+
+
+class _SlowChain:
+    """A detector and retriever whose calls take ``delay_s`` each, and say when they ran."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.calls: list[tuple[float, float]] = []
+
+    def probabilities(self, texts: list[str]) -> list[float]:
+        start = time.perf_counter()
+        time.sleep(self.delay_s)
+        self.calls.append((start, time.perf_counter()))
+        return [1.0] * len(texts)
+
+    def retrieve(self, texts: list[str], k: int) -> list[list[tuple[str, float]]]:
+        return [[] for _ in texts]
+
+
+def test_in_process_req_s_counts_the_time_the_calls_took() -> None:
+    # Each call takes longer than the whole measuring window: one call runs, ending after the
+    # window; req/s over the nominal window would report 1 / 0.01 s = 100.
+    chain = _SlowChain(delay_s=0.05)
+    m = in_process(chain, chain, None, ["q"], seconds=0.01)
+    (start, end), n = chain.calls[0], len(chain.calls)
+    assert n == m["requests"] == 1
+    assert m["rps"] <= n / (end - start)
