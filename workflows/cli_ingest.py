@@ -47,7 +47,11 @@ def ingest_mcp(
     if follow:
         import ray
 
-        from components.serving.deploy import refresh_catalog
+        from components.serving.deploy import SwapFailed, refresh_catalog
 
         ray.init(address=follow, logging_level="ERROR", log_to_driver=False)
-        console.print(f"serving reloaded the catalog: version {refresh_catalog()}")
+        try:
+            console.print(f"serving reloaded the catalog: version {refresh_catalog()}")
+        except SwapFailed as e:  # the corpus is written; serving did not follow it
+            console.print(f"[bold red]error:[/] the corpus is updated, but serving did not reload it: {e}")
+            raise typer.Exit(1) from e

@@ -16,8 +16,10 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import anyio
 
 from components.data import io
 from components.data.mcp_catalog import corpus_records
@@ -26,6 +28,10 @@ from components.data.rejects import DatasetError, RejectLog
 from components.data.resolve import parse_lines, resolve_records
 
 CORPUS, RETIRED, REJECTS = "corpus.jsonl", "retired.jsonl", "rejects.jsonl"
+# How long one server may take to answer a request, and to be listed whole: a stdio command that
+# never answers ``initialize`` would otherwise hold the ingest (and a cron job) forever.
+READ_TIMEOUT_S, LIST_TIMEOUT_S = 60.0, 300.0
+MAX_PAGES = 1000  # tools/list pages per server; a server repeating its cursor is caught sooner
 
 
 @dataclass
@@ -63,15 +69,21 @@ async def list_server_tools(source: str, headers: dict[str, str] | None = None) 
         # sys.stderr (tests, quiet output) the SDK would need a file descriptor it does not have.
         target = stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]), errlog=sys.__stderr__)
     try:
-        async with Client(target) as client:
-            tools, cursor = [], None
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                tools += [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in page.tools]
-                cursor = page.next_cursor
-                if not cursor:
-                    break
-            name = client.server_info.name if client.server_info else ""
+        with anyio.fail_after(LIST_TIMEOUT_S):
+            async with Client(target, read_timeout_seconds=READ_TIMEOUT_S) as client:
+                tools, cursor, seen = [], None, set()
+                for _ in range(MAX_PAGES):
+                    page = await client.list_tools(cursor=cursor)
+                    tools += [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in page.tools]
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+                    if cursor in seen:
+                        raise ValueError(f"tools/list returned the cursor {cursor!r} twice")
+                    seen.add(cursor)
+                else:
+                    raise ValueError(f"tools/list did not end after {MAX_PAGES} pages")
+                name = client.server_info.name if client.server_info else ""
     finally:
         if http is not None:
             await http.aclose()
@@ -140,16 +152,32 @@ def ingest_mcp(
         if not name:
             raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
         listed.append((name, source, tools))
+    names_seen: dict[str, str] = {}
+    for name, source, _ in listed:
+        # Tools are retired by server name: a second server under the same name (the SDK's default
+        # is "mcp-server") would retire the first one's tools in this very run.
+        if name in names_seen:
+            raise ValueError(
+                f"ingest mcp: {names_seen[name]!r} and {source!r} both report the server name {name!r}; "
+                "give each its own with --name"
+            )
+        names_seen[name] = source
     corpus = read_catalog(os.path.join(out_dir, CORPUS))
     report, rejects, retired = IngestReport(), RejectLog(), []
     for name, source, tools in listed:
         records = corpus_records(name, tools, rejects, source)
         retired += merge_server(corpus, name, records, report)
         report.servers[name] = len(tools)
-    io.write_jsonl(os.path.join(out_dir, CORPUS), list(corpus.values()))  # replaced whole, atomically
+    # Retired records first: a run stopped between the two writes then leaves a tool both in the
+    # corpus and in retired.jsonl (the next run settles it), never a tool in neither.
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     retired_file = os.path.join(out_dir, RETIRED)
     io.write_jsonl(retired_file, io.read_jsonl(retired_file) + [{**r, "retired_at": stamp} for r in retired])
-    rejects.write(os.path.join(out_dir, REJECTS))
+    io.write_jsonl(os.path.join(out_dir, CORPUS), list(corpus.values()))  # replaced whole, atomically
+    # This run's rejects replace those of the servers it read; other servers' rejects stay.
+    rejects_file = os.path.join(out_dir, REJECTS)
+    ours = {source or name for name, source, _ in listed} | set(names_seen)
+    kept = [r for r in io.read_jsonl(rejects_file) if r.get("file") not in ours]
+    io.write_jsonl(rejects_file, kept + [asdict(r) for r in rejects.sorted()])
     report.rejected = len(rejects)
     return report

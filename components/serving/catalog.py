@@ -144,14 +144,15 @@ class ToolCatalog:
             "input_schema": tool.json_schema(),
         }
 
-    def lookup(self, key: str) -> dict[str, Any] | None:
-        """A tool by id, else by display name (the first in catalog order with that name)."""
+    def lookup(self, key: str) -> list[dict[str, Any]]:
+        """The tool with id ``key``, else every tool whose display name is ``key``, in catalog order.
+
+        Two servers' tools can share a name (``github/search``, ``slack/search``): all of them come
+        back, so a caller can refuse to guess which one an agent meant.
+        """
         if key in self.tools:
-            return self.describe(key)
-        for tool_id in self._order:
-            if self.tools[tool_id].name == key:
-                return self.describe(tool_id)
-        return None
+            return [self.describe(key)]
+        return [self.describe(t) for t in self._order if self.tools[t].name == key]
 
     @classmethod
     def from_records(cls, records: list[dict], source: str = "") -> ToolCatalog:

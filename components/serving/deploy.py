@@ -22,6 +22,8 @@ from ray import serve
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeDeploySchema
 
+from components.serving.replicas import replica_answers
+
 APP_NAME = "toolscout"
 IMPORT_PATH = "components.serving.app:build_app"
 
@@ -32,18 +34,17 @@ IMPORT_PATH = "components.serving.app:build_app"
 # own (direct ingress, bound to ``http_options``' host, 127.0.0.1 by default) beside the proxy's,
 # which saves the proxy -> ingress hop. On 2 cores BM25 detect -> retrieve at 8 clients did 2.6 to
 # 3.1 times the proxy's req/s through that port, in the same runs (README, "Load and faults"); the
-# proxy's port keeps working as the one stable address.
-# :func:`ingress_urls` lists the direct ports.
+# proxy's port keeps working as the one stable address. :func:`ingress_urls` lists the direct ports.
 # A stopping ingress replica keeps its port open for a minimum draining period so that a load
 # balancer in front can deregister it; Ray's default is 30 s, which made every local shutdown and
 # every redeploy that restarts the ingress wait that long (``serve.shutdown`` gave up at 30 s and
 # killed the controller). Locally nothing sits in front, so 0.5 s (at 2 s this wait was 2 s of every
 # 3.1 s app delete in the tests); in-flight requests are still drained.
 # Cluster configs (``ray_cluster.yaml``, ``deploy/rayservice.yaml``) keep the default.
-# Ray's metrics collection (``RAY_enable_metrics_collection``, a Ray core setting) is off for a
-# local Serve: every replica records per-request Prometheus metrics and pushes them to the node's
-# agent, all on the same few cores as the requests. On 2 cores, BM25 detect -> retrieve paced at
-# 120 and 150 req/s had a median p99 of 17.9 and 23.1 ms without it against 38.2 and 35.6 ms with it
+# Ray's metrics collection (``RAY_enable_metrics_collection``, a Ray core setting) is off for a local
+# Serve: every replica records per-request Prometheus metrics and pushes them to the node's agent,
+# all on the same few cores as the requests. On 2 cores, BM25 detect -> retrieve paced at 120 and
+# 150 req/s had a median p99 of 17.9 and 23.1 ms without it against 38.2 and 35.6 ms with it
 # (benchmarks/serve_env_ab.py: 24 paced runs of 10 s per variant, each in its own Ray). Serve's
 # autoscaling does not use these metrics (handles report queue lengths to the controller), which
 # tests/serving/test_live_updates.py checks. Export RAY_enable_metrics_collection=1 to keep
@@ -135,18 +136,10 @@ class SwapFailed(RuntimeError):
 def serving_artifacts(
     app_name: str = APP_NAME, calls_per_replica: int = 8, deployment: str = "Retriever"
 ) -> set[str]:
-    """The artifact directories the app's ``deployment`` replicas (Retriever or Detector) answer with.
-
-    Asked through the deployment handle, ``calls_per_replica`` times per running replica: Serve
-    routes each call to one replica (the less loaded of two drawn), so with 8 calls a replica of two
-    goes unasked with probability 2**-16. A replica whose swap failed still answers with its old
-    version (:func:`components.serving.batch_calls.load_new`), so this is what each one serves.
-    """
-    from components.serving.replicas import running_replicas
-
-    handle = serve.get_deployment_handle(deployment, app_name)
-    calls = calls_per_replica * max(1, running_replicas(deployment, app_name))
-    return {handle.serving_artifact.remote().result() for _ in range(calls)}
+    """The artifact directories the app's ``deployment`` replicas (Retriever or Detector) answer
+    with (:func:`~components.serving.replicas.replica_answers`). A replica whose swap failed still
+    answers with its old version (:func:`components.serving.batch_calls.load_new`)."""
+    return replica_answers(deployment, "serving_artifact", app_name, calls_per_replica)
 
 
 def swapped_deployments(config: dict[str, Any]) -> list[str]:
@@ -199,13 +192,21 @@ def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
     version by now), so only ``catalog_version`` changes and replicas reconfigure in place. They
     load their model again from the same directory too (a directory can be rewritten in place, so
     the same path is not taken for the same model): an LM artifact briefly holds two copies.
-    Returns the catalog version now configured.
+    Returns the catalog version now configured, once every Retriever replica answers with it.
+
+    Raises:
+        SwapFailed: a replica still serves another catalog (it could not read the new one, or read
+            other content: a node with its own copy of the corpus); its log says why.
     """
     serving = serve.get_deployment_handle("Retriever", app_name).serving_artifact.remote().result()
     config = swap_artifact(running_config(app_name), serving)
     deploy_config(config, timeout_s)
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
-    return deployments["Retriever"]["user_config"]["catalog_version"]
+    wanted = deployments["Retriever"]["user_config"]["catalog_version"]
+    answered = replica_answers("Retriever", "serving_catalog", app_name)
+    if answered != {wanted}:
+        raise SwapFailed(f"catalog {wanted}: Retriever replicas answer with catalogs {sorted(answered)}")
+    return wanted
 
 
 def check_config(config: dict[str, Any]) -> None:

@@ -182,10 +182,16 @@ class Ingress:
             raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
 
     async def _describe(self, tool_ids: list[str]) -> list[dict[str, Any] | None]:
-        return await self._call(self.retriever.describe, tool_ids)
+        try:
+            return await self._call(self.retriever.describe, tool_ids)
+        except BackendUnavailable as e:
+            raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
 
-    async def _lookup(self, key: str) -> dict[str, Any] | None:
-        return await self._call(self.retriever.lookup, key)
+    async def _lookup(self, key: str) -> list[dict[str, Any]]:
+        try:
+            return await self._call(self.retriever.lookup, key)
+        except BackendUnavailable as e:
+            raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
 
     @api.post(
         "/v1/select", response_model=SelectResponse, responses=ERRORS, dependencies=[Depends(require_json)]

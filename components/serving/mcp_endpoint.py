@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -25,10 +26,12 @@ from pydantic import ValidationError
 
 from components.serving.schemas import MAX_HISTORY, MAX_QUERY_CHARS, MAX_TOP_K, SelectRequest
 
+logger = logging.getLogger(__name__)
+
 # What the ingress gives the endpoint: its select path and the retriever's catalog lookups.
 Select = Callable[[SelectRequest], Awaitable[dict[str, Any]]]
 Describe = Callable[[list[str]], Awaitable[list[dict[str, Any] | None]]]
-Lookup = Callable[[str], Awaitable[dict[str, Any] | None]]
+Lookup = Callable[[str], Awaitable[list[dict[str, Any]]]]
 
 FIND_TOOLS = types.Tool(
     name="find_tools",
@@ -135,6 +138,19 @@ class ToolSearchEndpoint:
     async def _call_tool(
         self, ctx: ServerRequestContext, params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        try:
+            return await self._answer_call(params)
+        except MCPError:
+            raise
+        except Exception:
+            # Anything else would reach the SDK's dispatcher, which answers with the exception's
+            # text (a remote traceback: hosts, pids) under JSON-RPC code 0; the HTTP door hides
+            # internals too. The log keeps the whole error.
+            logger.exception("MCP %s failed", params.name)
+            message = f"toolscout: {params.name} failed; see the server log"
+            raise MCPError(types.INTERNAL_ERROR, message) from None
+
+    async def _answer_call(self, params: types.CallToolRequestParams) -> types.CallToolResult:
         if not _BINDING:
             raise MCPError(types.INTERNAL_ERROR, "toolscout: the endpoint is not bound to an ingress yet")
         args = params.arguments or {}
@@ -144,10 +160,16 @@ class ToolSearchEndpoint:
             name = args.get("name")
             if not isinstance(name, str) or set(args) != {"name"}:
                 raise invalid("get_tool: takes one argument, name (a string)")
-            tool = await _BINDING["lookup"](name)
-            if tool is None:
+            found = await _BINDING["lookup"](name)
+            if not found:
                 return types.CallToolResult(content=text(f"no tool {name!r} in the catalog"), is_error=True)
-            return result(tool)
+            if len(found) > 1:  # one name, several servers: an agent gets the ids, not a guess
+                ids = ", ".join(t["id"] for t in found)
+                return types.CallToolResult(
+                    content=text(f"{len(found)} tools are named {name!r}: {ids}; ask for one by id"),
+                    is_error=True,
+                )
+            return result(found[0])
         raise invalid(f"unknown tool {params.name!r}; this server has find_tools and get_tool")
 
     async def find_tools(self, request: SelectRequest) -> dict[str, Any]:
@@ -158,4 +180,7 @@ class ToolSearchEndpoint:
         # ranking and this call retired it) is dropped: an agent is only offered tools that exist.
         pairs = zip(answer["tools"], described, strict=True)
         tools = [{**hit, **info} for hit, info in pairs if info is not None]
-        return {**answer, "tools": tools}
+        call = answer.get("call")
+        if call is not None and call["tool"] not in {t["id"] for t in tools}:
+            call = None  # the selector chose a tool that was just dropped
+        return {**answer, "tools": tools, "call": call}

@@ -46,3 +46,17 @@ def wait_for_replicas(deployment: str, count: int, timeout_s: float = 60.0, app:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{app}/{deployment}: fewer than {count} running replicas after {timeout_s}s")
         time.sleep(0.2)
+
+
+def replica_answers(
+    deployment: str, method: str, app: str = "toolscout", calls_per_replica: int = 8
+) -> set[str]:
+    """What the running replicas of ``app``'s ``deployment`` answer to ``method`` (no arguments).
+
+    Asked through the deployment handle, ``calls_per_replica`` times per running replica: Serve
+    routes each call to one replica (the less loaded of two drawn), so with 8 calls a replica of two
+    goes unasked with probability 2**-16.
+    """
+    handle = serve.get_deployment_handle(deployment, app)
+    calls = calls_per_replica * max(1, running_replicas(deployment, app))
+    return {getattr(handle, method).remote().result() for _ in range(calls)}

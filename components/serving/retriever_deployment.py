@@ -158,6 +158,10 @@ class Retriever:
         assert model is not None
         return model.artifact
 
+    async def serving_catalog(self) -> str:
+        """The version (content hash) of the catalog this replica answers with."""
+        return self.catalog.version
+
     async def info(self) -> dict[str, Any]:
         model = self.model
         assert model is not None
@@ -167,6 +171,6 @@ class Retriever:
         """Name, description and input schema of each tool id (None for an id not in the catalog)."""
         return [self.catalog.describe(t) for t in tool_ids]
 
-    async def lookup(self, key: str) -> dict[str, Any] | None:
-        """One tool by id or display name, or None."""
+    async def lookup(self, key: str) -> list[dict[str, Any]]:
+        """The tool with id ``key``, else every tool named ``key`` (see ``ToolCatalog.lookup``)."""
         return self.catalog.lookup(key)

@@ -4,6 +4,7 @@ BEIR corpus, updated in place, a vanished tool retired; unusable tools rejected 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -44,14 +45,21 @@ server.run()
 '''
 
 
-def run_ingest(tmp_path: Path, tools: list[str], descriptions: dict | None = None) -> str:
-    script, wanted = tmp_path / "server.py", tmp_path / "wanted.json"
+def stdio_server(tmp_path: Path, tools: list[str], descriptions: dict | None = None, tag: str = "") -> str:
+    """The command line of the weather-desk server listing ``tools``."""
+    script, wanted = tmp_path / "server.py", tmp_path / f"wanted{tag}.json"
     script.write_text(SERVER)
     wanted.write_text(json.dumps({"tools": tools, "descriptions": descriptions or {}}))
-    result = CliRunner().invoke(
-        app,
-        ["ingest", "mcp", "--server", f"{sys.executable} {script} {wanted}", "--out", str(tmp_path / "cat")],
-    )
+    return f"{sys.executable} {script} {wanted}"
+
+
+def ingest(tmp_path: Path, *servers: str):
+    args = ["ingest", "mcp", "--out", str(tmp_path / "cat")]
+    return CliRunner().invoke(app, args + [a for s in servers for a in ("--server", s)])
+
+
+def run_ingest(tmp_path: Path, tools: list[str], descriptions: dict | None = None) -> str:
+    result = ingest(tmp_path, stdio_server(tmp_path, tools, descriptions))
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -63,7 +71,7 @@ def corpus(tmp_path: Path) -> dict[str, dict]:
 
 def test_ingest_from_a_stdio_server_then_update_in_place_and_retire(tmp_path):
     out = run_ingest(tmp_path, ["forecast", "convert"])
-    assert "2 added" in out and "0 retired" in out
+    assert re.search(r"\b2 added, 0 updated, 0 unchanged, 0 retired\b", out), out
     first = corpus(tmp_path)
     assert list(first) == ["weather-desk/forecast", "weather-desk/convert"]
     forecast = first["weather-desk/forecast"]
@@ -81,7 +89,7 @@ def test_ingest_from_a_stdio_server_then_update_in_place_and_retire(tmp_path):
     )
 
     out = run_ingest(tmp_path, ["forecast", "alerts"], {"forecast": "Hourly and daily forecast."})
-    assert "1 added" in out and "1 updated" in out and "1 retired" in out
+    assert re.search(r"\b1 added, 1 updated, 0 unchanged, 1 retired\b", out), out
     second = corpus(tmp_path)
     assert list(second) == ["weather-desk/forecast", "weather-desk/alerts"]
     assert second["weather-desk/forecast"]["metadata"]["description"] == "Hourly and daily forecast."
@@ -93,11 +101,30 @@ def test_ingest_from_a_stdio_server_then_update_in_place_and_retire(tmp_path):
 def test_an_unreachable_server_changes_nothing(tmp_path):
     run_ingest(tmp_path, ["forecast"])
     before = (tmp_path / "cat" / "corpus.jsonl").read_text()
-    result = CliRunner().invoke(
-        app, ["ingest", "mcp", "--server", "http://127.0.0.1:9/mcp/", "--out", str(tmp_path / "cat")]
-    )
+    # The first server is read and would change the corpus; the second cannot be: nothing is written.
+    changed = stdio_server(tmp_path, ["forecast", "alerts"], tag="2")
+    result = ingest(tmp_path, changed, "http://127.0.0.1:9/mcp/")
     assert result.exit_code == 1 and "cannot list the tools of 'http://127.0.0.1:9/mcp/'" in result.output
     assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
+    assert not (tmp_path / "cat" / "retired.jsonl").read_text()
+
+
+def test_two_servers_reporting_one_name_are_refused_before_either_retires_the_other(tmp_path):
+    run_ingest(tmp_path, ["forecast"])
+    before = (tmp_path / "cat" / "corpus.jsonl").read_text()
+    first, second = stdio_server(tmp_path, ["forecast"], tag="a"), stdio_server(tmp_path, ["alerts"], tag="b")
+    result = ingest(tmp_path, first, second)
+    assert result.exit_code == 1 and "both report the server name 'weather-desk'" in result.output
+    assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
+
+
+def test_a_run_keeps_the_rejects_of_servers_it_did_not_read(tmp_path):
+    (tmp_path / "cat").mkdir()
+    other = {"file": "https://other.example/mcp", "line": 3, "reason": "tool 'x': inputSchema is missing"}
+    (tmp_path / "cat" / "rejects.jsonl").write_text(json.dumps({**other, "content": "{}"}) + "\n")
+    run_ingest(tmp_path, ["forecast"])
+    kept = [json.loads(x) for x in (tmp_path / "cat" / "rejects.jsonl").read_text().splitlines()]
+    assert kept == [{**other, "content": "{}"}]
 
 
 @pytest.mark.parametrize(
