@@ -113,6 +113,9 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
             value = raw  # free text with a colon, e.g. a title
         if isinstance(value, dict) and not raw.lstrip().startswith("{"):
             value = raw
+        if isinstance(value, dict) and any(":" in str(k) and v is None for k, v in value.items()):
+            # YAML reads {CPU:4} as the key "CPU:4" with no value: the mapping was meant.
+            raise ConfigError(f"override {item!r}: write a mapping with a space after each colon, {{CPU: 4}}")
         if " #" in raw and isinstance(value, str):
             value = raw.strip()  # YAML would read " #..." as a comment and drop it: keep the text
         node = out

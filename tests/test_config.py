@@ -71,6 +71,14 @@ def test_bad_overrides_are_errors(bad):
         apply_overrides({}, [bad])
 
 
+def test_a_flow_mapping_without_a_space_after_its_colon_is_an_error():
+    # YAML reads {CPU:4} as {"CPU:4": None}: a resources request nobody meant.
+    with pytest.raises(ConfigError, match="space after each colon"):
+        apply_overrides({}, ["train.resources_per_worker={CPU:4}"])
+    assert apply_overrides({}, ["r={CPU: 4}"]) == {"r": {"CPU": 4}}
+    assert apply_overrides({}, ["u={url: 'http://h:1'}"]) == {"u": {"url": "http://h:1"}}
+
+
 def test_override_into_a_value_is_an_error():
     with pytest.raises(ConfigError, match="is a value, not a section"):
         apply_overrides({"a": 1}, ["a.b=2"])

@@ -77,6 +77,14 @@ def server(
     host: Annotated[str, typer.Option(help="Bind address (0.0.0.0 inside a pod).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 5000,
     workers: Annotated[int, typer.Option(help="Server processes (MLflow's default is 4).")] = 1,
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Host headers the server answers, comma-separated (e.g. 'toolscout-mlflow,"
+            "toolscout-mlflow:*'); MLflow's default answers only localhost and private IPs, "
+            "and refuses a service name with 403."
+        ),
+    ] = None,
 ) -> None:
     """Run an MLflow tracking server over the config's registry store (``mlflow server``).
 
@@ -90,6 +98,8 @@ def server(
         "mlflow", "server", "--backend-store-uri", s.resolved_uri, "--artifacts-destination", artifacts,
         "--serve-artifacts", "--host", host, "--port", str(port), "--workers", str(workers),
     ]  # fmt: skip
+    if allowed_hosts:
+        argv += ["--allowed-hosts", allowed_hosts]
     console.print("running: " + " ".join(argv))
     exe = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
     os.execv(exe, argv)
