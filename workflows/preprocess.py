@@ -152,7 +152,7 @@ def same_place(a: str, b: str) -> bool:
     """Whether two dataset locations (local paths or URLs) name the same directory."""
     if io.is_remote(a) or io.is_remote(b):
         return a.rstrip("/") == b.rstrip("/")
-    return os.path.realpath(a) == os.path.realpath(b)
+    return os.path.realpath(io.local_path(a)) == os.path.realpath(io.local_path(b))
 
 
 def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:

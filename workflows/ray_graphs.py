@@ -140,6 +140,8 @@ def ray_cooccurrence(
             2 M pairs, and at least twice the cluster's CPUs.
         assume_sorted: Try the shuffle-free path first (it verifies itself and falls back).
     """
+    if pairs.count() == 0:  # no baskets (a training split with no pairs): Ray Data drops empty blocks
+        return sp.csr_matrix((n_tools, n_tools), dtype=np.int64)
     if assume_sorted:
         built = _sorted_path(pairs, n_tools)
         if built is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
@@ -79,7 +80,25 @@ def parse_record(text: str) -> tuple[dict | None, str | None]:
         metadata = {}
     if not isinstance(metadata, dict):
         return None, f"'metadata' must be an object, got {type(metadata).__name__}"
+    for field, value in (("_id", str(rid)), ("title", title), ("text", body), ("metadata", metadata)):
+        problem = not_utf8(value)
+        if problem:
+            return None, f"'{field}' {problem}"
     return {"_id": str(rid).strip(), "title": title, "text": body, "metadata": metadata}, None
+
+
+def not_utf8(value: Any) -> str | None:
+    """Why ``value`` (a string, or JSON data) cannot be written as UTF-8, or None.
+
+    JSON's ``\\ud83d`` escape alone (half of an emoji, common in scraped text) decodes to a lone
+    surrogate: Python keeps it, but Arrow, Parquet and UTF-8 files cannot hold it.
+    """
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds an unpaired surrogate {text[e.start]!r} at character {e.start}: not valid UTF-8"
+    return None
 
 
 def is_qrels_header(text: str) -> bool:
@@ -124,4 +143,7 @@ def parse_neg_query(text: str) -> tuple[str | None, str | None]:
         return None, "expected a JSON string or an object with a string 'text'"
     if not obj.strip():
         return None, "empty query"
+    problem = not_utf8(obj)
+    if problem:
+        return None, f"query {problem}"
     return obj, None

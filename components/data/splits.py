@@ -167,8 +167,14 @@ def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dic
         raise ValueError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
     bounds = []
     acc = 0.0
-    for name, share in fractions.items():
-        acc += share
+    # The parts take hash ranges in one fixed order, not the mapping's: two configs listing the same
+    # shares in another order compare equal (a prepared directory is reused on that), so they must
+    # split alike.
+    order = [p for p in ("train", "valid", "test") if p in fractions] + sorted(
+        p for p in fractions if p not in ("train", "valid", "test")
+    )
+    for name in order:
+        acc += fractions[name]
         bounds.append((acc, name))
     out: dict[str, list[str]] = {name: [] for name in fractions}
     for item in items:

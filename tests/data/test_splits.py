@@ -177,6 +177,15 @@ def test_split_items_is_deterministic_and_keeps_order() -> None:
         assert part == sorted(part, key=ITEMS.index)
 
 
+def test_split_items_does_not_depend_on_the_order_shares_are_listed_in() -> None:
+    # Configs compare equal whatever their key order (a prepared directory is reused on that).
+    listed = split_items(ITEMS, {"train": 0.8, "valid": 0.1, "test": 0.1}, seed=0)
+    reordered = split_items(ITEMS, {"test": 0.1, "valid": 0.1, "train": 0.8}, seed=0)
+    assert all(listed[p] == reordered[p] for p in listed)
+    other = split_items(ITEMS, {"b": 0.3, "a": 0.7}, seed=0)
+    assert other["a"] == split_items(ITEMS, {"a": 0.7, "b": 0.3}, seed=0)["a"]
+
+
 def test_split_items_fractions_roughly_right() -> None:
     parts = split_items(ITEMS, {"a": 0.1, "b": 0.2, "c": 0.7}, seed=1)
     assert abs(len(parts["a"]) / len(ITEMS) - 0.1) < 0.03

@@ -222,6 +222,16 @@ def test_invalid_utf8_rejects_only_that_line(tmp_path: Path) -> None:
     assert log.rejects[0].content == '{"_id": "t9", "text": "caf\\xe9 \\xff"}'
 
 
+def test_an_escaped_lone_surrogate_is_rejected_with_its_line(tmp_path: Path) -> None:
+    # Valid JSON and valid UTF-8 bytes, but "\\ud83d" alone decodes to half an emoji, which Arrow and
+    # Parquet cannot write: rejected here, on both paths, not as a crash of the Ray job.
+    bad = '{"_id": "t9", "text": "weather api \\ud83d"}\n'
+    root = make_dataset(tmp_path, {"corpus.jsonl": CORPUS + bad})
+    ds, _ = assert_one_reject(root, "corpus.jsonl", 4, "'text' holds an unpaired surrogate")
+    assert_good_rows(ds)
+    assert "t9" not in ds.corpus
+
+
 def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
     bom = b"\xef\xbb\xbf"
     root = make_dataset(

@@ -89,6 +89,8 @@ def test_strict_mode_fails_with_file_and_line(ray_session, tmp_path):
     before = (data / "qrels" / "train.tsv").read_bytes()
     with pytest.raises(ValueError, match="is the input dataset"):
         run_job(data, tmp_path / "d" / ".")
+    with pytest.raises(ValueError, match="is the input dataset"):  # the same place as a file:// URL
+        run_job(data, f"file://{data}")
     assert (data / "qrels" / "train.tsv").read_bytes() == before
 
 
@@ -155,6 +157,15 @@ def test_ray_cooccurrence_exact_for_any_blocking(ray_session, blocks, shuffled):
     np.testing.assert_array_equal(built.toarray(), cooccurrence(basket, tool, 30).toarray())
 
 
+def test_ray_cooccurrence_of_no_pairs_is_zero_as_in_process(ray_session):
+    from workflows.ray_graphs import pairs_dataset, ray_cooccurrence
+
+    none = np.array([], np.int64)
+    built = ray_cooccurrence(pairs_dataset(none, none, 3), 5)
+    assert built.shape == (5, 5) and built.nnz == 0
+    np.testing.assert_array_equal(built.toarray(), cooccurrence(none, none, 5).toarray())
+
+
 def test_masstool_trains_on_the_graphs_preprocess_built(ray_session, tmp_path):
     from dataclasses import replace
 
@@ -183,3 +194,10 @@ def test_masstool_trains_on_the_graphs_preprocess_built(ray_session, tmp_path):
     fewer.pop(next(iter(fewer)))
     with pytest.raises(ValueError, match="re-run preprocessing"):
         build_graphs(replace(prepared, qrels={**prepared.qrels, "train": fewer}))
+    # The same queries and tools, but one query's tool changed: the edges differ.
+    moved = dict(prepared.qrels["train"])
+    query, rel = next(iter(moved.items()))
+    other = next(t for t in prepared.corpus if t not in rel)
+    moved[query] = {**{t: s for t, s in list(rel.items())[1:]}, other: 1}
+    with pytest.raises(ValueError, match="edges are not the"):
+        build_graphs(replace(prepared, qrels={**prepared.qrels, "train": moved}))
