@@ -23,7 +23,18 @@ def materialise(version: Version, settings: RegistrySettings) -> str:
     place, when a tracking server holds them (``mlflow-artifacts:/``, or ``s3://``).
     """
     target = os.path.abspath(os.path.join(settings.root, "versions", version.name, f"v{version.number}"))
+    # Which logged files the directory holds: two registries (another sqlite file, a tracking
+    # server instead of the embedded store) can share a root and both have a version 1 of a model.
+    marker = f"{target}.source"
     if os.path.exists(os.path.join(target, "config.json")):
+        if os.path.exists(marker):
+            with open(marker) as f:
+                held = f.read()
+            if held != version.source:
+                raise ValueError(
+                    f"{target} holds {held}, not {version.name} v{version.number} of this registry "
+                    f"({version.source}): give each registry its own registry.root"
+                )
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = f"{target}.{uuid.uuid4().hex}.tmp"
@@ -53,4 +64,8 @@ def materialise(version: Version, settings: RegistrySettings) -> str:
             os.unlink(tmp)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+        return target
+    with open(f"{tmp}.source", "w") as f:  # renamed into place whole: never read half-written
+        f.write(version.source)
+    os.replace(f"{tmp}.source", marker)
     return target

@@ -127,6 +127,10 @@ class ModelRegistry:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def set_tag(self, name: str, number: int, key: str, value: str) -> None:
+        """Tag version ``number`` of ``name`` (e.g. a retrain's final decision)."""
+        self.client.set_model_version_tag(name, str(number), key, value)
+
     def set_alias(self, name: str, alias: str, number: int | None) -> None:
         """Point ``alias`` at version ``number`` (``None`` removes the alias)."""
         if alias not in ALIASES:

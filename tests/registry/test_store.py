@@ -108,7 +108,28 @@ def test_concurrent_resolves_materialise_one_dir(registry, tmp_path):
     assert len(got) == 6 and len(set(got)) == 1
     assert os.path.exists(os.path.join(got[0], "config.json"))
     parent = os.path.dirname(got[0])
-    assert os.listdir(parent) == ["v1"]  # no temp links left behind
+    assert sorted(os.listdir(parent)) == ["v1", "v1.source"]  # no temp links left behind
+
+
+def test_two_registries_sharing_a_root_do_not_hand_out_each_other_s_version(tmp_path):
+    # Each its own sqlite store, one root for local copies: both have a version 1 of "m".
+    one, two = (
+        ModelRegistry(
+            RegistrySettings(
+                root=str(tmp_path / "reg"),
+                tracking_uri=f"sqlite:///{tmp_path}/{n}.db",
+                artifact_root=str(tmp_path / n / "artifacts"),
+            )
+        )
+        for n in ("one", "two")
+    )
+    first = one.log_version("m", saved(tmp_path, "a", "from-one"))
+    second = two.log_version("m", saved(tmp_path, "b", "from-two"))
+    local = one.local_dir(first)
+    with open(os.path.join(local, "index.npy")) as f:
+        assert f.read() == "from-one"
+    with pytest.raises(ValueError, match=r"give each registry its own registry\.root"):
+        two.local_dir(second)
 
 
 def test_settings_prefer_explicit_uri_then_environment(tmp_path, monkeypatch):

@@ -92,7 +92,7 @@ def config(data: Path, registry: Path, out: Path, **extra) -> dict:
 
 
 def test_increment_rejects_are_reported_with_file_line_and_reason(ray_session, timeline, tmp_path):
-    from components.data.rejects import RejectLog
+    from components.data.rejects import DatasetError, RejectLog
     from workflows.retrain.increment import merge, read_increment
 
     base = load_dataset(str(timeline["base"]))
@@ -105,6 +105,9 @@ def test_increment_rejects_are_reported_with_file_line_and_reason(ray_session, t
     merged = merge(base, inc)
     assert len(merged.qrels["train"]) == len(base.qrels["train"]) + len(inc.qrels["train"])
     assert set(base.queries) < set(merged.queries) and merged.corpus == base.corpus
+    # The same increment again, on the data it was merged into: every row is old news.
+    with pytest.raises(DatasetError, match="adds nothing usable"):
+        read_increment(str(timeline["increment"]), merged, RejectLog())
 
 
 def test_an_increment_with_valid_judgements_grows_the_holdout_and_keeps_the_bases(
@@ -174,19 +177,29 @@ def test_better_challenger_is_promoted_and_worse_one_kept(ray_session, timeline,
     assert registry.aliases("tools")["champion"] == 2
 
 
-def test_an_interrupted_retrain_leaves_the_registry_as_it_was(ray_session, timeline, tmp_path, monkeypatch):
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt  # Ctrl-C, or the node going away
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+# Stopped in training, or failing to write the merged data (after the gate): either way no version,
+# no alias moved, no decision recorded.
+@pytest.mark.parametrize(("step", "failure"), [("fit_method", interrupted), ("write_beir", disk_full)])
+def test_an_interrupted_retrain_leaves_the_registry_as_it_was(
+    ray_session, timeline, tmp_path, monkeypatch, step, failure
+):
     registry_root = tmp_path / "registry"
     champion = config(timeline["base"], registry_root, tmp_path / "r0")
     train({**champion, "method": {"name": "bm25", "params": {}}})  # any method can be the champion
     registry = ModelRegistry(RegistrySettings(root=str(registry_root)))
     before = ([v.number for v in registry.versions("tools")], registry.aliases("tools"))
 
-    def interrupted(method, dataset, run):
-        raise KeyboardInterrupt  # Ctrl-C, or the node going away, in the middle of training
-
-    monkeypatch.setattr(job, "fit_method", interrupted)
+    monkeypatch.setattr(job, step, failure)
     cfg = config(timeline["base"], registry_root, tmp_path / "r1")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises((KeyboardInterrupt, OSError)):
         job.retrain(cfg, str(timeline["increment"]))
     assert ([v.number for v in registry.versions("tools")], registry.aliases("tools")) == before
     assert RetrainLock(str(registry_root / "retrain.lock")).holder() is None

@@ -123,7 +123,11 @@ def read_increment(
     neg = sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0])
     known_neg = set(base.neg_queries)
     increment = Increment(tools, queries, qrels, [text for _, text in neg if text not in known_neg])
-    if not (increment.tools or increment.qrels or increment.neg_queries):
+    # Usable means new: a judgement of a new query, a new or changed tool, a new no-tool query. An
+    # increment applied twice has none (its queries are in the base by then, its tools unchanged),
+    # though its qrels files still name their splits.
+    changed = [t for t, record in tools.items() if base.corpus.get(t) != record]
+    if not (changed or any(qrels.values()) or increment.neg_queries):
         raise DatasetError(f"{root}: the increment adds nothing usable ({len(log)} row(s) rejected)")
     return increment
 

@@ -43,7 +43,8 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
     Raises:
         LockHeld: another retrain is running.
         DatasetError: the base or the increment cannot be read, or ``data.strict`` and a row was
-            rejected (the rejects file is written first).
+            rejected (the increment's rejects file is written first; in the base, the first
+            rejected row stops the load and is named in the error).
     """
     rcfg = cfg.get("retrain") or {}
     data = cfg["data"]
@@ -105,6 +106,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             # lock): promoting would overwrite that decision with one made against another model.
             decision.decision = "kept"
             decision.reasons.append("the champion moved during the round; gate again against the new one")
+        # The merged data first: a round that fails to write it leaves the registry as it was (the
+        # next round reads the same base and increment again).
+        data_out = rcfg.get("data_out") or io.join(out, "data")
+        write_beir(merged, data_out, rcfg.get("data_out_storage_options") or options)
         # Registry writes, last: nothing before this point changed what serving or an alias sees.
         tags = {
             "toolscout.retrain": stamp,
@@ -113,10 +118,14 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         }
         version = register(registry, cfg, challenger, name, report, tags)
         registry.set_alias(name, "challenger", version.number)
+        if decision.decision == "promoted" and champion_moved(registry, name, champion_version):
+            # Moved while the version was uploaded (a hand rollback against another lock: a shared
+            # tracking server with a local lock file): the decision was made against the old one.
+            decision.decision = "kept"
+            decision.reasons.append("the champion moved during the round; gate again against the new one")
+            registry.set_tag(name, version.number, "toolscout.decision", "kept")
         if decision.decision == "promoted":
             registry.promote(name, version.number)
-        data_out = rcfg.get("data_out") or io.join(out, "data")
-        write_beir(merged, data_out, rcfg.get("data_out_storage_options") or options)
 
         serving = None
         if rcfg.get("follow_serving") and decision.decision == "promoted":
