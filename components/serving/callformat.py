@@ -36,9 +36,15 @@ class CallFormat:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def prompt(self, query: str) -> list[int]:
+    def prompt(self, query: str, limit: int | None = None) -> list[int]:
+        """The prompt's ids, at most ``limit`` of them: a longer one loses the start of its text,
+        never BOS or the ``tool:`` cue the call follows (the end of a request names its values)."""
         bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + self.encode(PROMPT.format(query=query.strip()))
+        head = [bos] if bos is not None else []
+        body = self.encode(PROMPT.format(query=query.strip()))
+        if limit is not None and len(head) + len(body) > limit:
+            body = body[len(body) - max(1, limit - len(head)) :]
+        return head + body
 
     def name(self, tool: Tool) -> list[int]:
         """The tool's name then ``</s>``: the sequences the candidate trie holds."""
@@ -53,7 +59,7 @@ class CallFormat:
     def target(self, tool: Tool, arguments: dict[str, Any]) -> list[int]:
         """Everything after the prompt for a call of ``tool`` with ``arguments``."""
         ids = self.name(tool)
-        for param in tool.required:
+        for param in tool.call_params():
             if param.name in arguments:
                 ids += self.key(param) + self.value(arguments[param.name])
         return ids

@@ -63,6 +63,23 @@ class Tool:
             for name in self.input_schema.get("required") or []
         )
 
+    def argument_errors(self, arguments: Any) -> str | None:
+        """Why ``arguments`` is not a valid call of this tool under :meth:`json_schema` (types,
+        enums, required keys, nested shapes), or None. For answers a model wrote freely (an HTTP
+        endpoint) or from a narrower grammar (llama.cpp's covers required keys and base types)."""
+        import jsonschema
+
+        schema = self.json_schema()
+        try:
+            validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+            error = jsonschema.exceptions.best_match(validator(schema).iter_errors(arguments))
+        except jsonschema.exceptions.SchemaError as e:  # the tool's own schema is broken
+            return f"{self.id}: its input schema is not a JSON Schema: {e.message}"
+        if error is None:
+            return None
+        where = "/".join(map(str, error.absolute_path)) or "arguments"
+        return f"{self.id}: {where}: {error.message}"
+
     def json_schema(self) -> dict[str, Any]:
         """The arguments as a JSON Schema object (``title`` carries the human-readable name)."""
         if self.input_schema is not None:

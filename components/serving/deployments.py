@@ -196,11 +196,15 @@ async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[
     return await asyncio.to_thread(lambda: [one(r) for r in requests])
 
 
+DEFAULT_SELECT_DEADLINE_S = 30.0
+
+
 class Selector:
     """Picks the call among the candidates (see :mod:`.selector`). User config: the ``selector``
     section, plus ``catalog_version`` (the corpus's content hash, as the Retriever gets it: when
     it changes the catalog is read again, so a tool the Retriever now ranks can be called, with
-    the parameter schema it has now).
+    the parameter schema it has now) and ``deadline_s`` (default 30: a call not chosen by then is
+    answered as none, and the ranking goes back alone).
 
     Args:
         catalog: Dataset dir with the tools' parameter schemas.
@@ -211,9 +215,11 @@ class Selector:
         self.catalog = load_catalog(catalog)
         self.backend: Any = None
         self.configured = False  # backend None is a configuration too (``backend: none``)
+        self.deadline_s = DEFAULT_SELECT_DEADLINE_S
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         settings = _settings(config)
+        self.deadline_s = float(settings.pop("deadline_s", DEFAULT_SELECT_DEADLINE_S))
         wanted = settings.pop("catalog_version", None)
         if wanted is not None and wanted != self.catalog.version:
             # The backend below is built over the catalog it reads now.
@@ -222,10 +228,19 @@ class Selector:
         loaded, backend = await load_new("Selector", load, serving=self.configured)
         if loaded:
             self.backend, self.configured = backend, True
-            apply_batching(self.select, config)
+            apply_batching(self._select_batch, config)
+
+    async def select(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The call for one ``{"query", "history", "candidates"}``, or None past ``deadline_s``
+        (a stalled endpoint or a long decode must not hold the answer; the decode itself runs on)."""
+        try:
+            return await asyncio.wait_for(self._select_batch(request), self.deadline_s)
+        except TimeoutError:
+            logger.warning("selector took over %.2f s; answering with the ranking only", self.deadline_s)
+            return None
 
     @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.0)
-    async def select(self, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    async def _select_batch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
         """One ``{"query", "history", "candidates"}`` per request; each constrains decoding to its own
         candidates, so requests are decoded separately (see :func:`select_all`)."""
         backend = self.backend

@@ -10,11 +10,14 @@ make the call ``None`` rather than something the agent would execute.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 from components.generative.chat_endpoint import ChatEndpointError, post_chat_completion
 from components.serving.catalog import ToolCatalog
+
+logger = logging.getLogger(__name__)
 
 SYSTEM = (
     "You route a user's request to exactly one of the offered tools and fill its arguments from the "
@@ -91,17 +94,22 @@ class OpenAISelector:
         calls = message.get("tool_calls") or []
         if not calls:
             return None
-        fn = calls[0].get("function", {})
+        fn = calls[0].get("function") or {}
         name = str(fn.get("name", ""))
-        index = int(name[5:]) if name.startswith("tool_") and name[5:].isdigit() else -1
+        digits = name[5:]
+        index = int(digits) if name.startswith("tool_") and digits.isascii() and digits.isdigit() else -1
         if not 0 <= index < len(candidates) or candidates[index] not in self.catalog.tools:
             return None
-        try:
-            arguments = json.loads(fn.get("arguments") or "{}")
-        except json.JSONDecodeError:
+        raw = fn.get("arguments") or "{}"
+        try:  # a JSON string, as OpenAI sends it; some servers send the object itself
+            arguments = raw if isinstance(raw, dict) else json.loads(raw)
+        except (json.JSONDecodeError, TypeError):
             return None
         tool = self.catalog.tools[candidates[index]]
-        if not isinstance(arguments, dict) or any(p.name not in arguments for p in tool.required):
+        # The server's guided decoding may or may not have held it to the schema: check it here.
+        problem = tool.argument_errors(arguments)
+        if problem:
+            logger.warning("%s: the endpoint's call breaks the tool's schema: %s", self.endpoint, problem)
             return None
         return {"tool": tool.id, "arguments": arguments}
 

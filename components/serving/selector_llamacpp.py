@@ -106,6 +106,10 @@ class LlamaCppSelector:
         tool = offered[call["tool"]]
         if not isinstance(arguments, dict) or any(p.name not in arguments for p in tool.call_params()):
             return None
+        # The grammar knows required keys and base types only: an enum, a range or an item type of
+        # the tool's own schema is checked here.
+        if tool.argument_errors(arguments):
+            return None
         return {"tool": tool.id, "arguments": arguments}
 
     def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None:

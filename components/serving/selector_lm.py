@@ -246,7 +246,16 @@ class LMSelector:
         trie = self.candidate_trie(candidates)
         if not len(trie):
             return None
-        prompt = self.fmt.prompt(query)
+        # The longest call among the candidates must fit after the prompt, within the model's
+        # positions: a longer request loses the start of its text (as training cut it).
+        tools = [self.catalog.tools[c] for c in candidates if c in self.catalog.tools]
+        room = max(
+            len(self._name_ids(t))
+            + sum(len(self.fmt.key(p)) + self.max_value_tokens + 1 for p in t.call_params())
+            for t in tools
+        )
+        positions = getattr(self.model.config, "max_position_embeddings", None) or 1 << 20
+        prompt = self.fmt.prompt(query, max(2, positions - room))
         # The tool: the project's one constrained decoder over the candidates' names (each ends in
         # </s>, so none is a prefix of another), greedy with one beam: an unknown name is impossible.
         (tool_id, _), *_ = constrained_top_k(
@@ -256,7 +265,7 @@ class LMSelector:
         # The chosen name (as the candidate trie spelled it), forced, then its arguments.
         decoder.push(self._name_ids(self.catalog.tools[tool_id]))
         arguments: dict[str, Any] = {}
-        for param in self.catalog.tools[tool_id].required:
+        for param in self.catalog.tools[tool_id].call_params():
             decoder.push(self.fmt.key(param))
             arguments[param.name] = self._value(decoder, param.type)
         return {"tool": tool_id, "arguments": arguments}

@@ -54,11 +54,12 @@ def selector_examples(
 
 
 def call_rows(examples: list[Example], fmt: CallFormat, budget: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, call ids) per example, the prompt cut so that the call fits the budget."""
+    """(prompt ids, call ids) per example, the prompt cut (from the start of its text, as serving
+    cuts it: :meth:`CallFormat.prompt`) so that the call fits the budget."""
     rows = []
     for query, tool, args in examples:
         target = fmt.target(tool, args)
-        rows.append((fmt.prompt(query)[: max(1, budget - len(target))], target[:budget]))
+        rows.append((fmt.prompt(query, max(2, budget - len(target))), target[:budget]))
     return rows
 
 

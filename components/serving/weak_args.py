@@ -67,15 +67,15 @@ def number_label(raw: str, kind: str) -> int | float | None:
 
 def weak_arguments(query: str, tool: Tool) -> dict[str, Any]:
     """Heuristic values for ``tool``'s required parameters taken from ``query`` (see module doc)."""
-    text = " ".join([tool.name, tool.description, *(f"{p.name} {p.description}" for p in tool.required)])
+    text = " ".join([tool.name, tool.description, *(f"{p.name} {p.description}" for p in tool.call_params())])
     tool_words = set(_TOOL_WORD.findall(text.lower()))
     numbers = _NUMBER_IN_TEXT.findall(query)
-    strings = sum(p.type not in ("integer", "number", "boolean") for p in tool.required)
+    strings = sum(p.type not in ("integer", "number", "boolean") for p in tool.call_params())
     # The most argument-like spans, then in the order the request states them ("250 JPY to CHF").
     best = sorted(_spans(query, tool_words), key=lambda s: (-s[0], s[1]))[:strings]
     spans = [s for _, _, s in sorted(best, key=lambda s: s[1])]
     args: dict[str, Any] = {}
-    for param in tool.required:
+    for param in tool.call_params():
         if param.type in ("integer", "number"):
             # The first number left that fits the type, in the order the query states them.
             for i, raw in enumerate(numbers):

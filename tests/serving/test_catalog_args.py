@@ -5,6 +5,7 @@ from __future__ import annotations
 from components.generative.lm import train_bpe
 from components.serving.callformat import CallFormat, format_value
 from components.serving.catalog import Param, Tool, ToolCatalog, json_type
+from components.serving.selector_task import call_rows
 from components.serving.weak_args import weak_arguments
 
 RECORD = {
@@ -63,6 +64,25 @@ def test_weak_arguments_copy_entities_and_numbers():
     assert weak_arguments("forecast please", weather) == {}
 
 
+def test_an_mcp_tool_s_required_keys_are_labelled_and_written():
+    # An MCP tool keeps its parameters in its own input schema, not in ``required``: the selector's
+    # labels and call layout read them from there (they used to see no parameters at all).
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "city name"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    }
+    tool = Tool("weather/forecast", "forecast", "Daily weather forecast for a city", input_schema=schema)
+    assert tool.required == ()
+    labels = weak_arguments("weather forecast in Oslo for 3 days", tool)
+    assert labels == {"city": "Oslo", "days": 3}
+    tok = train_bpe(["request: weather tool: forecast city = Oslo days = 3"] * 20, vocab_size=300)
+    fmt = CallFormat(tok)
+    assert fmt.target(tool, labels) == fmt.name(tool) + fmt.key(tool.call_params()[0]) + fmt.value("Oslo") + (
+        fmt.key(tool.call_params()[1]) + fmt.value(3)
+    )
+
+
 def test_call_layout_ends_name_and_values_with_eos():
     tok = train_bpe(["request: hello world tool: Fly search flights origin = Paris"] * 20, vocab_size=300)
     fmt = CallFormat(tok)
@@ -71,6 +91,14 @@ def test_call_layout_ends_name_and_values_with_eos():
     assert target[: len(fmt.name(tool))] == fmt.name(tool) and fmt.name(tool)[-1] == tok.eos_token_id
     assert target[-1] == tok.eos_token_id and target.count(tok.eos_token_id) == 2
     assert fmt.prompt("hi")[0] == tok.bos_token_id
+    # A request over the budget loses the start of its text, not BOS nor the cue the call follows.
+    long = "please tell me in great detail and at length " * 4 + "flights from Paris"
+    cut = fmt.prompt(long, 12)
+    assert len(cut) == 12 and cut[0] == tok.bos_token_id and len(fmt.prompt(long)) > 12
+    assert tok.decode(cut[1:]).replace(" ", "").endswith("Paris\ntool:")
+    assert fmt.prompt("hi", 12) == fmt.prompt("hi")  # a short one is left alone
+    ((prompt, call),) = call_rows([(long, tool, {"origin": "Paris"})], fmt, budget=20)
+    assert len(prompt) + len(call) == 20 and call == target and prompt == fmt.prompt(long, 20 - len(target))
     assert fmt.target(tool, {}) == fmt.name(tool)  # unlabelled parameters are not written
     # Floats are written positionally: an exponent ("1e-05") is outside the number grammar.
     assert [format_value(v) for v in (2.5, 250.0, 1e-05, -0.25, True)] == [

@@ -178,6 +178,29 @@ def test_http_selector_calls_of_a_batch_run_concurrently(selector_lm, catalog, d
     assert server.max_in_flight == len(asks)
 
 
+def test_the_selector_answers_none_past_its_deadline_and_a_call_within_it(
+    selector_lm, catalog, dataset, serving_data, serve_instance
+):
+    from ray import serve
+
+    query = next(iter(dataset.split_queries("test").values()))
+    ask = {"query": query, "history": [], "candidates": list(catalog.tools)[:3]}
+
+    def config(deadline_s: float) -> dict:
+        return {"backend": "lm", "model": selector_lm[0], "deadline_s": deadline_s}
+
+    app = serve.deployment(Selector).options(user_config=config(1e-9)).bind(serving_data)
+    handle = serve.run(app, name="selector-test", route_prefix=None)
+    try:
+        # No decode ends within a nanosecond: no call, so the ingress answers with the ranking.
+        assert handle.select.remote(ask).result() is None
+        handle.reconfigure.remote(config(120)).result()  # only the deadline changes
+        call = handle.select.remote(ask).result()
+        assert call is not None and call["tool"] in ask["candidates"]
+    finally:
+        serve.delete("selector-test")
+
+
 def guarded_app() -> FastAPI:
     """The ingress's error handlers and API-key middleware around a few routes."""
     app = FastAPI()

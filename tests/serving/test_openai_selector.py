@@ -8,6 +8,7 @@ import pytest
 from local_openai_server import LocalChatServer
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 
+from components.serving.catalog import ToolCatalog
 from components.serving.selector_http import OpenAISelector, SelectorHTTPError
 from components.serving.selector_lm import LMSelector
 
@@ -74,3 +75,40 @@ def test_parse_rejects_malformed_answers(catalog):
     assert client.parse({"choices": [{"message": {"content": "hi"}}]}, cands) is None
     with pytest.raises(SelectorHTTPError):
         client.parse({"error": "nope"}, cands)
+
+
+def chat_answer(name: str, arguments) -> dict:
+    return {"choices": [{"message": {"tool_calls": [{"function": {"name": name, "arguments": arguments}}]}}]}
+
+
+def test_a_call_that_breaks_the_tool_s_own_schema_is_refused():
+    # An MCP tool's schema says more than required keys: types, enums, no extra keys. A server's
+    # guided decoding may not have held the model to it; the selector checks.
+    schema = {
+        "type": "object",
+        "properties": {"mode": {"type": "string", "enum": ["on", "off"]}, "n": {"type": "integer"}},
+        "required": ["mode", "n"],
+        "additionalProperties": False,
+    }
+    record = {"_id": "lamp/set", "title": "set", "text": "set a lamp", "metadata": {"input_schema": schema}}
+    catalog = ToolCatalog.from_records([record])
+    client = OpenAISelector("http://127.0.0.1:9/v1", "m", catalog)
+    good = {"mode": "on", "n": 2}
+    assert client.parse(chat_answer("tool_0", json.dumps(good)), ["lamp/set"]) == {
+        "tool": "lamp/set",
+        "arguments": good,
+    }
+    assert (
+        client.parse(chat_answer("tool_0", good), ["lamp/set"])["arguments"] == good
+    )  # an object, not a string
+    for bad in (
+        {"mode": "explode", "n": 2},
+        {"mode": "on", "n": "lots"},
+        {"mode": "on", "n": 2, "x": 1},
+        {"n": 2},
+    ):
+        assert client.parse(chat_answer("tool_0", json.dumps(bad)), ["lamp/set"]) is None, bad
+    assert (
+        client.parse(chat_answer("tool_\u00b2", json.dumps(good)), ["lamp/set"]) is None
+    )  # not an ASCII index
+    assert "mode" in catalog.tools["lamp/set"].argument_errors({"mode": "explode", "n": 2})
