@@ -127,6 +127,15 @@ def test_manifest_hashes_are_stable(ray_session, tmp_path):
     a, b = read_manifest(str(tmp_path / "a")), read_manifest(str(tmp_path / "b"))
     assert a["outputs"] == b["outputs"] and a["inputs"] == b["inputs"]
     assert a["counts"]["train_queries"] + a["counts"]["valid_queries"] == 5
+    # Stable, and about the data: one tool's text changed changes its input's and output's hash.
+    corpus = data / "corpus.jsonl"
+    corpus.write_text(corpus.read_text().replace("Weather forecast", "Climate forecast", 1))
+    run_job(data, tmp_path / "c")
+    c = read_manifest(str(tmp_path / "c"))
+    changed = lambda x, y: {k for k in x if x[k] != y[k]}  # noqa: E731
+    assert changed(a["inputs"], c["inputs"]) == {"corpus.jsonl"} and "corpus" in changed(
+        a["outputs"], c["outputs"]
+    )
 
 
 def test_toollens_ingest_matches_loader(ray_session, toollens, tmp_path):
