@@ -58,12 +58,19 @@ def bench_entry(
         # The selected model, reloadable by name (e.g. benchmarks/toollens_novelty.py --model).
         method.save(os.path.join(cfg["bench"]["save_models"], name))
     rows = []
-    # A method with several scoring modes (dense: text tower, ID head, their mix) gets a row each.
+    # A method with several scoring modes (dense: text tower, ID head, their mix) gets a valid row
+    # each; test is read for the mode fit selected on valid only (dense: the mix), the last mode
+    # with the selected weight.
     variants = method.variants() if "variants" in method.capabilities else {"": None}
+    chosen = getattr(method, "mix", None)
+    selected = next(mode for mode, mix in reversed(variants.items()) if mix is None or mix == chosen)
     for mode, mix in variants.items():
         if mix is not None:
             method.mix = mix
-        rows += split_rows(method, dataset, f"{name}_{mode}" if mode else name)
+        splits = None if mode == selected else ["valid"]
+        rows += split_rows(method, dataset, f"{name}_{mode}" if mode else name, splits=splits)
+    if chosen is not None:
+        method.mix = chosen
     add_training(rows, trained, run)
     return rows
 
@@ -93,12 +100,16 @@ def report_splits(dataset: Dataset) -> list[str]:
 
 
 def split_rows(
-    method: Any, dataset: Dataset, label: str, ks: tuple[int, ...] = DEFAULT_KS
+    method: Any,
+    dataset: Dataset,
+    label: str,
+    ks: tuple[int, ...] = DEFAULT_KS,
+    splits: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """One result row per split of :func:`report_splits`, scored with :func:`score`."""
+    """One result row per split of ``splits`` (default :func:`report_splits`), scored with :func:`score`."""
     config = method.config()
     rows = []
-    for split in report_splits(dataset):
+    for split in splits or report_splits(dataset):
         metrics = score(method, dataset, split, ks)
         rows.append(
             {

@@ -21,7 +21,9 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
     """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``).
 
     A method with a tool-usage detector (``detect``) is also scored on detection: the split's
-    queries (they need a tool) against the no-tool queries of the same split, as ``detect_*``.
+    queries with a relevant tool (they need one; a query judged only irrelevant says nothing
+    either way and is left out, as retrieval leaves it out) against the no-tool queries of the
+    same split, as ``detect_*``.
     """
     started = time.perf_counter()
     queries = dataset.split_queries(split)
@@ -29,9 +31,11 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
     metrics = evaluate_retrieval(dataset.qrels[split], results, ks)
     negatives = dataset.neg_split.get(split, [])
     if "detect" in method.capabilities and negatives:
-        texts = list(queries.values()) + negatives
+        qrels = dataset.qrels[split]
+        needing = [text for q, text in queries.items() if any(s > 0 for s in qrels[q].values())]
+        texts = needing + negatives
         probs = method.detect({str(i): t for i, t in enumerate(texts)})
-        labels = np.array([1] * len(queries) + [0] * len(negatives))
+        labels = np.array([1] * len(needing) + [0] * len(negatives))
         threshold = float(method.detect_threshold)
         det = detection_metrics(labels, np.array([probs[str(i)] for i in range(len(texts))]), threshold)
         metrics |= {f"detect_{k}": v for k, v in det.items()}

@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from components.config import as_list, merge
+from components.config import ConfigError, as_list, merge
 from components.data import io
 from components.data.quickstart import QUICKSTART_VERSION, generate_quickstart
 from workflows.evaluate import evaluate
@@ -67,6 +67,29 @@ def quickstart_data(cfg: dict[str, Any]) -> str:
         Path(marker).write_text(json.dumps(wanted, sort_keys=True) + "\n")
         log.info("generated quickstart data in %s: %s", data_dir, counts)
     return data_dir
+
+
+# Settings `toolscout run` sets itself, under run.workdir: an override of one would be dropped.
+WORKDIR_KEYS = ("registry.root", "train.storage_path", "train.local_dir", "preprocess.output")
+
+
+def check_overrides(overrides: list[str] | None, cfg: dict[str, Any]) -> None:
+    """Refuse command-line overrides the quickstart would silently ignore.
+
+    Raises:
+        ConfigError: a ``method.*`` key while ``run.methods`` lists the methods (their params come
+            from ``run.params``), or a path ``run.workdir`` decides.
+    """
+    listed = cfg["run"].get("methods")
+    for item in overrides or []:
+        key = item.partition("=")[0].strip()
+        if key.startswith("method.") and listed:
+            raise ConfigError(
+                f"toolscout run: {key} is not used while run.methods lists the methods ({listed}); "
+                "give a method's params as run.params.<method>.<param>, e.g. run.params.dense.epochs=1"
+            )
+        if any(key == k or key.startswith(k + ".") for k in WORKDIR_KEYS):
+            raise ConfigError(f"toolscout run: {key} is set under run.workdir; set run.workdir instead")
 
 
 def resolve_artifacts(params: Any, artifacts: dict[str, str]) -> Any:

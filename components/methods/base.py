@@ -56,6 +56,11 @@ class Method(Protocol):
         """Build the search structure over the tool corpus."""
         ...
 
+    def config(self) -> dict[str, Any]:
+        """The settings this instance runs with (params, plus what fit chose on valid): what bench,
+        evaluate and tune record next to its scores."""
+        ...
+
     def retrieve(self, queries: Queries, k: int) -> Results:
         """Top-``k`` tools with scores for each query."""
         ...

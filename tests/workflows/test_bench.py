@@ -37,3 +37,59 @@ def test_the_table_shows_memory_and_device_where_rows_have_them():
     lines = markdown_table(report).splitlines()
     assert lines[0].split("|")[-4:-1] == [" train_seconds ", " peak_memory_mb ", " device "]
     assert "| 812.2 | NVIDIA H100 80GB HBM3 |" in lines[2] and lines[3].endswith("| 2.0 |  |  |")
+
+
+def test_bench_selects_on_valid_and_reads_test_for_the_selection_only(tiny_dataset, tmp_path, monkeypatch):
+    import workflows.bench as bench_module
+
+    scored: list[tuple[float, str]] = []
+    real_score = bench_module.score
+
+    def recording(method, dataset, split, ks=(1, 3, 5)):
+        metrics = real_score(method, dataset, split, ks)
+        scored.append((method.config()["k1"], split))
+        # Planted: the middle k1 is the best on valid, whatever the data says.
+        metrics["ndcg@3"] = {0.5: 0.2, 1.2: 0.9, 2.0: 0.4}[method.config()["k1"]] if split == "valid" else 0.0
+        return metrics
+
+    monkeypatch.setattr(bench_module, "score", recording)
+    cfg = {
+        "data": {"path": str(tiny_dataset)},
+        "train": {"storage_path": str(tmp_path / "runs")},
+        "bench": {
+            "out": str(tmp_path / "r.json"),
+            "run": ["bm25"],
+            "methods": {"bm25": {"method": "bm25", "grid": {"k1": [0.5, 1.2, 2.0]}}},
+        },
+    }
+    report = bench(cfg)
+    # Every combination on valid, then the valid winner's report rows; test once, for it alone.
+    assert [s for k1, s in scored if s != "valid"] == ["test"]
+    assert ("test" in [s for k1, s in scored if k1 != 1.2]) is False
+    assert {r["split"]: r["config"]["k1"] for r in report["results"]} == {"valid": 1.2, "test": 1.2}
+
+
+def test_a_method_s_scoring_variants_are_scored_on_valid_and_only_the_selected_one_on_test(
+    ray_session, tiny_dataset, tmp_path
+):
+    from conftest import LOCAL_MODE, TINY_ENCODER
+
+    cfg = {
+        "data": {"path": str(tiny_dataset)},
+        "train": {"storage_path": str(tmp_path / "runs"), **LOCAL_MODE},
+        "bench": {
+            "out": str(tmp_path / "r.json"),
+            "run": ["dense"],
+            "methods": {
+                "dense": {
+                    "method": "dense",
+                    "params": {"encoder": TINY_ENCODER, "epochs": 1, "batch_size": 2},
+                }
+            },
+        },
+    }
+    report = bench(cfg)
+    rows = {(r["method"], r["split"]) for r in report["results"]}
+    # Text tower, ID head and their mix, chosen on valid: the mix alone is read on test.
+    assert {m for m, s in rows if s == "valid"} == {"dense_text", "dense_id", "dense_mixed"}
+    assert {m for m, s in rows if s == "test"} == {"dense_mixed"}

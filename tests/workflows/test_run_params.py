@@ -21,3 +21,21 @@ def test_artifact_references_resolve_anywhere_in_the_params() -> None:
 def test_a_method_not_trained_before_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="'dense'"):
         resolve_artifacts({"semantic_init": "{artifact:dense}/model"}, {"bm25": "/w/models/bm25/v0001"})
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("method.params.epochs=1", "run.params.<method>.<param>"),
+        ("method.name=dense", "is not used while run.methods"),
+        ("train.storage_path=s3://bucket/train", "set run.workdir instead"),
+        ("registry.root=/elsewhere", "set run.workdir instead"),
+    ],
+)
+def test_run_refuses_overrides_it_would_ignore(override: str, says: str) -> None:
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    result = CliRunner().invoke(app, ["run", override])
+    assert result.exit_code == 1 and says in " ".join(result.output.split())

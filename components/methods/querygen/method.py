@@ -70,6 +70,10 @@ class QueryGenMethod:
         self.report: dict[str, dict[str, float]] = {}
         self.tool_ids: list[str] = []
 
+    def config(self) -> dict[str, Any]:
+        """The params, with the fusion chosen on valid (``None`` until fit or load chose it)."""
+        return {**asdict(self.params), "fusion": self.fusion}
+
     # -- training ---------------------------------------------------------------------------
     def text_encoders(self) -> list[TextEncoder]:
         """The wrapped retriever's text encoders (none for BM25); the generator LM is not one."""
