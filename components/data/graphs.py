@@ -151,8 +151,23 @@ def graph_inputs(dataset: Dataset) -> dict[str, tuple[list[tuple[str, str]], IdM
 def training_graphs(dataset: Dataset) -> dict[str, SparseGraph]:
     """The dataset's training graphs: those preprocessing built with Ray Data when the dataset was
     loaded from a prepared directory, else built here from the same inputs (:func:`graph_inputs`)
-    with the same kernels (:func:`cooccurrence`, :func:`incidence`)."""
+    with the same kernels (:func:`cooccurrence`, :func:`incidence`).
+
+    Raises:
+        ValueError: the prepared graphs are not those of the dataset's training split: its
+            query-tool pairs differ from the training qrels (qrels rewritten after preprocessing),
+            so every graph built from them (co-occurrence included) would be stale.
+    """
     if dataset.graphs:
+        qt = dataset.graphs.get("query_tool")
+        wanted = {
+            (q, t) for q, rel in dataset.qrels.get(GRAPH_SPLIT, {}).items() for t, s in rel.items() if s > 0
+        }
+        if qt is not None and set(qt.pairs()) != wanted:
+            raise ValueError(
+                f"{dataset.name}: the prepared query_tool graph's {qt.matrix.nnz} edges are not the "
+                f"{len(wanted)} query-tool pairs of the dataset's {GRAPH_SPLIT} qrels; re-run preprocessing"
+            )
         return dict(dataset.graphs)
     inputs = graph_inputs(dataset)
     _, queries, tools = inputs["query_tool"]

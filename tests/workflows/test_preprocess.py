@@ -210,3 +210,10 @@ def test_masstool_trains_on_the_graphs_preprocess_built(ray_session, tmp_path):
     moved[query] = {**{t: s for t, s in list(rel.items())[1:]}, other: 1}
     with pytest.raises(ValueError, match="edges are not the"):
         build_graphs(replace(prepared, qrels={**prepared.qrels, "train": moved}))
+    # The same check guards every reader of the prepared graphs: ToolWeaver's co-occurrence too.
+    from components.methods.toolweaver.method import catalog_cooccurrence
+
+    stale = replace(prepared, qrels={**prepared.qrels, "train": moved})
+    with pytest.raises(ValueError, match="edges are not the"):
+        catalog_cooccurrence(stale, list(prepared.corpus), "none")
+    assert catalog_cooccurrence(prepared, list(prepared.corpus), "none").shape == (len(prepared.corpus),) * 2

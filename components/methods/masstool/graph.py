@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from components.data.graphs import GRAPH_SPLIT, IdMap, SparseGraph, incidence, qrels_pairs, training_graphs
+from components.data.graphs import GRAPH_SPLIT, SparseGraph, incidence, training_graphs
 from components.data.types import Dataset
 
 GRAPH_FILE = "graph.npz"
@@ -143,15 +143,7 @@ def build_graphs(data: Dataset) -> QueryGraphs:
         )
     qidx = {q: i for i, q in enumerate(query_ids)}
     tidx = {t: i for i, t in enumerate(tool_ids)}
-    query_tool = _edges(qt, qidx, tidx)
-    # The same queries and tools are not enough: a query's tools can change between the
-    # preparation and now (a rewritten train qrels), and the model would train on the old edges.
-    q, t = qrels_pairs(data.qrels[GRAPH_SPLIT], IdMap(tuple(query_ids)), IdMap(tuple(tool_ids)))
-    if not np.array_equal(query_tool, np.stack([q, t])):
-        raise ValueError(
-            f"{data.name}: the prepared query_tool graph's {query_tool.shape[1]} edges are not the "
-            f"{len(q)} query-tool pairs of the dataset's {GRAPH_SPLIT} qrels; re-run preprocessing"
-        )
+    query_tool = _edges(qt, qidx, tidx)  # its pairs are the train qrels' (training_graphs checks)
     scene_ids: list[str] = []
     query_scene = scene_tool = np.zeros((2, 0), dtype=np.int64)
     if "query_scene" in graphs:
