@@ -151,7 +151,7 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
         mcfg = {**cfg, "method": {"name": name, "params": params}}
         mcfg = merge(mcfg, {"registry": {"model_name": f"quickstart-{name}"}})
         with stage(f"{name}: train, evaluate", 2) as step:
-            trained = train(mcfg)
+            trained = train(mcfg, promote=True)  # a rerun's models are the ones @champion serves
             artifacts[name] = trained["artifact"]
             log.info(
                 "trained %s in %.1fs: %s", name, trained["train_seconds"], json.dumps(trained, default=str)

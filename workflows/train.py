@@ -116,12 +116,13 @@ def register(
     return registry.log_saved(name, method.save, params=params, metrics=metrics, tags=tags)
 
 
-def train(cfg: dict[str, Any]) -> dict[str, Any]:
+def train(cfg: dict[str, Any], promote: bool = False) -> dict[str, Any]:
     """Train the method named in ``cfg["method"]`` and register the artifact as a new model version.
 
     The first version of a model becomes its ``champion`` (there is nothing to compare it with);
     later ones are promoted by the retrain gate (``toolscout retrain``) or by hand
-    (``toolscout registry promote``).
+    (``toolscout registry promote``), or at once with ``promote`` (the quickstart, which has no gate:
+    what it just trained and reported is what ``@champion`` serves).
 
     Returns:
         ``{"artifact": local dir of the version, "model_uri": "models:/<name>/<N>", "version": N,
@@ -134,7 +135,7 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     report = fit_method(method, dataset, new_run(cfg, name))
     registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
     version = register(registry, cfg, method, name, report)
-    if "champion" not in registry.aliases(name):
+    if promote or "champion" not in registry.aliases(name):
         registry.promote(name, version.number)
     return {
         "artifact": registry.local_dir(version),

@@ -189,3 +189,20 @@ def test_every_rayjob_entrypoint_builds_its_config(manifest):
         assert parse_space(settings.space)
         entry = cfg["bench"]["methods"][settings.entry]
         build(entry.get("method", settings.entry), entry["params"])
+
+
+def test_a_promoting_train_makes_each_new_version_the_champion(ray_session, tiny_dataset, tmp_path):
+    # The quickstart trains with promote=True: a rerun's models, the ones its table reports, are
+    # what `toolscout serve --model models:/quickstart-<method>@champion` serves. `toolscout
+    # train` leaves a later version to the gate (test_train_then_evaluate: v1 stays champion).
+    from components.config import load_config
+    from components.registry import ModelRegistry, RegistrySettings
+    from workflows.train import train
+
+    cfg = load_config(
+        None, [f"data.path={tiny_dataset}", f"registry.root={tmp_path / 'reg'}", "method.name=bm25"]
+    )
+    first, second = train(cfg, promote=True), train(cfg, promote=True)
+    registry = ModelRegistry(RegistrySettings(root=str(tmp_path / "reg")))
+    assert (first["version"], second["version"]) == (1, 2)
+    assert registry.aliases(second["model"]) == {"champion": 2, "previous": 1}
