@@ -72,6 +72,14 @@ class BackendUnavailable(Exception):
     """A deployment kept failing after the retries."""
 
 
+async def _for_mcp(work: Awaitable[Any]) -> Any:
+    """``work``'s result; a backend down is the MCP door's internal error (the HTTP door's 503)."""
+    try:
+        return await work
+    except BackendUnavailable as e:
+        raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
+
+
 class Ingress:
     """Routes of :data:`api`; handles are injected by :func:`components.serving.app.build_app`.
 
@@ -176,22 +184,13 @@ class Ingress:
         return {**out, "model_version": model_version, "timings_ms": timings}
 
     async def _mcp_select(self, body: SelectRequest) -> dict[str, Any]:
-        try:
-            return await self.answer(body)
-        except BackendUnavailable as e:
-            raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
+        return await _for_mcp(self.answer(body))
 
     async def _describe(self, tool_ids: list[str]) -> list[dict[str, Any] | None]:
-        try:
-            return await self._call(self.retriever.describe, tool_ids)
-        except BackendUnavailable as e:
-            raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
+        return await _for_mcp(self._call(self.retriever.describe, tool_ids))
 
     async def _lookup(self, key: str) -> list[dict[str, Any]]:
-        try:
-            return await self._call(self.retriever.lookup, key)
-        except BackendUnavailable as e:
-            raise MCPError(types.INTERNAL_ERROR, f"backend unavailable: {e}") from e
+        return await _for_mcp(self._call(self.retriever.lookup, key))
 
     @api.post(
         "/v1/select", response_model=SelectResponse, responses=ERRORS, dependencies=[Depends(require_json)]

@@ -104,10 +104,8 @@ class LlamaCppSelector:
             return None
         arguments = call.get("arguments")
         tool = offered[call["tool"]]
-        if not isinstance(arguments, dict) or any(p.name not in arguments for p in tool.call_params()):
-            return None
-        # The grammar knows required keys and base types only: an enum, a range or an item type of
-        # the tool's own schema is checked here.
+        # The grammar knows required keys and base types only: the tool's own schema (an enum, a
+        # range, an item type; required keys and an object too) is checked here.
         if tool.argument_errors(arguments):
             return None
         return {"tool": tool.id, "arguments": arguments}

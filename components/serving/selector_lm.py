@@ -167,7 +167,16 @@ class LMSelector:
         size = self.model.get_output_embeddings().weight.shape[0]
         self.masks = TypeMasks(self.tokenizer, size)
         self._names: dict[str, list[int]] = {}  # tokenized names by name: a name always tokenizes alike
+        self._rooms: dict[str, int] = {}  # call length bound by tool id (see _call_room)
         self._booleans = TokenTrie([(self.fmt.value(True), "true"), (self.fmt.value(False), "false")])
+
+    def _call_room(self, tool: Tool) -> int:
+        """Tokens the longest call of ``tool`` can take: its name, then each key and value (cached:
+        asked for every candidate of every request)."""
+        if tool.id not in self._rooms:
+            keys = sum(len(self.fmt.key(p)) + self.max_value_tokens + 1 for p in tool.call_params())
+            self._rooms[tool.id] = len(self._name_ids(tool)) + keys
+        return self._rooms[tool.id]
 
     def _name_ids(self, tool: Tool) -> list[int]:
         if tool.name not in self._names:
@@ -248,12 +257,7 @@ class LMSelector:
             return None
         # The longest call among the candidates must fit after the prompt, within the model's
         # positions: a longer request loses the start of its text (as training cut it).
-        tools = [self.catalog.tools[c] for c in candidates if c in self.catalog.tools]
-        room = max(
-            len(self._name_ids(t))
-            + sum(len(self.fmt.key(p)) + self.max_value_tokens + 1 for p in t.call_params())
-            for t in tools
-        )
+        room = max(self._call_room(self.catalog.tools[c]) for c in candidates if c in self.catalog.tools)
         positions = getattr(self.model.config, "max_position_embeddings", None) or 1 << 20
         prompt = self.fmt.prompt(query, max(2, positions - room))
         # The tool: the project's one constrained decoder over the candidates' names (each ends in
