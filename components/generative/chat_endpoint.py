@@ -10,6 +10,7 @@ here. Requests run concurrently: each waits on the server, not on this process.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import urllib.error
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from components.generative import deadline
 from components.generative.text import rewrite_line
 
 ENDPOINT_KEYS = frozenset({"endpoint", "model", "api_key_env", "timeout_s", "concurrency"})
@@ -43,14 +45,20 @@ def post_chat_completion(
 
     Raises:
         ChatEndpointError: unreachable, an HTTP error, a timeout, or a body that is not JSON.
+        DeadlinePassed: a :func:`components.generative.deadline.deadline` passed before the answer.
     """
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     for attempt in (1, 2):
+        # Under a deadline (a serving timeout, see .deadline) the answer is waited on until then only.
+        left = deadline.time_left()
+        if left is not None:
+            deadline.check()
+        wait = timeout_s if left is None else min(timeout_s, left)
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=wait) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as e:
             # The server's own words (an OpenAI-style error body says which field it refused).
@@ -59,6 +67,7 @@ def post_chat_completion(
                 continue  # the adapter is loaded now: the same request succeeds
             raise ChatEndpointError(f"{url}: {e}: {detail}") from e
         except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
+            deadline.check()  # the wait was cut by the deadline: say that, not "timed out"
             raise ChatEndpointError(f"{url}: {e}") from e
     raise AssertionError("unreachable")
 
@@ -123,4 +132,7 @@ class ChatEndpoint:
         if not texts:
             return []
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(texts)))) as pool:
-            return list(pool.map(one, texts))
+            # Each request runs in its own copy of this thread's context (copied here, not in the
+            # pool's thread), so it keeps the caller's deadline.
+            contexts = [contextvars.copy_context() for _ in texts]
+            return list(pool.map(lambda context, text: context.run(one, text), contexts, texts))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from components.generative import deadline
 from components.generative.text import first_line
 
 
@@ -57,6 +58,9 @@ def generate_texts(
 
     ``temperature == 0`` decodes greedily (then ``samples`` must be 1); otherwise nucleus sampling
     from a generator seeded per batch, so a call repeats exactly.
+
+    Raises:
+        DeadlinePassed: a :func:`components.generative.deadline.deadline` passed during decoding.
     """
     if temperature <= 0 and samples != 1:
         raise ValueError(f"greedy decoding gives one continuation per prompt, asked for {samples}")
@@ -83,6 +87,10 @@ def generate_texts(
             if temperature > 0:
                 torch.manual_seed(seed * 100_003 + start)
                 kwargs = {"do_sample": True, "temperature": temperature, "top_p": top_p}
+            left = deadline.time_left()
+            if left is not None:  # stop decoding when the caller stops waiting (see .deadline)
+                deadline.check()
+                kwargs["max_time"] = left
             ids = lm.generate(
                 **enc,
                 max_new_tokens=max_new_tokens,
@@ -91,6 +99,7 @@ def generate_texts(
                 eos_token_id=tokenizer.eos_token_id,
                 **kwargs,
             )
+            deadline.check()  # cut short by max_time: not an answer
             texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             out += [[first_line(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     finally:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from components.generative import deadline
 from components.generative.packaged import PACKAGED_LMS, packaged_gguf
 from components.generative.text import rewrite_line
 
@@ -139,19 +140,36 @@ class LlamaCppLM:
         stop: Sequence[str] = (),
     ) -> str:
         """The greedy answer to ``text`` under the ``system`` instruction (optionally grammar-bound),
-        cut before the first of the ``stop`` strings it generates."""
+        cut before the first of the ``stop`` strings it generates.
+
+        Raises:
+            DeadlinePassed: a :func:`components.generative.deadline.deadline` passed while decoding.
+        """
         kwargs: dict[str, Any] = {"stop": list(stop)} if stop else {}
         if grammar is not None:
             import llama_cpp
 
             kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
-        answer = self.llm().create_chat_completion(
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": text}],
-            temperature=0.0,
-            max_tokens=max_tokens,
-            **kwargs,
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        if deadline.time_left() is None:
+            answer = self.llm().create_chat_completion(
+                messages=messages, temperature=0.0, max_tokens=max_tokens, **kwargs
+            )
+            return str(answer["choices"][0]["message"]["content"] or "")
+        # Under a deadline (a serving timeout, see .deadline) the tokens are streamed, so decoding
+        # stops at the first one past it: closing the stream ends llama.cpp's generation loop.
+        deadline.check()
+        stream = self.llm().create_chat_completion(
+            messages=messages, temperature=0.0, max_tokens=max_tokens, stream=True, **kwargs
         )
-        return str(answer["choices"][0]["message"]["content"] or "")
+        parts: list[str] = []
+        try:
+            for chunk in stream:
+                deadline.check()
+                parts.append(chunk["choices"][0]["delta"].get("content") or "")
+        finally:
+            stream.close()
+        return "".join(parts)
 
     def rewrite(self, system: str, texts: Sequence[str], max_tokens: int) -> list[str]:
         """The first line of the greedy answer to each text (:func:`rewrite_line`)."""

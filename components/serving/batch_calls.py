@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
+from components.generative.deadline import DeadlinePassed
 from components.serving.models import Ranking, RetrieverModel
 
 logger = logging.getLogger("ray.serve")
@@ -56,6 +57,8 @@ def call_each(call: Callable[[list[Item]], list[Result]], items: list[Item]) -> 
     """
     try:
         return list(call(items))
+    except DeadlinePassed as e:  # its callers stopped waiting: one by one would only fail again
+        return [e] * len(items)
     except Exception as batch_error:
         if len(items) == 1:
             return [batch_error]

@@ -27,6 +27,7 @@ from typing import Any
 
 from ray import serve
 
+from components.generative.deadline import DeadlinePassed, deadline
 from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, call_each, load_new, raise_failed
 from components.serving.catalog import ToolCatalog, load_catalog
@@ -173,7 +174,10 @@ class QueryRewriter:
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _rewrite_batch(self, requests: list[tuple[str, list[str]]]) -> list[str | Exception]:
         rewriter = self.rewriter  # one version for the whole batch
-        return await asyncio.to_thread(call_each, rewriter.rewrite_many, requests)
+        # Every request of the batch has stopped waiting by timeout_s from now: decoding stops then
+        # too, rather than hold the cores (and the next batch) for an answer nobody reads.
+        with deadline(self.timeout_s):
+            return await asyncio.to_thread(call_each, rewriter.rewrite_many, requests)
 
 
 async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
@@ -187,6 +191,8 @@ async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[
     def one(r: dict[str, Any]) -> dict[str, Any] | None:
         try:
             return backend.select(r["query"], r["history"], r["candidates"])
+        except DeadlinePassed:
+            return None  # its caller answered without a call already (Selector.deadline_s)
         except Exception:  # one bad decode must not drop the other requests of the batch
             logger.exception("selector failed on one request; answering it without a call")
             return None
@@ -232,7 +238,7 @@ class Selector:
 
     async def select(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """The call for one ``{"query", "history", "candidates"}``, or None past ``deadline_s``
-        (a stalled endpoint or a long decode must not hold the answer; the decode itself runs on)."""
+        (a stalled endpoint or a long decode must not hold the answer; the decode stops then too)."""
         try:
             return await asyncio.wait_for(self._select_batch(request), self.deadline_s)
         except TimeoutError:
@@ -246,4 +252,5 @@ class Selector:
         backend = self.backend
         if backend is None:
             return [None] * len(requests)
-        return await select_all(backend, requests)
+        with deadline(self.deadline_s):  # as the rewriter's: no decoding past the last waiter
+            return await select_all(backend, requests)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from components.generative import deadline
 from components.generative.constrained import constrained_top_k
 from components.generative.lm import load_causal_lm
 from components.generative.targeted import TargetedLM
@@ -117,6 +118,7 @@ class _Decoder:
 
     def _scores(self) -> torch.Tensor:
         if self.pending:
+            deadline.check()  # the deployment stopped waiting (its deadline_s): decode no further
             out = self.model(
                 input_ids=torch.tensor([self.pending]), past_key_values=self.past, use_cache=True
             )
@@ -251,7 +253,12 @@ class LMSelector:
 
     @torch.inference_mode()
     def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None:
-        """``{"tool", "arguments"}`` for the best candidate, or ``None`` if no candidate is known."""
+        """``{"tool", "arguments"}`` for the best candidate, or ``None`` if no candidate is known.
+
+        Raises:
+            DeadlinePassed: a :func:`components.generative.deadline.deadline` passed while decoding.
+        """
+        deadline.check()
         trie = self.candidate_trie(candidates)
         if not len(trie):
             return None
@@ -265,6 +272,7 @@ class LMSelector:
         (tool_id, _), *_ = constrained_top_k(
             self._scorer, [prompt], trie, 1, self.tokenizer.pad_token_id, num_beams=1
         )[0]
+        deadline.check()  # the name's beam search ran its forward passes: before the arguments'
         decoder = _Decoder(self.model, prompt)
         # The chosen name (as the candidate trie spelled it), forced, then its arguments.
         decoder.push(self._name_ids(self.catalog.tools[tool_id]))

@@ -68,3 +68,16 @@ def test_a_rewrite_that_opens_with_a_line_break_is_generated_again_without_the_s
     monkeypatch.setattr(lm, "complete", complete)
     assert lm.rewrite("s", ["q", "r"], 8) == ["weather api", "flights search"]
     assert calls == [("\n",), (), ("\n",)]  # one retry, for the answer that opened with a break
+
+
+def test_a_deadline_stops_llamacpp_mid_answer_and_a_distant_one_changes_nothing(smollm2_gguf):
+    from components.generative.deadline import DeadlinePassed, deadline
+
+    system = "Write a long, detailed story about the request."
+    query = QUERIES[0]
+    whole = smollm2_gguf.complete(system, query, 200)
+    with deadline(3600):  # streamed under a deadline: the same greedy answer
+        assert smollm2_gguf.complete(system, query, 200) == whole
+    # A serving timeout that passes while tokens are still coming stops decoding there.
+    with deadline(0.05), pytest.raises(DeadlinePassed):
+        smollm2_gguf.complete(system, query, 200)

@@ -275,3 +275,23 @@ def test_a_batch_over_serve_answers_each_request_as_alone(
         assert answers[n]["timings_ms"]["retrieve"] < wait_s * 1000 * 0.9, answers  # batched together
         ids = [t["id"] for t in answers[n]["tools"]]
         assert ids == [t for t, _ in dense.retrieve([query], n)[0]], (n, ids)
+
+
+def test_a_selection_past_its_deadline_stops_decoding(selector_lm, catalog, dataset, serving_data):
+    from components.generative.deadline import DeadlinePassed, deadline
+
+    query = next(iter(dataset.split_queries("test").values()))
+    ask = {"query": query, "history": [], "candidates": list(catalog.tools)[:3]}
+    backend = LMSelector(selector_lm[0], catalog)
+    assert backend.select(**ask) is not None  # without a deadline: a call
+    with deadline(0.0), pytest.raises(DeadlinePassed):
+        backend.select(**ask)
+    # The deployment's batch opens the deadline around the decode and answers such a request
+    # with no call (the ingress then returns the ranking alone), quietly.
+    selector = Selector(serving_data)
+    asyncio.run(selector.reconfigure({"backend": "lm", "model": selector_lm[0], "deadline_s": 0.0}))
+    body = type(selector)._select_batch.__wrapped__
+    assert asyncio.run(body(selector, [ask])) == [None]
+    decoded: list[int] = []
+    selector.backend.model.register_forward_hook(lambda *args: decoded.append(1))
+    assert asyncio.run(body(selector, [ask])) == [None] and not decoded

@@ -117,3 +117,55 @@ def test_a_failing_generator_answers_with_the_query_and_caches_nothing():
         assert len(deployment.cache) == 0  # the next request tries the generator again
 
     asyncio.run(scenario())
+
+
+def test_a_rewrite_past_its_timeout_stops_decoding_instead_of_holding_the_cores(selector_lm):
+    import asyncio
+    import threading
+    import time
+
+    from components.generative.deadline import DeadlinePassed
+    from components.serving.deployments import QueryRewriter
+
+    query, steps = "weather forecast in Paris", 40
+
+    async def scenario() -> tuple[object, int]:
+        deployment = QueryRewriter()
+        config = {"backend": "lm", "model": selector_lm[0], "max_new_tokens": steps, "timeout_s": 0.2}
+        await deployment.reconfigure(config)
+        rewriter = deployment.rewriter
+        rewriter.tokenizer.eos_token_id = None  # no early end: it decodes all `steps` unless stopped
+        rewriter.model.generation_config.eos_token_id = None
+        passes: list[int] = []
+
+        def slow(module, args, output):  # each forward pass 50 ms: 40 of them take 2 s or more
+            passes.append(1)
+            time.sleep(0.05)
+
+        rewriter.model.register_forward_hook(slow)
+        ended, outcome = threading.Event(), []
+        rewrite_many = rewriter.rewrite_many
+
+        def watched(requests):  # what the decoding thread did after the request was answered
+            try:
+                outcome.append(rewrite_many(requests))
+            except Exception as e:
+                outcome.append(e)
+                raise
+            finally:
+                ended.set()
+
+        rewriter.rewrite_many = watched
+        body = type(deployment)._rewrite_batch.__wrapped__  # the batch body, without Serve
+
+        async def one(item):
+            return (await body(deployment, [item]))[0]
+
+        deployment._rewrite_batch = one
+        assert await deployment.rewrite(query, []) == query  # answered at the timeout
+        assert await asyncio.to_thread(ended.wait, 120)
+        return outcome[0], len(passes)
+
+    outcome, passes = asyncio.run(scenario())
+    # The thread stopped at the timeout too, rather than decode to the end an answer nobody reads.
+    assert isinstance(outcome, DeadlinePassed) and passes < steps
