@@ -63,7 +63,9 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
             "pass --data to calibrate one on its valid split"
         )
     runtime = args.get("encoder_runtime") or DEFAULT_ENCODER_RUNTIME  # what the replicas will run
-    detector = calibrate_artifact(artifact, data, args["detector_file"], splits, runtime)
+    detector = calibrate_artifact(
+        artifact, data, args["detector_file"], splits, runtime, args.get("lm_engine"), args.get("lm_endpoint")
+    )
     assert detector is not None
     print(
         f"calibrated {artifact}: threshold {detector.threshold:.4f}, "

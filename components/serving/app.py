@@ -214,6 +214,9 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         "splits": args.splits,
         "cache_size": args.cache_size,
         "encoder_runtime": args.encoder_runtime,
+        # A generative artifact's threshold detector decodes as its retriever does, on the same engine.
+        "lm_engine": args.lm_engine,
+        "lm_endpoint": args.lm_endpoint,
     }
     selector = dict(args.selector)
     if selector.get("backend") == "lm" and "model" in selector and os.path.exists(selector["model"]):

@@ -72,16 +72,16 @@ async def reread_catalog(deployment: str, path: str, wanted: str) -> ToolCatalog
 
 class Detector:
     """P(needs a tool). User config: ``artifact``, ``detector_file``, ``calibration_data``, ``splits``,
-    ``cache_size`` (answers kept, see :mod:`.answer_cache`), ``encoder_runtime``."""
+    ``cache_size`` (answers kept, see :mod:`.answer_cache`), ``encoder_runtime``, ``lm_engine`` and
+    ``lm_endpoint`` (as the Retriever's)."""
 
     def __init__(self) -> None:
         self.model: DetectorModel | None = None
         self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        settings = {
-            k: config.get(k) for k in ("detector_file", "calibration_data", "splits", "source", "registry")
-        }
+        keys = ("detector_file", "calibration_data", "splits", "source", "registry", "lm_engine", "lm_endpoint")
+        settings = {k: config.get(k) for k in keys}
         settings["encoder_runtime"] = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
         self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         load = partial(DetectorModel, config["artifact"], **settings)

@@ -114,6 +114,8 @@ class DetectorModel:
         splits: The ``splits`` config used to carve valid from train (as in training).
         encoder_runtime: Where the method's text encoders run (see :func:`load_method`).
         source, registry: The registry version ``artifact`` pins (see :func:`artifact_dir`).
+        lm_engine, lm_endpoint: A generative method's decoding engine, as the Retriever's (its
+            score threshold decodes too: on ``vllm`` this replica never holds the LM's weights).
     """
 
     def __init__(
@@ -125,10 +127,12 @@ class DetectorModel:
         encoder_runtime: str = "torch",
         source: str | None = None,
         registry: dict[str, Any] | None = None,
+        lm_engine: str | None = None,
+        lm_endpoint: dict[str, Any] | None = None,
     ) -> None:
         self.artifact = artifact_dir(artifact, source, registry)
         self.version = model_version(self.artifact)
-        self.method = load_method(self.artifact, encoder_runtime)
+        self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
         self.threshold: ScoreThreshold | None = None
         if "detect" in self.method.capabilities:
             self.kind = "method"
@@ -167,13 +171,16 @@ def calibrate_artifact(
     detector_file: str,
     splits: dict[str, Any] | None = None,
     encoder_runtime: str = "torch",
+    lm_engine: str | None = None,
+    lm_endpoint: dict[str, Any] | None = None,
 ) -> ScoreThreshold | None:
     """Calibrate ``artifact``'s threshold detector on ``data`` and store it (``None``: it has ``detect``).
 
-    The scores are those of the encoder runtime the replicas will serve on (int8 moves them a little);
-    the file keys calibrations by artifact, so a changed runtime should be calibrated afresh.
+    The scores are those of the encoder runtime and LM engine the replicas will serve on (int8 moves
+    them a little); the file keys calibrations by artifact, so a changed runtime should be calibrated
+    afresh.
     """
-    method = load_method(resolve(artifact), encoder_runtime)
+    method = load_method(resolve(artifact), encoder_runtime, lm_engine, lm_endpoint)
     if "detect" in method.capabilities:
         return None
     detector = calibrate(method, open_dataset(data, splits))

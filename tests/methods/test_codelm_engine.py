@@ -4,6 +4,8 @@ save / load with the engine setting."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from conftest import QUERIES, TOOLS, write_tiny_toolgen_lm
 
@@ -79,6 +81,8 @@ def test_serving_moves_a_saved_decoder_to_the_engine_the_app_names(model_dir, tm
     from pydantic import ValidationError
 
     from components.serving.app import ServeArgs, user_configs
+    from components.serving.calibration import ScoreThreshold, save_calibration
+    from components.serving.deployments import Detector
     from components.serving.models import RetrieverModel
 
     corpus = {t: {"text": x} for t, x in TOOLS.items()}
@@ -98,6 +102,13 @@ def test_serving_moves_a_saved_decoder_to_the_engine_the_app_names(model_dir, tm
     )
     configs = user_configs(ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="llama.cpp"))
     assert configs["Retriever"]["lm_engine"] == "llama.cpp"
+    # The Detector's threshold scores with the same decoder: on the same engine, never a second one.
+    assert configs["Detector"]["lm_engine"] == "llama.cpp"
+    detector_file = str(tmp_path / "detector.json")
+    save_calibration(detector_file, str(saved), ScoreThreshold(0.5, 1.0, 0.0, 1.0, 1, 1))
+    detector = Detector()
+    asyncio.run(detector.reconfigure({**configs["Detector"], "detector_file": detector_file}))
+    assert detector.model.method.params.engine == "llama.cpp"
     with pytest.raises(ValidationError, match="lm_engine: engine must be one of"):
         ServeArgs(artifact=str(saved), catalog=str(data), lm_engine="sglang")
     with pytest.raises(ValidationError, match="lm_engine vllm needs lm_endpoint"):
