@@ -185,7 +185,7 @@ def serve(
     calibrate_only: Annotated[bool, typer.Option("--calibrate-only", help="Calibrate, then exit.")] = False,
 ) -> None:
     """Serve detection -> retrieval -> selection on Ray Serve (``serve.*`` overrides reach the app args)."""
-    from workflows.serve import app_args, prepare, read_serve_config, run_server
+    from workflows.serve import app_args, lm_selector, prepare, read_serve_config, run_server
     from workflows.serve import train_selector as fit_selector
 
     cfg = build_config(config, [o for o in overrides or [] if not o.startswith("serve.")], data__path=data)
@@ -193,9 +193,11 @@ def serve(
     flags = {"artifact": model, "detector_file": detector}
     if data:
         flags |= {"catalog": data, "calibration_data": data}
-    if selector_lm:
-        flags["selector"] = {"backend": "lm", "model": selector_lm}
     args = app_args(file, flags, overrides or [])
+    if selector_lm:  # the file's section keeps its deployment settings (deadline_s)
+        args["selector"] = lm_selector(args.get("selector"), selector_lm)
+    if not train_selector and args.pop("selector_training", None) is not None:
+        print("args.selector_training is read with --train-selector only: not used")
     from components.registry import RegistrySettings
 
     # Where models:/ URIs resolve: the serve config file's args.registry (the quickstart's store by

@@ -104,7 +104,17 @@ def train_selector(
     report = train_selector_lm(open_dataset(data, splits), catalog, out, run=run, **settings)
     loss = f"{report['first_loss']:.3f} -> {report['last_loss']:.3f}"
     print(f"selector LM: loss {loss} in {report['seconds']:.0f}s")
-    return {**args, "selector": {**dict(args.get("selector") or {}), "backend": "lm", "model": out}}
+    return {**args, "selector": lm_selector(args.get("selector"), out)}
+
+
+def lm_selector(section: dict[str, Any] | None, model: str) -> dict[str, Any]:
+    """The ``selector`` section that serves the local LM at ``model``: the section's deployment
+    settings (``deadline_s``) kept, and its other keys too when it already named an ``lm`` backend
+    (another backend's keys, an endpoint's ``url``, mean nothing to this one)."""
+    section = dict(section or {})
+    if section.get("backend") != "lm":
+        section = {k: v for k, v in section.items() if k == "deadline_s"}
+    return {**section, "backend": "lm", "model": model}
 
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
@@ -117,11 +127,41 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
     if registry.get("root"):
         registry["root"] = os.path.abspath(registry["root"])
         args["registry"] = registry
-    for section in ("selector", "rewriter"):
-        model = (args.get(section) or {}).get("model")
-        if model and os.path.exists(model):
-            args[section]["model"] = os.path.abspath(model)
+    # A section's local model (a selector LM dir, a .gguf file) or a rewriter's artifact (path).
+    for section, key in (("selector", "model"), ("rewriter", "model"), ("rewriter", "path")):
+        value = (args.get(section) or {}).get(key)
+        if value and os.path.exists(value):
+            args[section][key] = os.path.abspath(value)
     return args
+
+
+# The deployments whose user config build_app writes from the args (what a swap changes).
+BUILT_USER_CONFIGS = ("Detector", "Retriever", "QueryRewriter", "Selector")
+
+
+def deployable(args: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """The Serve config ``toolscout serve`` deploys: the app built from ``args`` (paths made
+    absolute) in ``base``, the config file, less the file's ``user_config`` of the model deployments.
+
+    A file's deployment ``user_config`` (how ``serve deploy`` hot-swaps) would win over the one the
+    app builds from the args, so ``--model`` would be ignored while the responses named the old
+    version: the args are what this command serves."""
+    from components.serving.deploy import serve_config
+
+    base = copy.deepcopy(base or {})
+    apps = base.get("applications") or [{}]
+    for deployment in apps[0].get("deployments") or []:
+        if deployment.get("name") in BUILT_USER_CONFIGS and deployment.pop("user_config", None) is not None:
+            print(f"{deployment['name']}: the config file's user_config is replaced by the args' one")
+    return serve_config(absolute_paths(args), base)
+
+
+def serve_options(base: dict[str, Any] | None, host: str, port: int) -> dict[str, Any]:
+    """``serve.start``'s options from the config file's top level (as ``serve run`` applies them:
+    proxy location, HTTP and gRPC options, logging), with ``host`` and ``port`` as given."""
+    base = base or {}
+    options = {k: base[k] for k in ("proxy_location", "grpc_options", "logging_config") if base.get(k)}
+    return {**options, "http_options": {**(base.get("http_options") or {}), "host": host, "port": port}}
 
 
 def run_server(
@@ -131,10 +171,10 @@ def run_server(
     does, so later redeploys with a new artifact reconfigure replicas in place); blocks until Ctrl-C."""
     from ray import serve
 
-    from components.serving.deploy import deploy_config, ingress_urls, serve_config
+    from components.serving.deploy import deploy_config, ingress_urls
 
-    serve.start(http_options={"host": host, "port": port})
-    deploy_config(serve_config(absolute_paths(args), base))
+    serve.start(**serve_options(base, host, port))
+    deploy_config(deployable(args, base))
     url = f"http://{host}:{port}"
     print(f"serving on {url} (OpenAPI: {url}/docs)")
     for direct in ingress_urls(host):

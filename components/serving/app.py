@@ -135,6 +135,16 @@ def _local(path: str | None) -> str | None:
     return path if path is None or "://" in path else os.path.abspath(path)
 
 
+def _local_files(section: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """``section`` with those of its ``keys`` that name an existing local file or dir made absolute
+    (a hub name or URL is left as it is)."""
+    section = dict(section)
+    for key in keys:
+        if isinstance(section.get(key), str) and os.path.exists(section[key]):
+            section[key] = _local(section[key])
+    return section
+
+
 def pinned(path: str, registry: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"artifact": <absolute dir of one version>}``, checked to hold a known method, plus, for a
     registry URI, ``source`` (the immutable ``models:/<name>/<N>`` of that version) and
@@ -218,9 +228,9 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         "lm_engine": args.lm_engine,
         "lm_endpoint": args.lm_endpoint,
     }
-    selector = dict(args.selector)
-    if selector.get("backend") == "lm" and "model" in selector and os.path.exists(selector["model"]):
-        selector["model"] = _local(selector["model"])
+    # Local model files (a selector LM dir, a .gguf, a query-generation artifact) as absolute paths.
+    selector = _local_files(args.selector, ("model",))
+    rewriter = _local_files(args.rewriter, ("model", "path"))
     version = catalog_version(_local(args.catalog))
     configs = {
         "Detector": detector,
@@ -234,7 +244,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
             "lm_endpoint": args.lm_endpoint,
             "catalog_version": version,
         },
-        "QueryRewriter": dict(args.rewriter),
+        "QueryRewriter": rewriter,
         # Its candidates' schemas come from the same catalog: it reloads when the Retriever does.
         "Selector": {**selector, "catalog_version": version},
     }

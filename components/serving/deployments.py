@@ -80,8 +80,8 @@ class Detector:
         self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        keys = ("detector_file", "calibration_data", "splits", "source", "registry", "lm_engine", "lm_endpoint")
-        settings = {k: config.get(k) for k in keys}
+        keys = ("detector_file", "calibration_data", "splits", "source", "registry")
+        settings = {k: config.get(k) for k in (*keys, "lm_engine", "lm_endpoint")}
         settings["encoder_runtime"] = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
         self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         load = partial(DetectorModel, config["artifact"], **settings)

@@ -15,11 +15,20 @@ from serving_helpers import free_port, mcp_refusal_and_access
 from typer.testing import CliRunner
 
 from components.registry import resolve
-from components.serving.app import ServeArgs, build_app, deployment_options
+from components.serving.app import ServeArgs, build_app, deployment_options, user_configs
 from components.serving.calibration import find_calibration
 from components.serving.deploy import ingress_urls
 from workflows.cli import app
-from workflows.serve import DEFAULT_SERVE_CONFIG, absolute_paths, app_args, read_serve_config, run_server
+from workflows.serve import (
+    DEFAULT_SERVE_CONFIG,
+    absolute_paths,
+    app_args,
+    deployable,
+    lm_selector,
+    read_serve_config,
+    run_server,
+    serve_options,
+)
 
 runner = CliRunner()
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -49,7 +58,9 @@ def test_calibrate_only_writes_the_detector_file(bm25_versions, serving_data, tm
 
 def test_uncalibrated_without_data_is_a_clear_error(bm25_versions, serving_data, tmp_path):
     config = tmp_path / "serve.yaml"
-    config.write_text(yaml.safe_dump({"applications": [{"args": {"catalog": serving_data}}]}))
+    # selector_training is read by --train-selector alone; left in the file, the app would refuse it.
+    args = {"catalog": serving_data, "selector_training": {"steps": 10}}
+    config.write_text(yaml.safe_dump({"applications": [{"args": args}]}))
     flags = [
         f"registry.root={bm25_versions['registry']['root']}",
         "--model",
@@ -61,6 +72,7 @@ def test_uncalibrated_without_data_is_a_clear_error(bm25_versions, serving_data,
     ]
     result = runner.invoke(app, ["serve", *flags, "--calibrate-only"])
     assert result.exit_code == 1 and "pass --data" in result.output
+    assert "selector_training is read with --train-selector only" in result.output
 
 
 def test_serve_config_and_rayservice_agree():
@@ -112,6 +124,46 @@ def test_flags_and_overrides_reach_the_args():
     assert args["selector"]["backend"] == "lm"
     names = [d["name"] for d in args["deployments"]]
     assert {"Ingress", "Detector", "Retriever", "Selector", "QueryRewriter"} == set(names)
+
+
+def test_the_args_decide_what_is_served_and_the_files_server_options_are_kept(
+    tmp_path, monkeypatch, bm25_versions, serving_data
+):
+    # The shipped file with a hot-swap user_config under Retriever, as its header says to write one.
+    config = read_serve_config(None)
+    retriever = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Retriever")
+    retriever["user_config"] = {"artifact": "/models/bm25/v1"}
+    args = app_args(config, {"artifact": "/models/dense/v2", "catalog": "/data"}, [])
+    deployed = deployable(args, config)["applications"][0]
+    # Serve applies a file's user_config over the app's own: --model v2 would have served v1.
+    assert not any("user_config" in d for d in deployed["deployments"])
+    assert deployed["args"]["artifact"] == "/models/dense/v2"
+    assert "user_config" in retriever  # the caller's config is left as it was
+    # serve.start gets what `serve run` would take from the file, with the command's host and port.
+    options = serve_options({**config, "http_options": {"host": "0.0.0.0", "request_timeout_s": 30}}, "h", 1)
+    assert options == {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "h", "port": 1, "request_timeout_s": 30},
+    }
+    # --selector-lm keeps the section's deadline, and an lm section's own settings.
+    assert lm_selector({"backend": "openai", "url": "u", "deadline_s": 5}, "m") == {
+        "backend": "lm",
+        "model": "m",
+        "deadline_s": 5,
+    }
+    assert lm_selector({"backend": "lm", "model": "old", "max_value_tokens": 4}, "m")["max_value_tokens"] == 4
+    # Relative local files of the rewriter and selector reach the replicas as absolute paths.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "qg").mkdir()
+    (tmp_path / "sel.gguf").write_text("")
+    local = {"rewriter": {"backend": "querygen", "path": "qg"}, "selector": {"model": "sel.gguf"}}
+    made = absolute_paths(local)
+    assert made["rewriter"]["path"] == str(tmp_path / "qg")
+    assert made["selector"]["model"] == str(tmp_path / "sel.gguf")
+    # So do they when the app is built by `serve run` / `serve deploy` (no toolscout serve before it).
+    built = user_configs(ServeArgs(artifact=bm25_versions["default"], catalog=serving_data, **local))
+    assert built["QueryRewriter"]["path"] == str(tmp_path / "qg")
+    assert built["Selector"]["model"] == str(tmp_path / "sel.gguf")
 
 
 def test_run_server_deploys_from_the_config_with_relative_paths(
