@@ -234,7 +234,13 @@ class Selector:
         loaded, backend = await load_new("Selector", load, serving=self.configured)
         if loaded:
             self.backend, self.configured = backend, True
-            apply_batching(self._select_batch, config)
+            batching = dict(config)
+            if backend is not None and not backend.concurrent_calls:
+                # A local LM decodes a batch's requests one after the other, and Serve answers a
+                # batch only when all of it is done: batched, each call waited for its batch-mates'
+                # decodes too (four of ~8 s each passed a 30 s deadline together). One at a time.
+                batching["max_batch_size"] = 1
+            apply_batching(self._select_batch, batching)
 
     async def select(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """The call for one ``{"query", "history", "candidates"}``, or None past ``deadline_s``

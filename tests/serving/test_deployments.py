@@ -295,3 +295,16 @@ def test_a_selection_past_its_deadline_stops_decoding(selector_lm, catalog, data
     decoded: list[int] = []
     selector.backend.model.register_forward_hook(lambda *args: decoded.append(1))
     assert asyncio.run(body(selector, [ask])) == [None] and not decoded
+
+
+def test_a_local_lm_selector_answers_each_request_as_soon_as_it_is_decoded(selector_lm, serving_data):
+    # Serve answers a batch when all of it is decoded, and a local LM decodes one request after the
+    # other: batched, each call would wait for its batch-mates' decodes as well as its own.
+    selector = Selector(serving_data)
+    batching = {"max_batch_size": 4, "batch_wait_timeout_s": 0.0}
+    asyncio.run(selector.reconfigure({"backend": "lm", "model": selector_lm[0], **batching}))
+    assert selector._select_batch._get_max_batch_size() == 1
+    # An endpoint's calls of a batch run concurrently (see select_all): batched as configured.
+    endpoint = {"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "m"}
+    asyncio.run(selector.reconfigure({**endpoint, **batching}))
+    assert selector._select_batch._get_max_batch_size() == 4
