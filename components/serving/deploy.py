@@ -39,8 +39,7 @@ IMPORT_PATH = "components.serving.app:build_app"
 # balancer in front can deregister it; Ray's default is 30 s, which made every local shutdown and
 # every redeploy that restarts the ingress wait that long (``serve.shutdown`` gave up at 30 s and
 # killed the controller). Locally nothing sits in front, so 0.5 s (at 2 s this wait was 2 s of every
-# 3.1 s app delete in the tests); in-flight requests are still drained.
-# Cluster configs (``ray_cluster.yaml``, ``deploy/rayservice.yaml``) keep the default.
+# 3.1 s app delete in the tests); in-flight requests are still drained. Cluster configs keep 30 s.
 # Ray's metrics collection (``RAY_enable_metrics_collection``, a Ray core setting) is off for a local
 # Serve: every replica records per-request Prometheus metrics and pushes them to the node's agent,
 # all on the same few cores as the requests. On 2 cores, BM25 detect -> retrieve paced at 120 and
@@ -160,12 +159,12 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
     copy, a missing index, or no detection threshold calibrated for it): they keep serving the old
     one and log why. The swap is confirmed by asking the replicas of every deployment it moved
     (:func:`swapped_deployments`) what they serve (:func:`serving_artifacts`); if one did not take
-    it, the app is deployed again pinned to what it served before, so replicas that did take it go
-    back and replicas started later do not try the bad version, and :class:`SwapFailed` is raised.
+    it, the app is deployed again pinned to what it served before (if that was one version), so
+    replicas that took it go back and later ones do not try it, and :class:`SwapFailed` is raised.
     """
     running = running_config(app_name)
     names = swapped_deployments(running)
-    before = serving_artifacts(app_name)
+    before = replica_answers("Retriever", "serving_version", app_name)  # as any node can load them
     config = swap_artifact(running, model_uri)
     deploy_config(config, timeout_s)
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
@@ -173,12 +172,13 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
     serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
     refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
     if refused:
-        if len(before) == 1:  # one version served before: pin it again
-            deploy_config(swap_artifact(running, next(iter(before))), timeout_s)
         answers = "; ".join(f"{name} replicas answer with {artifacts}" for name, artifacts in refused.items())
+        back = len(before) == 1  # one version served before: pin it again
+        if back:
+            deploy_config(swap_artifact(running, next(iter(before))), timeout_s)
+        then = "serves again" if back else "keeps the new one (no one version to go back to); it served"
         raise SwapFailed(
-            f"{model_uri}: pinned {pinned}, but {answers} (their logs say why); "
-            f"the app serves {sorted(before)} again"
+            f"{model_uri}: pinned {pinned}, but {answers} (see logs); the app {then} {sorted(before)}"
         )
     return pinned
 
@@ -198,7 +198,7 @@ def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
         SwapFailed: a replica still serves another catalog (it could not read the new one, or read
             other content: a node with its own copy of the corpus); its log says why.
     """
-    serving = serve.get_deployment_handle("Retriever", app_name).serving_artifact.remote().result()
+    serving = serve.get_deployment_handle("Retriever", app_name).serving_version.remote().result()
     config = swap_artifact(running_config(app_name), serving)
     deploy_config(config, timeout_s)
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}

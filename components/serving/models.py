@@ -84,6 +84,7 @@ class RetrieverModel:
         registry: dict[str, Any] | None = None,
     ) -> None:
         self.artifact = artifact_dir(artifact, source, registry)
+        self.source = source  # the registry version it is (models:/<name>/<N>), if it is one
         self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
         self.version = model_version(self.artifact)
 

@@ -158,6 +158,13 @@ class Retriever:
         assert model is not None
         return model.artifact
 
+    async def serving_version(self) -> str:
+        """What redeploys this replica's version on any node: its registry version
+        (``models:/<name>/<N>``) when it is one, else its directory (which every node must have)."""
+        model = self.model
+        assert model is not None
+        return model.source or model.artifact
+
     async def serving_catalog(self) -> str:
         """The version (content hash) of the catalog this replica answers with."""
         return self.catalog.version
@@ -165,7 +172,9 @@ class Retriever:
     async def info(self) -> dict[str, Any]:
         model = self.model
         assert model is not None
-        return {"size": model.size(), "model_version": model.version, "catalog_version": self.catalog.version}
+        # The tools an answer can name: the artifact's, less those the catalog retired since.
+        size = model.size() - len(self.retired)
+        return {"size": size, "model_version": model.version, "catalog_version": self.catalog.version}
 
     async def describe(self, tool_ids: list[str]) -> list[dict[str, Any] | None]:
         """Name, description and input schema of each tool id (None for an id not in the catalog)."""

@@ -89,7 +89,7 @@ class SelectResponse(BaseModel):
 class ToolsInfo(BaseModel):
     """``GET /v1/tools``: the catalog the retriever serves."""
 
-    size: int
+    size: int = Field(description="Tools an answer can name: the model's, less those the catalog retired.")
     model_version: str
     catalog_version: str
 

@@ -181,6 +181,12 @@ def test_serving_follows_promotions_and_rollbacks_under_load(live, bm25_versions
         load.wait_for(lambda s: s.versions[-10:] == ["bm25/v2"] * 10)
     assert load.failures == []
     assert [v for v, _ in itertools.groupby(load.versions)] == ["bm25/v2", "bm25/v1", "bm25/v2"]
+    # A catalog refresh rebuilds the configs for what replicas serve: the registry version, so a
+    # replica started later on a node without its directory can still fetch it (not the bare dir).
+    refresh_catalog()
+    (app,) = [a for a in running_config()["applications"] if a["name"] == "toolscout"]
+    retriever = next(d for d in app["deployments"] if d["name"] == "Retriever")
+    assert retriever["user_config"]["source"] == "models:/bm25/2"
 
 
 def test_a_catalog_changed_under_load_is_reloaded_in_place_and_its_retired_tool_never_served(
@@ -193,7 +199,8 @@ def test_a_catalog_changed_under_load_is_reloaded_in_place_and_its_retired_tool_
     deploy(private)
     probe = {**bodies[0], "top_k": 3}
     top = [t["id"] for t in select(url, probe)["tools"]]
-    old_version = requests.get(f"{url}/v1/tools", timeout=30).json()["catalog_version"]
+    old = requests.get(f"{url}/v1/tools", timeout=30).json()
+    old_version = old["catalog_version"]
     before = replica_names("Retriever")
     with Load(url, bodies, threads=2) as load:
         load.wait_for(lambda s: s.ok >= 10)
@@ -203,7 +210,8 @@ def test_a_catalog_changed_under_load_is_reloaded_in_place_and_its_retired_tool_
         load.wait_for(lambda s: s.ok >= served + 10)
     assert load.failures == [] and new_version != old_version
     assert replica_names("Retriever") == before  # reconfigured in place, no restart
-    assert requests.get(f"{url}/v1/tools", timeout=30).json()["catalog_version"] == new_version
+    info = requests.get(f"{url}/v1/tools", timeout=30).json()
+    assert info["catalog_version"] == new_version and info["size"] == old["size"] - 1  # one retired
     after = select(url, probe)["tools"]
     assert [t["id"] for t in after] == [*top[1:], after[2]["id"]] and top[0] not in {t["id"] for t in after}
     assert "renamed_" in after[0]["name"]
@@ -266,6 +274,8 @@ def test_following_a_version_the_replicas_cannot_load_is_reported_and_undone(
         (app,) = [a for a in running_config()["applications"] if a["name"] == "toolscout"]
         pinned = {d["name"]: d["user_config"]["artifact"] for d in app["deployments"]}
         assert pinned["Retriever"].endswith("/bm25/v2") and pinned["Detector"].endswith("/bm25/v2")
+        # As the registry version it is, which any node can fetch (not a directory only this has).
+        assert {d["user_config"].get("source") for d in app["deployments"]} == {"models:/bm25/2"}
 
     # A version that passes the driver's checks (its config.json names a method) and that no
     # replica can load: its index is missing.
