@@ -63,6 +63,8 @@ def quickstart_data(cfg: dict[str, Any]) -> str:
     marker = os.path.join(data_dir, GENERATED_WITH)
     wanted = {**settings, "version": QUICKSTART_VERSION}
     if not os.path.exists(marker) or json.loads(Path(marker).read_text()) != wanted:
+        # The old marker goes first: data half-written by an interrupted run must not pass for it.
+        Path(marker).unlink(missing_ok=True)
         counts = generate_quickstart(data_dir, **settings)
         Path(marker).write_text(json.dumps(wanted, sort_keys=True) + "\n")
         log.info("generated quickstart data in %s: %s", data_dir, counts)

@@ -22,26 +22,29 @@ import glob
 import json
 import os
 import random
-import re
 from dataclasses import dataclass
 
-from components.data.quickstart_catalog import CATALOG, PARAMS, PARAPHRASES, SCENES, SLOT_ALIASES, SLOTS
+from components.data.quickstart_catalog import CATALOG, PARAMS, PARAPHRASES, SCENES, SLOTS
 from components.data.quickstart_phrasing import (
     HELD_OUT_TEMPLATES,
     NEG_SLOTS,
+    NEG_SLOTS_MORE,
     NEG_TEMPLATES,
-    NUMBER_SLOTS,
+    SLOT_RE,
     Phrasing,
+    fill,
     nested_templates,
+    pool_name,
+    sentence_start,
     shared_phrasing,
     split_phrasing,
+    wrap,
 )
 
-QUICKSTART_VERSION = 2  # bump when equal settings give different data (2: held-out wording)
+QUICKSTART_VERSION = 3  # bump when equal settings give different data (3: distinct no-tool requests)
 MULTI_FRACTION = 0.4
 WORDINGS = ("held_out", "shared")
 SPLIT_FRACTIONS = {"valid": 0.1, "test": 0.1}  # of the tool queries; the rest are train
-_SLOT_RE = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ def build_tools() -> list[Tool]:
             for api, description, required, optional, returns, templates in apis:
                 wordings = templates + PARAPHRASES.get(api, ())
                 unknown = [p for p in f"{required} {optional}".split() if p not in PARAMS]
-                slots = [s for t in wordings for s in _SLOT_RE.findall(t) if not _pool_name(s, SLOTS)]
+                slots = [s for t in wordings for s in SLOT_RE.findall(t) if not pool_name(s, SLOTS)]
                 if unknown or slots or api not in PARAPHRASES:
                     raise ValueError(
                         f"API {api!r}: unknown params {unknown} / slots {slots}, or no paraphrases"
@@ -124,76 +127,28 @@ def build_scenes(tools: list[Tool]) -> list[tuple[Tool, ...]]:
     return [(t,) for t in tools] + [tuple(by_api[a] for a in scene.split()) for scene in SCENES]
 
 
-def _pool_name(slot: str, pools: dict[str, tuple[str, ...]]) -> str:
-    """The pool a slot draws from (``city2`` and ``origin`` draw cities), or ``""`` if none."""
-    for name in (SLOT_ALIASES.get(slot, slot), slot.rstrip("2")):
-        if name in pools:
-            return name
-    return ""
-
-
-def _fill(
-    template: str, rng: random.Random, values: dict[str, str], pools: dict[str, tuple[str, ...]]
-) -> str:
-    """Fill a template's slots; ``values`` is shared by one query so its sub-requests agree.
-
-    The same slot gets the same value across sub-requests (the weather and the hotels are for the
-    same city), while another slot on the same pool (``origin`` after ``city``) gets a new value.
-    """
-
-    def value(match: re.Match[str]) -> str:
-        slot = match.group(1)
-        if slot not in values:
-            if slot in NUMBER_SLOTS:
-                values[slot] = str(rng.randint(2, 12) if slot == "e" else rng.randint(3, 999))
-            else:
-                pool = _pool_name(slot, pools)
-                taken = {v for s, v in values.items() if _pool_name(s, pools) == pool}
-                values[slot] = rng.choice([v for v in pools[pool] if v not in taken])
-        return values[slot]
-
-    return _SLOT_RE.sub(value, template)
-
-
-def _sentence_start(text: str) -> str:
-    """Upper-case the first letter, leaving slot values such as ``iPhone`` alone elsewhere."""
-    return text[:1].upper() + text[1:]
-
-
-def _wrap(text: str, rng: random.Random, phrasing: Phrasing) -> str:
-    """Add an optional opener and closer, and sometimes capitalise, to vary surface form."""
-    prefix, suffix = rng.choice(phrasing.prefixes), rng.choice(phrasing.suffixes)
-    if suffix in ("?", "!") and text.endswith("?"):
-        suffix = ""
-    text = prefix + text + suffix
-    return _sentence_start(text) if rng.random() < 0.5 else text
-
-
 def make_query(scene: tuple[Tool, ...], rng: random.Random, phrasing: Phrasing) -> str:
     """One query asking for every tool of ``scene`` in ``phrasing``'s words, sub-requests joined."""
     values: dict[str, str] = {}
-    parts = [_fill(rng.choice(phrasing.templates[t.tid]), rng, values, SLOTS).rstrip("?") for t in scene]
+    parts = [fill(rng.choice(phrasing.templates[t.tid]), rng, values, SLOTS).rstrip("?") for t in scene]
     if len(parts) > 2 and rng.random() < 0.3:
         # Scenes list tools in a natural order; shuffling sometimes keeps order from being a cue.
         rng.shuffle(parts)
     text = parts[0]
     for part in parts[1:]:
         connector = rng.choice(phrasing.connectors)
-        text += connector + (_sentence_start(part) if connector.endswith(". ") else part)
-    return _wrap(text, rng, phrasing)
+        text += connector + (sentence_start(part) if connector.endswith(". ") else part)
+    return wrap(text, rng, phrasing)
 
 
 def make_neg_query(rng: random.Random, phrasing: Phrasing) -> str:
     """One query that no tool answers."""
-    return _wrap(_fill(rng.choice(NEG_TEMPLATES), rng, {}, NEG_SLOTS), rng, phrasing)
+    return wrap(fill(rng.choice(NEG_TEMPLATES), rng, {}, NEG_SLOTS), rng, phrasing)
 
 
 def unique_neg_queries(rng: random.Random, n: int, phrasing: Phrasing) -> list[str]:
-    """``n`` distinct no-tool queries (the loader keeps one copy of a repeated text).
-
-    They take the seen wrappers only, which tool queries of every split also use, so that a
-    held-out opener never marks a query as no-tool (nor as a tool query) for the detector.
-    """
+    """``n`` distinct no-tool queries (the loader keeps one copy of a repeated text), as ``"shared"``
+    wording draws them: the same request may recur under another opener or closer."""
     out: dict[str, None] = {}
     for _ in range(50 * n):
         if len(out) == n:
@@ -201,6 +156,37 @@ def unique_neg_queries(rng: random.Random, n: int, phrasing: Phrasing) -> list[s
         out.setdefault(make_neg_query(rng, phrasing), None)
     if len(out) < n:
         raise ValueError(f"the no-tool templates give only {len(out)} distinct queries; asked for {n}")
+    return list(out)
+
+
+def distinct_neg_requests(rng: random.Random, n: int, phrasing: Phrasing) -> list[str]:
+    """``n`` no-tool queries that each ask something no other one asks (held-out wording).
+
+    The loader splits no-tool queries by text hash (the layout has no split for them), so a request
+    repeated under another opener ("hey, who wrote Dune" / "who wrote Dune please") landed in train
+    and test alike: most test negatives were training ones re-wrapped, and detection recalled them.
+    Here each filled template is used once, its slots filled from wider pools (``NEG_SLOTS_MORE``);
+    templates are drawn evenly among those with requests left, so the arithmetic ones (fresh
+    numbers, endless requests) do not crowd out the rest. The
+    wrappers are the seen ones, which train and valid tool queries take too (test tool queries take
+    held-out ones, as their templates are held out).
+    """
+    out: dict[str, None] = {}
+    asked: set[str] = set()
+    pools = {name: values + NEG_SLOTS_MORE[name] for name, values in NEG_SLOTS.items()}
+    misses = dict.fromkeys(NEG_TEMPLATES, 0)
+    while len(out) < n and misses:
+        template = rng.choice(sorted(misses, key=NEG_TEMPLATES.index))
+        request = fill(template, rng, {}, pools)
+        if request in asked:
+            misses[template] += 1
+            if misses[template] == 50:  # its requests are (all but surely) used up
+                del misses[template]
+            continue
+        asked.add(request)
+        out.setdefault(wrap(request, rng, phrasing), None)
+    if len(out) < n:
+        raise ValueError(f"the no-tool templates give only {len(out)} distinct requests; asked for {n}")
     return list(out)
 
 
@@ -218,7 +204,7 @@ def _record(rid: str, text: str, title: str | None = None) -> str:
 
 
 def generate_quickstart(
-    out_dir: str, *, seed: int = 0, n_queries: int = 3000, n_neg: int = 600, wording: str = "shared"
+    out_dir: str, *, seed: int = 0, n_queries: int = 3000, n_neg: int = 300, wording: str = "shared"
 ) -> dict[str, int]:
     """Write the quickstart dataset to ``out_dir`` and return its counts.
 
@@ -273,10 +259,14 @@ def generate_quickstart(
             for q in rng.sample(free, max(1, round(n_queries * fraction))):
                 split_of[q] = split
         texts = [make_query(scenes[s], rng, phrasing[split_of[q]]) for q, s in enumerate(query_scene)]
-    neg = unique_neg_queries(rng, n_neg, phrasing["train"])
+    draw = unique_neg_queries if wording == "shared" else distinct_neg_requests
+    neg = draw(rng, n_neg, phrasing["train"])
 
     # No split file of data generated here before may outlive it (an old valid would name new queries).
-    for old in glob.glob(os.path.join(out_dir, "qrels", "*.tsv")) + glob.glob(f"{out_dir}/query_scene_*.txt"):
+    here = glob.escape(out_dir)  # a directory named like a pattern ([1]) still matches itself
+    for old in glob.glob(os.path.join(here, "qrels", "*.tsv")) + glob.glob(
+        os.path.join(here, "query_scene_*.txt")
+    ):
         os.remove(old)
     _write_lines(os.path.join(out_dir, "corpus.jsonl"), [_record(t.tid, t.text, "") for t in tools])
     _write_lines(os.path.join(out_dir, "queries.jsonl"), [_record(str(q), t) for q, t in enumerate(texts)])

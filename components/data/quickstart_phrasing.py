@@ -3,13 +3,17 @@
 :func:`split_phrasing` gives each split its own share of every API's templates, so no validation
 or test query is worded like a training query. Openers, closers and joins wrap the filled
 templates; each comes in two disjoint sets: ``SEEN`` for training and validation queries,
-``HELD_OUT`` for test queries only. The no-tool queries feed tool-usage detection.
+``HELD_OUT`` for test queries only. The no-tool queries feed tool-usage detection. :func:`fill`
+and :func:`wrap` turn a template into a query.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
+
+from components.data.quickstart_catalog import SLOT_ALIASES
 
 # Of each API's templates, this many word only its test (valid) queries; the rest word train ones.
 HELD_OUT_TEMPLATES = {"test": 2, "valid": 1}
@@ -62,7 +66,30 @@ NEG_SLOTS: dict[str, tuple[str, ...]] = {
     "foreign": ("carpe diem", "joie de vivre", "schadenfreude", "wabi-sabi", "hygge"),
     "skill": ("fly", "cook", "swim", "read", "dance"),
 }
+# More values per pool for held-out wording, where each no-tool request is asked once (see
+# quickstart.distinct_neg_requests): the pools above alone run out of requests. "shared" wording
+# keeps the pools above, so its data stays as it was.
+NEG_SLOTS_MORE: dict[str, tuple[str, ...]] = {
+    "animal": ("owls", "hedgehogs", "wolves", "parrots", "turtles", "koalas"),
+    "thing": ("song", "sport", "holiday", "tv show", "breakfast", "flower"),
+    "theme": ("winter mornings", "growing up", "the mountains", "rainy days", "music", "old letters"),
+    "book": ("Moby-Dick", "Jane Eyre", "The Odyssey", "Frankenstein", "Little Women", "Hamlet"),
+    "country": ("Canada", "Peru", "Norway", "Kenya", "Vietnam", "Portugal"),
+    "concept": ("supply and demand", "a black hole", "the immune system", "compound interest",
+                "plate tectonics", "natural selection"),
+    "history": ("the Renaissance", "the Industrial Revolution", "the Cold War", "the Magna Carta",
+                "the first Olympic Games"),
+    "job": ("graphic designer", "accountant", "chef", "project manager", "librarian"),
+    "relative": ("dad", "aunt", "cousin", "grandma", "brother"),
+    "sentence": ("me and him went to the store", "their going to call tomorrow",
+                 "can u check this real quick", "the report have many mistake"),
+    "phrase": ("happy birthday", "how much does it cost", "nice to meet you", "good night", "excuse me"),
+    "language": ("Portuguese", "Dutch", "Chinese", "Swedish", "Greek", "Turkish"),
+    "foreign": ("deja vu", "bon appetit", "zeitgeist", "siesta", "kaizen"),
+    "skill": ("paint", "sing", "climb", "knit", "skate"),
+}
 # fmt: on
+SLOT_RE = re.compile(r"\{(\w+)\}")  # a template's slot: {city}
 # Numeric slots of the arithmetic templates, drawn fresh rather than from a pool.
 NUMBER_SLOTS = ("a", "b", "c", "e", "pct")
 
@@ -116,3 +143,46 @@ def shared_phrasing(tool_templates: dict[str, tuple[str, ...]]) -> dict[str, Phr
     """Every split worded alike: the given templates and the seen openers, closers and joins."""
     shared = Phrasing(dict(tool_templates), PREFIXES_SEEN, SUFFIXES_SEEN, CONNECTORS_SEEN)
     return dict.fromkeys(("train", "valid", "test"), shared)
+
+
+def pool_name(slot: str, pools: dict[str, tuple[str, ...]]) -> str:
+    """The pool a slot draws from (``city2`` and ``origin`` draw cities), or ``""`` if none."""
+    for name in (SLOT_ALIASES.get(slot, slot), slot.rstrip("2")):
+        if name in pools:
+            return name
+    return ""
+
+
+def fill(template: str, rng: random.Random, values: dict[str, str], pools: dict[str, tuple[str, ...]]) -> str:
+    """Fill a template's slots; ``values`` is shared by one query so its sub-requests agree.
+
+    The same slot gets the same value across sub-requests (the weather and the hotels are for the
+    same city), while another slot on the same pool (``origin`` after ``city``) gets a new value.
+    """
+
+    def value(match: re.Match[str]) -> str:
+        slot = match.group(1)
+        if slot not in values:
+            if slot in NUMBER_SLOTS:
+                values[slot] = str(rng.randint(2, 12) if slot == "e" else rng.randint(3, 999))
+            else:
+                pool = pool_name(slot, pools)
+                taken = {v for s, v in values.items() if pool_name(s, pools) == pool}
+                values[slot] = rng.choice([v for v in pools[pool] if v not in taken])
+        return values[slot]
+
+    return SLOT_RE.sub(value, template)
+
+
+def sentence_start(text: str) -> str:
+    """Upper-case the first letter, leaving slot values such as ``iPhone`` alone elsewhere."""
+    return text[:1].upper() + text[1:]
+
+
+def wrap(text: str, rng: random.Random, phrasing: Phrasing) -> str:
+    """Add an optional opener and closer, and sometimes capitalise, to vary surface form."""
+    prefix, suffix = rng.choice(phrasing.prefixes), rng.choice(phrasing.suffixes)
+    if suffix in ("?", "!") and text.endswith("?"):
+        suffix = ""
+    text = prefix + text + suffix
+    return sentence_start(text) if rng.random() < 0.5 else text

@@ -86,7 +86,7 @@ def test_counts_match_files(
     ds, _ = loaded
     assert counts["tools"] == len(ds.corpus)
     assert counts["queries"] == len(ds.queries) == 3000
-    assert counts["neg_queries"] == len(ds.neg_queries) == 600
+    assert counts["neg_queries"] == len(ds.neg_queries) == 300
     for split in ("train", "valid", "test"):
         assert counts[f"{split}_queries"] == len(ds.qrels[split])
         assert counts[f"{split}_pairs"] == sum(len(v) for v in ds.qrels[split].values())
@@ -143,9 +143,45 @@ def test_no_duplicate_pairs(generated: tuple[Path, dict[str, int]]) -> None:
 def test_neg_queries_are_varied_json_strings(generated: tuple[Path, dict[str, int]]) -> None:
     root, _ = generated
     negs = [json.loads(line) for line in (root / "tooldet/neg_queries.jsonl").read_text().splitlines()]
-    assert len(negs) == 600
+    assert len(negs) == 300
     assert all(isinstance(q, str) and q.strip() for q in negs)
-    assert len(set(negs)) >= 200
+    assert len(set(negs)) == 300
+
+
+def request_of(query: str) -> str:
+    """A no-tool query without its opener, closer and capital (what it asks)."""
+    for prefix in sorted(wording.PREFIXES_SEEN, key=len, reverse=True):
+        if prefix and query.lower().startswith(prefix.lower()):
+            query = query[len(prefix) :]
+            break
+    for suffix in sorted(wording.SUFFIXES_SEEN, key=len, reverse=True):
+        if suffix and query.endswith(suffix):
+            query = query[: -len(suffix)]
+            break
+    return query[:1].lower() + query[1:]
+
+
+def test_no_test_negative_is_a_training_one_rewrapped(loaded: tuple[Dataset, RejectLog]) -> None:
+    from components.data.splits import prepare_splits
+
+    ds = prepare_splits(loaded[0])  # no-tool queries are split by the loader, by text
+    requests = {split: Counter(map(request_of, ds.neg_split[split])) for split in ("train", "test")}
+    assert sum(requests["test"].values()) >= 20
+    # Each request is asked once: detection is scored on requests it never saw, as retrieval is.
+    assert not set(requests["test"]) & set(requests["train"])
+    assert max(requests["train"].values()) == 1
+    # Templates are drawn evenly: arithmetic (endless fresh numbers) does not crowd out the rest.
+    arithmetic = sum(bool(re.search(r"\d", r)) for r in map(request_of, ds.neg_queries))
+    assert arithmetic < 0.4 * len(ds.neg_queries)
+
+
+def test_regenerating_into_a_dir_named_like_a_pattern_leaves_no_stale_split(tmp_path: Path) -> None:
+    root = tmp_path / "qs[1]"
+    generate_quickstart(str(root), seed=0, n_queries=200, n_neg=20, wording="held_out")
+    assert (root / "qrels" / "valid.tsv").exists()
+    generate_quickstart(str(root), seed=5, n_queries=200, n_neg=20, wording="shared")
+    # An old valid split would label new queries with old tools (and take them out of train).
+    assert not (root / "qrels" / "valid.tsv").exists() and not (root / "query_scene_valid.txt").exists()
 
 
 def test_queries_are_not_one_string_per_tool(loaded: tuple[Dataset, RejectLog]) -> None:

@@ -39,3 +39,34 @@ def test_run_refuses_overrides_it_would_ignore(override: str, says: str) -> None
 
     result = CliRunner().invoke(app, ["run", override])
     assert result.exit_code == 1 and says in " ".join(result.output.split())
+
+
+def test_data_half_written_by_an_interrupted_run_is_generated_again(tmp_path, monkeypatch) -> None:
+    import workflows.run as run_module
+
+    def cfg(seed: int) -> dict:
+        settings = {
+            "workdir": str(tmp_path),
+            "seed": seed,
+            "n_queries": 100,
+            "n_neg": 10,
+            "wording": "held_out",
+        }
+        return {"run": settings, "data": {}}
+
+    data = run_module.quickstart_data(cfg(0))
+    marker = tmp_path / "data" / run_module.GENERATED_WITH
+    assert marker.exists()
+
+    def interrupted(out_dir, **settings):  # stopped part-way through writing the files
+        (tmp_path / "data" / "queries.jsonl").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "generate_quickstart", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.quickstart_data(cfg(1))
+    # The seed-0 marker must not vouch for the half-written files: a rerun with seed 0 regenerates.
+    assert not marker.exists()
+    monkeypatch.undo()
+    assert run_module.quickstart_data(cfg(0)) == data
+    assert (tmp_path / "data" / "queries.jsonl").read_text()
