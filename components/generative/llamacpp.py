@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -94,8 +95,28 @@ def json_schema_grammar(schema: dict[str, Any]) -> str:
     return json_schema_to_gbnf(json.dumps(schema))
 
 
+class _OneCallAtATime:
+    """A ``llama_cpp.Llama`` holds one KV cache and one decoding state: calls from two threads would
+    interleave their tokens in it (and two first calls would load the model twice). So each model
+    takes one call at a time. Pickled without its lock and loaded model, neither of which crosses
+    to another process (it loads there on first use)."""
+
+    _llm: Any
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k != "_lock"}
+        return {**state, "_llm": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+
 @dataclass
-class LlamaCppLM:
+class LlamaCppLM(_OneCallAtATime):
     """A GGUF model in this process, answered greedily.
 
     Attributes:
@@ -127,9 +148,10 @@ class LlamaCppLM:
 
     def llm(self) -> Any:
         """The loaded ``llama_cpp.Llama`` (loaded on first use)."""
-        if self._llm is None:
-            self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, seed=self.seed)
-        return self._llm
+        with self._lock:
+            if self._llm is None:
+                self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, seed=self.seed)
+            return self._llm
 
     def complete(
         self,
@@ -151,6 +173,10 @@ class LlamaCppLM:
 
             kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        with self._lock:
+            return self._answer(messages, max_tokens, kwargs)
+
+    def _answer(self, messages: list[dict[str, str]], max_tokens: int, kwargs: dict[str, Any]) -> str:
         if deadline.time_left() is None:
             answer = self.llm().create_chat_completion(
                 messages=messages, temperature=0.0, max_tokens=max_tokens, **kwargs
@@ -185,7 +211,7 @@ class LlamaCppLM:
 
 
 @dataclass
-class LlamaCppScorer:
+class LlamaCppScorer(_OneCallAtATime):
     """Next-token log-probabilities from llama.cpp, for the trie-constrained decoder.
 
     :func:`components.generative.constrained.constrained_top_k` asks for the next-token
@@ -225,9 +251,10 @@ class LlamaCppScorer:
 
     def llm(self) -> Any:
         """The loaded ``llama_cpp.Llama`` (loaded on first use, with logits kept per position)."""
-        if self._llm is None:
-            self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, logits_all=True)
-        return self._llm
+        with self._lock:
+            if self._llm is None:
+                self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, logits_all=True)
+            return self._llm
 
     def next_logprobs(
         self, sequences: Sequence[Sequence[int]], wanted: Sequence[Sequence[int]] | None = None
@@ -244,16 +271,17 @@ class LlamaCppScorer:
                     f"llama.cpp scorer: sequence {row} has {len(seq)} tokens; "
                     f"expected 1 to n_ctx ({self.n_ctx})"
                 )
-        llm = self.llm()
-        out = np.empty((len(sequences), llm.n_vocab()), dtype=np.float32)
-        for row, seq in enumerate(sequences):
-            shared = 0
-            for a, b in zip(llm.input_ids[: llm.n_tokens], seq, strict=False):
-                if a != b:
-                    break
-                shared += 1
-            # At least the last token is decoded again: its logits are what is asked for.
-            llm.n_tokens = min(shared, len(seq) - 1)
-            llm.eval(seq[llm.n_tokens :])
-            out[row] = llm.scores[llm.n_tokens - 1]
+        with self._lock:
+            llm = self.llm()
+            out = np.empty((len(sequences), llm.n_vocab()), dtype=np.float32)
+            for row, seq in enumerate(sequences):
+                shared = 0
+                for a, b in zip(llm.input_ids[: llm.n_tokens], seq, strict=False):
+                    if a != b:
+                        break
+                    shared += 1
+                # At least the last token is decoded again: its logits are what is asked for.
+                llm.n_tokens = min(shared, len(seq) - 1)
+                llm.eval(seq[llm.n_tokens :])
+                out[row] = llm.scores[llm.n_tokens - 1]
         return torch.log_softmax(torch.from_numpy(out), dim=-1)

@@ -8,17 +8,22 @@ and tokenizer as safetensors under the cache directory once, and load that direc
 on: on the driver and on every Ray worker of the node, in well under a second.
 
 The cache lives in ``$TOOLSCOUT_CACHE`` (default ``~/.cache/toolscout``), one directory per package
-version; a file lock makes concurrent first loads (several Ray workers) dequantize once.
+version, GGUF file and transformers version (:func:`cache_key`: another quantization of the file, a
+rebuilt wheel or another GGUF conversion is dequantized afresh, not read from an older copy); a
+file lock makes concurrent first loads (several Ray workers) dequantize once, and the directory is
+readable by every user of a shared cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,10 +70,43 @@ def packaged_gguf(name: str, packaged: PackagedGGUF) -> Path:
         FileNotFoundError: the package lacks its file.
     """
     require_distribution(packaged.distribution, f"LM backbone {name!r}")
-    gguf = Path(importlib.util.find_spec(packaged.module).origin).parent / packaged.file
+    spec = importlib.util.find_spec(packaged.module)
+    if spec is None or spec.origin is None:  # its metadata is installed, its files are not
+        raise ModuleNotFoundError(
+            f"{packaged.distribution} is installed but its module {packaged.module!r} is missing: "
+            f"pip install --force-reinstall {packaged.distribution}"
+        )
+    gguf = Path(spec.origin).parent / packaged.file
     if not gguf.exists():
         raise FileNotFoundError(f"{packaged.distribution} has no {packaged.file} in {gguf.parent}")
     return gguf
+
+
+def cache_key(name: str, version: str, gguf: Path) -> str:
+    """The cache directory's name for ``gguf``: the LM, its package version, and a digest of the
+    file (name, size, first and last MiB) and of the transformers version that converts it."""
+    from importlib.metadata import version as installed
+
+    size = gguf.stat().st_size
+    digest = hashlib.sha256(f"{gguf.name}:{size}:{installed('transformers')}".encode())
+    with open(gguf, "rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read())
+    return f"{name}-{version}-{digest.hexdigest()[:12]}"
+
+
+def publish(tmp: Path, target: Path) -> None:
+    """Move the finished directory ``tmp`` to ``target``, readable by all (``mkdtemp`` made it
+    owner-only), replacing an unfinished ``target`` (one without ``config.json``, left by a crash
+    or an older layout), which ``os.replace`` cannot overwrite."""
+    for root, _, files in os.walk(tmp):
+        os.chmod(root, 0o755)
+        for file in files:
+            os.chmod(os.path.join(root, file), 0o644)
+    if target.exists() and not (target / "config.json").exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
 
 
 def dequantized(name: str, packaged: PackagedGGUF) -> Path:
@@ -80,10 +118,11 @@ def dequantized(name: str, packaged: PackagedGGUF) -> Path:
     from filelock import FileLock
 
     version = require_distribution(packaged.distribution, f"LM backbone {name!r}")
-    target = cache_root() / f"{name}-{version}"
+    gguf = packaged_gguf(name, packaged)
+    target = cache_root() / cache_key(name, version, gguf)
     if (target / "config.json").exists():
         return target
-    package_dir = packaged_gguf(name, packaged).parent
+    package_dir = gguf.parent
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").exists():  # another process finished while we waited
@@ -102,7 +141,7 @@ def dequantized(name: str, packaged: PackagedGGUF) -> Path:
         try:
             model.save_pretrained(str(tmp), safe_serialization=True)
             tokenizer.save_pretrained(str(tmp))
-            os.replace(tmp, target)
+            publish(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -122,6 +161,16 @@ def parse_each_gguf_once() -> Iterator[None]:
     """
     import gguf
 
+    # The swap is process-wide: two loads in threads of one process take turns, or the second
+    # would restore the first's memoised functions for good.
+    with _GGUF_PATCH:
+        yield from _memoised(gguf)
+
+
+_GGUF_PATCH = threading.Lock()
+
+
+def _memoised(gguf: Any) -> Iterator[None]:
     original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
     parsed = functools.cache(original_reader)
 

