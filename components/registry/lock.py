@@ -4,16 +4,20 @@ The lock file is created whole or not at all: the holder's record (host, pid, st
 written to a private file first and hard-linked to the lock's name, which fails if the name
 exists. Two retrains that start together cannot both hold it, and a crash never leaves an empty
 lock that no one could judge. A lock left by a process that died on this host is taken over, one
-from another host is not (its owner may be alive: remove the file by hand, as the error says). A
-takeover moves the stale file aside by rename and checks that what it moved is the record it
-judged stale; had another process taken the lock over in between, its file is put back. Release
-removes the file only while it still holds this process's record. On Kubernetes the CronJob's
+from another host is not (its owner may be alive: remove the file by hand, as the error says).
+Takeovers on a host take turns under an ``flock`` on a guard file beside the lock (released by the
+kernel if the process dies): each reads the record again under it and removes the lock file only
+if it is still the one judged stale, so the name is never missing while a live process holds it.
+(Moving the stale file aside and putting back one that turned out live left a moment with no
+lock file, in which a third process took the lock beside the holder.) Release removes the file
+only while it still holds this process's record. On Kubernetes the CronJob's
 ``concurrencyPolicy: Forbid`` is the first guard and this file the second.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -91,21 +95,15 @@ class RetrainLock:
         )
 
     def _take_over(self, stale: dict) -> bool:
-        """Remove the lock file if it still holds ``stale``; ``False`` if another process's record
-        was there by then (it is put back)."""
-        aside = f"{self.path}.{uuid.uuid4().hex}.stale"
-        try:
-            os.rename(self.path, aside)  # atomic: what is moved is what the name held at that moment
-        except FileNotFoundError:
-            return True
-        moved = _read(aside)
-        if moved != stale:
-            # Another process took the lock over between our read and the rename: its file goes
-            # back (link: unless a third one holds the name by now, which then keeps it).
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, self.path)
-        os.unlink(aside)
-        return moved == stale
+        """Remove the lock file if it still holds ``stale``; ``True`` when the lock is free then,
+        ``False`` if another process's record is there by now (left as it is)."""
+        with open(f"{self.path}.takeover", "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)  # one takeover at a time; the kernel frees it on exit
+            holder = _read(self.path)
+            if holder == stale:
+                os.unlink(self.path)
+                return True
+            return holder is None
 
     def release(self) -> None:
         if self.held:

@@ -55,7 +55,42 @@ def test_a_takeover_that_lost_the_race_puts_the_new_holders_lock_back(tmp_path):
     path.write_text(json.dumps(fresh))
     assert lock._take_over(stale) is False
     assert json.loads(path.read_text()) == fresh
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["retrain.lock"]  # nothing left aside
+    # Nothing left aside (the guard file is the takeovers' own, empty).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["retrain.lock", "retrain.lock.takeover"]
+
+
+def test_no_third_process_takes_the_lock_while_a_takeover_that_lost_the_race_runs(tmp_path, monkeypatch):
+    import components.registry.lock as lock_module
+
+    path = tmp_path / "retrain.lock"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = {"host": socket.gethostname(), "pid": int(dead.stdout), "started": 0}
+    holder = RetrainLock(str(path))  # B: took the stale lock over already and holds it
+    holder.acquire()
+    late = RetrainLock(str(path))  # C: judged the same stale record a moment before B
+    late.record = {"host": socket.gethostname(), "pid": 0, "started": 0}
+    third: list[str] = []  # D: starts while C's takeover runs
+    read = lock_module._read
+
+    def read_then_third_starts(where: str) -> dict | None:
+        record = read(where)
+        if not third:
+            third.append("started")
+            try:
+                RetrainLock(str(path)).acquire()
+                third.append("holds it")
+            except LockHeld:
+                third.append("refused")
+        return record
+
+    monkeypatch.setattr(lock_module, "_read", read_then_third_starts)
+    assert late._take_over(stale) is False
+    monkeypatch.undo()
+    # B keeps the lock, and D was refused: not two holders at once.
+    assert third == ["started", "refused"] and holder.holder() == holder.record
+    holder.release()
 
 
 def test_release_leaves_a_lock_that_is_no_longer_its_own(tmp_path):
