@@ -217,3 +217,19 @@ def test_masstool_trains_on_the_graphs_preprocess_built(ray_session, tmp_path):
     with pytest.raises(ValueError, match="edges are not the"):
         catalog_cooccurrence(stale, list(prepared.corpus), "none")
     assert catalog_cooccurrence(prepared, list(prepared.corpus), "none").shape == (len(prepared.corpus),) * 2
+
+
+def test_a_bom_and_crlf_line_ends_read_as_the_loader_reads_them_and_an_empty_corpus_is_refused(
+    ray_session, tmp_path
+):
+    data = write_tiny_dataset(tmp_path / "d")
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/test.tsv"):
+        path = data / name
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))  # as Windows saves
+    run_job(data, tmp_path / "out", strict=True)  # not one row rejected
+    expected = prepare_splits(load_dataset(str(data), strict=True))
+    got = load_prepared(str(tmp_path / "out"))
+    assert got.corpus == expected.corpus and got.queries == expected.queries and got.qrels == expected.qrels
+    (data / "corpus.jsonl").write_bytes(b"\xef\xbb\xbf\r\n")
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl: file is empty"):
+        run_job(data, tmp_path / "out2")
