@@ -87,13 +87,17 @@ def test_new_tool_is_scored_through_its_text(trained, small_quickstart):
     qid = next(iter(small_quickstart.qrels["test"]))
     twin = next(iter(small_quickstart.qrels["test"][qid]))
     corpus = {**small_quickstart.corpus, "new-tool": {**small_quickstart.corpus[twin], "_id": "new-tool"}}
-    method.index(corpus)  # a tool added after training: no ID vector, same text as ``twin``
-    assert torch.isnan(method._ids[list(corpus).index("new-tool"), 0])
-    method.mix = 0.0
-    scores = method.retrieve({qid: small_quickstart.queries[qid]}, len(corpus))[qid]
-    assert scores["new-tool"] == pytest.approx(scores[twin], abs=1e-5)
-    method.index(small_quickstart.corpus)
-    method.mix = method.params.mix
+    chosen, config = method.mix, method.config()  # the session's model: put back as it was
+    try:
+        method.index(corpus)  # a tool added after training: no ID vector, same text as ``twin``
+        assert torch.isnan(method._ids[list(corpus).index("new-tool"), 0])
+        method.mix = 0.0
+        scores = method.retrieve({qid: small_quickstart.queries[qid]}, len(corpus))[qid]
+        assert scores["new-tool"] == pytest.approx(scores[twin], abs=1e-5)
+    finally:
+        method.index(small_quickstart.corpus)
+        method.mix = chosen  # the mix chosen on valid, not the params' default
+    assert method.config() == config
 
 
 def test_faiss_backend_matches_exact_search(trained, small_quickstart):
@@ -101,11 +105,13 @@ def test_faiss_backend_matches_exact_search(trained, small_quickstart):
     method, _, _ = trained
     queries = dict(list(small_quickstart.split_queries("test").items())[:30])
     exact = method.retrieve(queries, 5)
+    backend, config = method.params.index_backend, method.config()
     method.params.index_backend = "faiss"
     try:
         approx = method.retrieve(queries, 5)
     finally:
-        method.params.index_backend = "exact"
+        method.params.index_backend = backend  # the session's model as it was ("auto")
+    assert method.config() == config
     for qid in queries:
         assert list(approx[qid]) == list(exact[qid])
         assert list(approx[qid].values()) == pytest.approx(list(exact[qid].values()), abs=1e-5)

@@ -57,7 +57,7 @@ def smollm2_pair(tmp_path_factory):
     # One request per generation on both sides: batched left-padded decoding may differ in the last bits.
     common = {"sft": {"epochs": 0}, "align": {"rounds": 0}, "fusion": "rrf", "eval_batch_size": 1}
     local = QueryGenMethod(generator={"name_or_path": "smollm2-135m"}, **common)
-    run = RunSpec(name="qg", local_dir=str(root / "local"))
+    run = RunSpec(name="qg", storage_path=str(root / "runs"), local_dir=str(root / "local"))
     for stage in local.stages:
         local.fit(stage, data, run)
     with LocalChatLM(*local.gen.model()) as server:
@@ -120,7 +120,7 @@ def test_a_llamacpp_generator_rewrites_as_the_same_weights_do_in_transformers(sm
     data, local, *_ = smollm2_pair
     common = {"sft": {"epochs": 0}, "align": {"rounds": 0}, "fusion": "rrf", "eval_batch_size": 1}
     fast = QueryGenMethod(generator={"engine": "llamacpp", "model": "smollm2-135m", "n_threads": 2}, **common)
-    run = RunSpec(name="qg-llamacpp", local_dir=str(tmp_path / "run"))
+    run = RunSpec(name="qg-llamacpp", storage_path=str(tmp_path / "runs"), local_dir=str(tmp_path / "run"))
     for stage in fast.stages:
         fast.fit(stage, data, run)
     queries = dict(list(data.queries.items())[:4])

@@ -91,7 +91,7 @@ def test_a_pretrained_path_skips_building_and_stages_start_from_it(quickstart_12
     lm, tok = build_causal_lm(LMSpec(**TINY_LM), ["weather forecast in paris", "flights to rome"] * 20)
     save_causal_lm(lm, tok, str(tmp_path / "hub"))
     method = ToolGenMethod(lm={"name_or_path": str(tmp_path / "hub")})
-    run = RunSpec(name="x", local_dir=str(tmp_path / "local"))
+    run = RunSpec(name="x", storage_path=str(tmp_path / "runs"), local_dir=str(tmp_path / "local"))
     assert method.initial_model(quickstart_1200, run) == str(tmp_path / "hub")  # loaded, not rebuilt
     task = ToolGenTask(method.stage_config("memorization", str(tmp_path / "hub"), quickstart_1200))
     model = task.build_model()

@@ -265,13 +265,16 @@ def test_a_new_tool_gets_a_code_from_the_quantizer_without_retraining(trained, q
     taken = set(method.tool_codes.values())
     qid = next(iter(data.qrels["test"]))
     twin = next(iter(data.qrels["test"][qid]))
-    corpus = {**data.corpus, "new-tool": {**data.corpus[twin], "_id": "new-tool"}}  # the twin's text
+    # An id no test indexed before (codes stay once given, on this module's shared model).
+    new_id = "new-tool-quantized"
+    assert new_id not in method.tool_codes
+    corpus = {**data.corpus, new_id: {**data.corpus[twin], "_id": new_id}}  # the twin's text
     weights = method._lm.get_input_embeddings().weight.detach().clone()
     collided = method.cold_start["collided_before_pass"]
     try:
         method.index(corpus)
-        assert method.added_after_training[-1] == "new-tool"
-        new = method.tool_codes["new-tool"]
+        assert method.added_after_training[-1] == "new-tool-quantized"
+        new = method.tool_codes["new-tool-quantized"]
         assert new not in taken  # a code of its own
         # Same text, same latent, same nearest code as the twin's; a clash counts, and the pass
         # keeps the nearest prefix while it has a free last-level code.
@@ -280,7 +283,7 @@ def test_a_new_tool_gets_a_code_from_the_quantizer_without_retraining(trained, q
         assert (new[:-1] == nearest[twin][:-1]) == prefix_free
         assert torch.equal(method._lm.get_input_embeddings().weight, weights)  # the LM is unchanged
         scores = method.retrieve({qid: data.queries[qid]}, 101)[qid]
-        assert "new-tool" in scores and len(scores) == 101
+        assert "new-tool-quantized" in scores and len(scores) == 101
     finally:
         method.index(data.corpus)
 
@@ -298,7 +301,9 @@ def test_on_vllm_a_new_tool_is_coded_without_the_weights_and_ranks_as_in_process
     data = quickstart_1200
     qid = next(iter(data.qrels["test"]))
     twin = next(iter(data.qrels["test"][qid]))
-    corpus = {**data.corpus, "new-tool": {**data.corpus[twin], "_id": "new-tool"}}
+    new_id = "new-tool-vllm"  # no test indexed it before: the served copy must code it itself
+    assert new_id not in method.tool_codes
+    corpus = {**data.corpus, new_id: {**data.corpus[twin], "_id": new_id}}
     queries = dict(list(data.split_queries("test").items())[:10])
     method.save(str(tmp_path / "a"))
     lm, _, _ = load_bundle(str(tmp_path / "a" / "lm"))
@@ -306,12 +311,13 @@ def test_on_vllm_a_new_tool_is_coded_without_the_weights_and_ranks_as_in_process
         server_cfg = {"endpoint": server.url, "model": "tw"}
         served = ToolWeaverMethod.load(str(tmp_path / "a"), {"engine": "vllm", "engine_endpoint": server_cfg})
         served.index(corpus)
+        assert served.added_after_training[-1] == new_id  # coded here, on vLLM, not read from the save
         hits = served.retrieve(queries, 5)
         with pytest.raises(RuntimeError, match="free generation runs in process"):
             served.generate(queries, 5, constrained=False)  # no weights were loaded
     try:
         method.index(corpus)
-        assert served.tool_codes["new-tool"] == method.tool_codes["new-tool"]
+        assert served.tool_codes[new_id] == method.tool_codes[new_id]
         reference = method.retrieve(queries, 5)
     finally:
         method.index(data.corpus)

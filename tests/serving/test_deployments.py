@@ -249,14 +249,15 @@ def test_a_batch_over_serve_answers_each_request_as_alone(
     serve_instance, duplicated_dense, bm25_versions, dense, tiny_queries
 ):
     query, k, big = k_dependent(dense, tiny_queries)
-    wait_s = 2.0
+    # Two requests fill a batch; one alone would wait 60 s for a partner, past the client's 30 s
+    # timeout: that both are answered at all shows they were batched together (no clock read).
+    wait_s = 60.0
     deploy(
         {
             "artifact": duplicated_dense["artifact"],
             "catalog": duplicated_dense["data"],
             "detector_artifact": bm25_versions["default"],
             "detector_file": bm25_versions["detector_file"],
-            # Two requests fill a batch; one alone would wait the whole time for a partner.
             "batching": {"Retriever": {"max_batch_size": 2, "batch_wait_timeout_s": wait_s}},
         }
     )
@@ -271,8 +272,8 @@ def test_a_batch_over_serve_answers_each_request_as_alone(
         t.start()
     for t in threads:
         t.join()
+    assert sorted(answers) == sorted((k, big)), answers
     for n in (k, big):
-        assert answers[n]["timings_ms"]["retrieve"] < wait_s * 1000 * 0.9, answers  # batched together
         ids = [t["id"] for t in answers[n]["tools"]]
         assert ids == [t for t, _ in dense.retrieve([query], n)[0]], (n, ids)
 

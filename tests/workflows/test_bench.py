@@ -76,7 +76,7 @@ def test_a_method_s_scoring_variants_are_scored_on_valid_and_only_the_selected_o
 
     cfg = {
         "data": {"path": str(tiny_dataset)},
-        "train": {"storage_path": str(tmp_path / "runs"), **LOCAL_MODE},
+        "train": {"storage_path": str(tmp_path / "runs"), "local_dir": str(tmp_path / "local"), **LOCAL_MODE},
         "bench": {
             "out": str(tmp_path / "r.json"),
             "run": ["dense"],

@@ -21,33 +21,40 @@ boto3 = pytest.importorskip("boto3")
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    """A moto S3 server bound to 127.0.0.1 on a free port, stopped after the module."""
+    """A moto S3 server bound to 127.0.0.1 on a free port, stopped after the module.
+
+    Its credentials are never put in the environment: the code under test must carry them in
+    ``storage_options`` to every process (a Ray started after an env var was set would inherit it,
+    and a dropped option would go unnoticed)."""
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    saved = {
-        k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    }
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
-    )
-    yield endpoint
+    yield f"http://{host}:{port}"
     server.stop()
-    restore_env(saved)
 
 
-def restore_env(saved: dict[str, str | None]) -> None:
-    """Put environment variables back as they were (removing those that were unset)."""
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def client(endpoint: str):
+    """A boto3 S3 client of the moto server, its credentials given here only."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+
+
+def options(endpoint: str) -> dict:
+    """The storage_options that reach the moto server (s3fs's settings)."""
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
 
 
 def upload(endpoint: str, bucket: str, root: Path, prefix: str) -> None:
-    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3 = client(endpoint)
     s3.create_bucket(Bucket=bucket)
     for path in root.rglob("*"):
         if path.is_file():
@@ -57,7 +64,7 @@ def upload(endpoint: str, bucket: str, root: Path, prefix: str) -> None:
 def test_load_dataset_from_s3_equals_local(s3_endpoint, tmp_path):
     local = write_tiny_dataset(tmp_path / "d", bad_rows=True)
     upload(s3_endpoint, "data", local, "tiny")
-    opts = {"client_kwargs": {"endpoint_url": s3_endpoint}}
+    opts = options(s3_endpoint)
     remote = load_dataset("s3://data/tiny", storage_options=opts)
     expected = load_dataset(str(local))
     assert remote.corpus == expected.corpus
@@ -70,7 +77,7 @@ def test_preprocess_s3_to_s3(ray_session, s3_endpoint, tmp_path):
     local = write_tiny_dataset(tmp_path / "d")
     upload(s3_endpoint, "jobs", local, "in")
     # Credentials travel in storage_options: Ray workers started before this test never saw the env vars.
-    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    opts = options(s3_endpoint)
     cfg = {
         "data": {"path": "s3://jobs/in", "storage_options": opts},
         "preprocess": {"output": "s3://jobs/out", "parallelism": 2},
@@ -97,10 +104,10 @@ def test_ray_train_reads_its_inputs_from_and_checkpoints_to_s3(
     from components.training.runner import run_stage
     from components.training.spec import RunSpec
 
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="train")
+    client(s3_endpoint).create_bucket(Bucket="train")
     # The options travel with the filesystem object to Ray's controller and workers, whose
     # environment was fixed when Ray started: they must not depend on this process's variables.
-    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    opts = options(s3_endpoint)
     local = str(tmp_path / "local")
     run = RunSpec(name="s3run", storage_path="s3://train/runs", local_dir=local, storage_options=opts)
     method = DenseMethod(encoder=TINY_ENCODER, epochs=2, batch_size=32, lr=2e-3)
@@ -169,7 +176,7 @@ def test_retrain_increment_is_read_from_s3(ray_session, s3_endpoint, tmp_path):
     (inc / "queries.jsonl").write_text("\n".join(rows) + "\n")
     (inc / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nn1\t9\t1\nn2\t9\t1\nn2\tzzz\t1\n")
     upload(s3_endpoint, "increments", inc, "day1")
-    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    opts = options(s3_endpoint)
     log = RejectLog()
     got = read_increment("s3://increments/day1", base, log, opts)
     assert got.counts(base) == {
@@ -189,8 +196,8 @@ def test_a_sweep_keeps_its_trials_on_s3_and_restores_from_there(ray_session, s3_
     from workflows.cli_config import packaged_config
     from workflows.tune.sweep import tune_sweep
 
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="sweeps")
-    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    client(s3_endpoint).create_bucket(Bucket="sweeps")
+    opts = options(s3_endpoint)
     data = tmp_path / "data"
     generate_quickstart(str(data), seed=3, n_queries=300, n_neg=20)
     cfg = merge(

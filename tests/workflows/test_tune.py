@@ -234,10 +234,14 @@ def test_the_best_yaml_trains_unchanged_with_the_selected_setting(dense_sweep):
     assert best["method"]["params"]["lr"] == 3e-3 and best["bench"]["run"] == ["dense_tuned"]
     assert best["bench"]["methods"]["dense_tuned"]["params"] == best["method"]["params"]
     # In Ray Train's local mode (see LOCAL_MODE in conftest.py): the sweep's trials ran on workers.
-    cfg = merge(merge(packaged_config("default"), best), {"train": LOCAL_MODE})
-    out = train(cfg)
+    # Its registry and checkpoints in this test's directory, not the repo's runs/.
+    here = {
+        "train": {**LOCAL_MODE, "local_dir": str(root / "local")},
+        "registry": {"root": str(root / "registry")},
+    }
+    out = train(merge(merge(packaged_config("default"), best), here))
     saved = json.loads((Path(out["artifact"]) / "config.json").read_text())
-    assert saved["lr"] == 3e-3
+    assert saved["lr"] == 3e-3 and out["version"] == 1 and out["artifact"].startswith(str(root))
     assert "&id" not in (root / "out" / "planted_best.yaml").read_text()  # plain YAML, no anchors
 
 
