@@ -7,10 +7,12 @@ about 5 minutes through MiniLM on 2 cores, against about 30 s for an epoch of th
 own training. With this cache a sweep pays for each embedding once.
 
 The key is content, not a name: a hash of every weight of the encoder (so a fine-tuned or
-different encoder never reads another's vectors), its runtime, pooling and sequence length, and
-the exact texts of the call. A hit returns exactly what :meth:`TextEncoder.encode` returned when
-the entry was written. Entries are written to a temporary name and renamed, so trials running at
-once on one node never read a half-written file.
+different encoder never reads another's vectors), its pooling, and per call its runtime, n-gram
+order and the sequence length texts are cut at (the encoder's own when the call names none: a
+sweep over ``max_length`` read the first trial's vectors), and the exact texts of the call. A hit
+returns exactly what :meth:`TextEncoder.encode` returned when the entry was written. Entries are
+written to a temporary name and renamed, so trials running at once on one node never read a
+half-written file.
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ def encoder_fingerprint(encoder: TextEncoder) -> str:
     return digest.hexdigest()[:24]
 
 
-def texts_key(texts: list[str], max_length: int | None) -> str:
-    """A hash of the call: the texts in order and the sequence length they are cut at."""
-    digest = hashlib.sha256(repr(max_length).encode())
+def call_settings(encoder: TextEncoder, max_length: int | None) -> tuple:
+    """What else decides a call's vectors, read at the call: the length texts are cut at (the
+    encoder's own ``max_length`` when the call names none), the runtime and the n-gram order
+    (neither is a weight, and both can change after the cache was opened)."""
+    order = encoder.ngrams.order if encoder.ngrams is not None else None
+    return (max_length or encoder.max_length, encoder.runtime, order)
+
+
+def texts_key(texts: list[str], settings: tuple) -> str:
+    """A hash of the call: the texts in order and :func:`call_settings`."""
+    digest = hashlib.sha256(repr(settings).encode())
     for text in texts:
         digest.update(text.encode("utf-8"))
         digest.update(b"\0")  # so that ["ab", "c"] and ["a", "bc"] differ
@@ -67,7 +77,7 @@ class EmbeddingCache:
         """``encoder.encode(texts, max_length=max_length)`` on the CPU, read from disk when cached."""
         if any(p.requires_grad for p in self.encoder.parameters()):
             raise RuntimeError("the cached encoder was unfrozen after the cache was opened")
-        path = os.path.join(self.dir, texts_key(texts, max_length) + ".npy")
+        path = os.path.join(self.dir, texts_key(texts, call_settings(self.encoder, max_length)) + ".npy")
         if os.path.exists(path):
             self.hits += 1
             return torch.from_numpy(np.load(path))

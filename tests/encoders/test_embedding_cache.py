@@ -51,6 +51,17 @@ def test_other_texts_lengths_or_weights_are_other_entries(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(cache.dir), os.path.basename(other.dir)])
 
 
+def test_the_encoders_own_length_keys_a_call_that_names_none(tmp_path):
+    # MassTool embeds its queries with max_length None: the encoder's own length cuts them, and a
+    # sweep over it (two encoders with equal weights) must not read the other trial's vectors.
+    enc = frozen(0)
+    short = TextEncoder(enc.backbone, enc.tokenizer, enc.pooling, 4, enc.ngrams)
+    full = EmbeddingCache(str(tmp_path), enc).encode(TEXTS)
+    cut = EmbeddingCache(str(tmp_path), short).encode(TEXTS)
+    torch.testing.assert_close(cut, short.encode(TEXTS), atol=0, rtol=0)
+    assert not torch.equal(cut, full)
+
+
 def test_an_encoder_that_trains_cannot_use_a_cache(tmp_path):
     enc = TextEncoder.from_spec(SPEC, TEXTS)
     with pytest.raises(ValueError, match="frozen encoder"):
