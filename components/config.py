@@ -51,6 +51,25 @@ def _int12(loader: yaml.SafeLoader, node: yaml.Node) -> int:
 _Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _int12)
 
 
+def _unique_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    """A mapping whose keys are all different: YAML keeps the last of two equal keys, so a section
+    pasted twice, or ``lr`` set twice in one, silently used one of them."""
+    first: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *base` then a key of base again is an override, as YAML means it
+        key = loader.construct_object(key_node)
+        if key in first:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {first[key] + 1})", key_node.start_mark
+            )
+        first[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=True)
+
+
+_Yaml12Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
+
+
 def parse_yaml(text: str) -> Any:
     """``text`` as YAML with YAML 1.2's scalars (see :class:`_Yaml12Loader`)."""
     return yaml.load(text, Loader=_Yaml12Loader)  # a SafeLoader subclass: no arbitrary objects
@@ -84,9 +103,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``update`` into a copy of ``base`` (mappings merge, everything else replaces)."""
+    """Deep-merge ``update`` into a copy of ``base`` (mappings merge, everything else replaces).
+
+    An empty section (``train:`` with every key commented out, which YAML reads as null) changes
+    nothing: it does not wipe the section it would merge into."""
     out = copy.deepcopy(base)
     for key, value in update.items():
+        if value is None and isinstance(out.get(key), dict):
+            continue
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge(out[key], value)
         else:
@@ -94,17 +118,25 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(
+    config: dict[str, Any], overrides: list[str], sections: set[str] | None = None
+) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides; values are parsed as YAML (``3``, ``true``, ``[1,2]``).
 
     A mapping must be written in flow style (``{k: v}``): ``title=Results: dense vs BM25`` is the
-    string it looks like, not YAML's ``{"Results": "dense vs BM25"}``.
+    string it looks like, not YAML's ``{"Results": "dense vs BM25"}``. With ``sections`` (the
+    config's own), an override outside them is refused: ``tarin.num_workers=4`` would create a
+    section nothing reads and train on one worker.
     """
     out = copy.deepcopy(config)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r}: expected key=value, e.g. train.num_workers=2")
+        if sections is not None and key.strip().split(".")[0] not in sections:
+            raise ConfigError(
+                f"override {item!r}: no section {key.split('.')[0]!r}; the config has {sorted(sections)}"
+            )
         try:
             value = parse_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
@@ -116,7 +148,7 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
         if isinstance(value, dict) and any(":" in str(k) and v is None for k, v in value.items()):
             # YAML reads {CPU:4} as the key "CPU:4" with no value: the mapping was meant.
             raise ConfigError(f"override {item!r}: write a mapping with a space after each colon, {{CPU: 4}}")
-        if " #" in raw and isinstance(value, str):
+        if " #" in raw and isinstance(value, str) and raw.strip()[:1] not in "'\"":
             value = raw.strip()  # YAML would read " #..." as a comment and drop it: keep the text
         node = out
         parts = key.strip().split(".")
@@ -157,4 +189,4 @@ def load_config(
     config = copy.deepcopy(defaults or {})
     if path is not None:
         config = merge(config, load_file(path))
-    return apply_overrides(config, overrides or [])
+    return apply_overrides(config, overrides or [], set(config) if config else None)

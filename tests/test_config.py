@@ -127,3 +127,27 @@ def test_a_config_extends_another_and_a_cycle_is_an_error(tmp_path):
     (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
     with pytest.raises(ConfigError, match=r"missing\.yaml: config file not found"):
         load_config(tmp_path / "c.yaml")
+
+
+def test_a_key_given_twice_names_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 1.0e-3\n  epochs: 3\n  lr: 1.0e-4\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:4: .*duplicate key 'lr' \(first at line 2\)"):
+        load_yaml(path)
+    # A merge key's mapping overridden by a key of its own is YAML's meaning, not a duplicate.
+    path.write_text("base: &b {lr: 1}\nrun:\n  <<: *b\n  lr: 2\n")
+    assert load_yaml(path)["run"] == {"lr": 2}
+
+
+def test_an_empty_section_changes_nothing_and_an_unknown_one_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  # num_workers: 2\n")  # every key commented out: YAML's null
+    cfg = load_config(path, ["train.lr=0.1"], {"train": {"num_workers": 1}, "data": {}})
+    assert cfg["train"] == {"num_workers": 1, "lr": 0.1}
+    with pytest.raises(ConfigError, match=r"no section 'tarin'; the config has \['data', 'train'\]"):
+        load_config(path, ["tarin.num_workers=4"], {"train": {"num_workers": 1}, "data": {}})
+
+
+def test_a_quoted_value_keeps_its_hash_and_loses_its_quotes():
+    cfg = apply_overrides({}, ['title="BM25 #1"', "note=free text #2", "tag='a' # comment"])
+    assert cfg == {"title": "BM25 #1", "note": "free text #2", "tag": "a"}
