@@ -33,13 +33,23 @@ def check_select_metric(method: str, metric: str, allowed: tuple[str, ...] = EPO
 
 
 def ranked(scores: dict[str, float], k: int) -> list[str]:
-    """Top-``k`` ids by score, ties broken by id so results are reproducible."""
+    """Top-``k`` ids by score, ties broken by id so results are reproducible.
+
+    Raises:
+        ValueError: a score is NaN (a diverged model): it would sort anywhere and score anything.
+    """
+    bad = next((d for d, s in scores.items() if s != s), None)
+    if bad is not None:
+        raise ValueError(f"score of {bad!r} is NaN: the model's outputs cannot be ranked")
     return [d for d, _ in sorted(scores.items(), key=lambda x: (-x[1], x[0]))[:k]]
 
 
 def query_metrics(relevant: set[str], top: list[str], k: int) -> dict[str, float]:
-    """Per-query metrics at cut-off ``k`` for a ranked list ``top`` (longer lists are cut)."""
-    top = top[:k]
+    """Per-query metrics at cut-off ``k`` (>= 1) for a ranked list ``top`` (longer lists are cut;
+    a tool named twice counts once, at its first place)."""
+    if k < 1:
+        raise ValueError(f"a metric's cut-off k must be >= 1, got {k}")
+    top = list(dict.fromkeys(top))[:k]
     hits = [1.0 if d in relevant else 0.0 for d in top]
     h = sum(hits)
     dcg = sum(hit / math.log2(i + 2) for i, hit in enumerate(hits))
@@ -92,6 +102,8 @@ def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve via the rank-sum (Mann–Whitney U) statistic, ties averaged."""
     labels = np.asarray(labels).astype(bool)
     scores = np.asarray(scores, dtype=np.float64)
+    if np.isnan(scores).any():  # NaN sorts last, as the top score: a diverged detector scored 1.0
+        raise ValueError(f"auroc: {int(np.isnan(scores).sum())} of {len(scores)} scores are NaN")
     n_pos, n_neg = int(labels.sum()), int((~labels).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")

@@ -194,3 +194,15 @@ def test_per_query_values_average_to_the_reported_metric():
     values = per_query(qrels, results, "ndcg@3")
     assert set(values) == {"q1", "q2"}  # q3 judges no tool relevant
     assert np.mean(list(values.values())) == pytest.approx(evaluate_retrieval(qrels, results, (3,))["ndcg@3"])
+
+
+def test_nan_scores_a_zero_cut_off_and_repeated_ids_are_not_scored_as_numbers() -> None:
+    # A diverged model: NaN would sort anywhere (to the top for AUROC) and score 1.0.
+    with pytest.raises(ValueError, match="'a' is NaN"):
+        evaluate_retrieval({"q": {"a": 1, "b": 1}}, {"q": {"a": float("nan"), "b": 0.5, "c": 0.9}}, (1,))
+    with pytest.raises(ValueError, match="2 of 3 scores are NaN"):
+        auroc(np.array([1, 0, 1]), np.array([np.nan, 0.2, np.nan]))
+    with pytest.raises(ValueError, match="cut-off k must be >= 1"):
+        query_metrics({"a"}, ["a"], 0)
+    # A tool named twice is one hit, at its first place: recall never passes 1.
+    assert query_metrics({"a", "b"}, ["a", "a", "b"], 3) == query_metrics({"a", "b"}, ["a", "b"], 3)

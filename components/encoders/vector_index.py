@@ -93,6 +93,8 @@ class VectorIndex:
         k = min(k, self.size)
         if self._faiss is None:
             return (queries @ self._matrix.T).topk(k, dim=1)
+        if k == 0:  # FAISS asserts k > 0; an empty catalogue has no hits, as exact search says
+            return torch.empty(len(queries), 0), torch.empty(len(queries), 0, dtype=torch.long)
         found = np.ascontiguousarray(queries.detach().cpu().numpy(), np.float32)
         scores, positions = self._faiss.search(found, k)
         return torch.from_numpy(scores), torch.from_numpy(positions)

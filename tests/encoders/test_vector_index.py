@@ -81,3 +81,11 @@ def test_dense_builds_its_hnsw_index_at_index_time(small_quickstart, tmp_path):
     a, b = exact.retrieve(queries, 5), approx.retrieve(queries, 5)
     overlap = sum(len(set(a[q]) & set(b[q])) for q in queries) / (5 * len(queries))
     assert overlap >= 0.95
+
+
+def test_faiss_on_an_empty_catalogue_has_no_hits_as_exact_search():
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'toolscout[faiss]')")
+    queries = torch.randn(2, 8)
+    for kind in ("exact", "faiss", "hnsw"):
+        scores, positions = VectorIndex(torch.empty(0, 8), IndexSettings(kind=kind)).search(queries, 5)
+        assert scores.shape == positions.shape == (2, 0)
