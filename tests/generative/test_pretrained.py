@@ -122,23 +122,26 @@ def test_a_package_whose_module_is_gone_says_how_to_fix_it(monkeypatch):
 
 def test_two_threads_loading_at_once_leave_gguf_as_it_was():
     import threading
-    import time
 
     gguf = pytest.importorskip("gguf")
     original = gguf.GGUFReader
-    first_left = threading.Event()
+    trying, entered, first_left = threading.Event(), threading.Event(), threading.Event()
 
     def second_load() -> None:
+        trying.set()
         with parse_each_gguf_once():
+            entered.set()
             first_left.wait(10)  # it leaves after the first load has left
 
     with parse_each_gguf_once():
         thread = threading.Thread(target=second_load)
         thread.start()
-        time.sleep(0.2)  # without taking turns it enters now, saving this load's patch as gguf's own
+        assert trying.wait(10)
+        # It waits its turn: inside now, it would save this load's patch as gguf's own.
+        assert not entered.wait(1.0)
     first_left.set()
     thread.join(10)
-    assert not thread.is_alive() and gguf.GGUFReader is original
+    assert entered.is_set() and not thread.is_alive() and gguf.GGUFReader is original
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import requests
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import deploy, mcp_session
 
-from components.serving.models import DetectorModel
+from components.serving.models import DetectorModel, RetrieverModel
 from components.serving.schemas import MAX_QUERY_CHARS, MAX_TOP_K
 
 
@@ -85,10 +85,16 @@ def test_no_tool_needed_skips_retrieval(url, dataset, bm25_versions):
     assert body["versions"] == {"detector": "bm25/v0001", "retriever": None}
 
 
-def test_history_is_accepted(url):
-    body = {"query": "and the forecast there?", "history": ["I am flying to Paris"], "top_k": 2}
-    r = post(url, {**body, "needs_tool_threshold": 0.0})
-    assert r.status_code == 200 and r.json()["timings_ms"]["rewrite"] >= 0
+def test_history_reaches_retrieval_through_the_rewriter(url, bm25_versions):
+    # The app's rewriter is `history` with one turn: the retriever searches "<last turn> <query>".
+    query, history = "and the forecast there?", ["I am flying to Paris"]
+    r = post(url, {"query": query, "history": history, "top_k": 2, "needs_tool_threshold": 0.0})
+    assert r.status_code == 200, r.text
+    retriever = RetrieverModel(bm25_versions["default"])
+    with_history = [t for t, _ in retriever.retrieve([f"{history[-1]} {query}"], 2)[0]]
+    alone = [t for t, _ in retriever.retrieve([query], 2)[0]]
+    assert with_history != alone  # the history changes what is retrieved...
+    assert [t["id"] for t in r.json()["tools"]] == with_history  # ...and the app searched with it
 
 
 BAD_JSON = [
