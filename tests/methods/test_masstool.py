@@ -186,21 +186,36 @@ def joint_stage(params: MassToolParams, data, semantic_dir: str) -> StageConfig:
     return StageConfig.from_params(JOINT_TASK, "joint", params, StageInputs(data, semantic_dir))
 
 
-@pytest.mark.parametrize(
-    "switches",
-    [
-        {"graph": False},
-        {"suim": False},
-        {"adakt": "none"},
-        {"adakt": "attention"},
-        {"dynamic_filter": False},
-        {"contrastive_weight": 0.0},
-        {"detection_weight": 0.0, "suim": False, "adakt": "none"},
-        {"finetune_encoder": False},
-        {"tool_dropout": 0.5},
-    ],
-)
-def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):
+def no_grad(module: torch.nn.Module) -> bool:
+    """Whether the last backward pass left ``module`` no gradient."""
+    return all(p.grad is None or not p.grad.abs().sum() for p in module.parameters())
+
+
+def propagates_nothing(model) -> bool:
+    queries, _, cl = model.graph()
+    return cl is None and torch.equal(queries, model.query_proj(model.pool))
+
+
+# Each ablation switch, and what it must change in the model that trained one step with it.
+ABLATIONS = [
+    ({"graph": False}, propagates_nothing),  # no QC-GCN layers: the layer-0 inputs come back
+    ({"suim": False}, lambda model: model.suim is None),
+    ({"adakt": "none"}, lambda model: model.adakt is None),
+    ({"adakt": "attention"}, lambda model: model.adakt is not None and model.adakt.mode == "attention"),
+    ({"dynamic_filter": False}, lambda model: not model.cfg.dynamic_filter and model.suim is not None),
+    ({"contrastive_weight": 0.0}, lambda model: not model.gcn.scene_view),  # no second view built
+    # With no detection loss and nothing that feeds the detector's hidden state into retrieval,
+    # the detection tower learns nothing.
+    ({"detection_weight": 0.0, "suim": False, "adakt": "none"}, lambda model: no_grad(model.detector)),
+    ({"finetune_encoder": False}, lambda model: no_grad(model.encoder)),
+    ({"tool_dropout": 0.5}, lambda model: bool(model.gcn.cold_tools().any())),
+]
+
+
+@pytest.mark.parametrize(("switches", "took_effect"), ABLATIONS, ids=[str(s) for s, _ in ABLATIONS])
+def test_every_ablation_trains_one_step_and_changes_what_it_names(
+    small_quickstart, tmp_path, switches, took_effect
+):
     bi = tmp_path / "semantic"
     from components.encoders.bi_encoder import BiEncoder
 
@@ -216,6 +231,8 @@ def test_every_ablation_trains_one_step(small_quickstart, tmp_path, switches):
     loss.backward()
     assert torch.isfinite(loss)
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    with torch.no_grad():
+        assert took_effect(model)
 
 
 @pytest.fixture(scope="module")
