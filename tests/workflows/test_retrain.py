@@ -236,3 +236,13 @@ def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline
     assert record["serving"]["reason"].split(":")[0] in result.output
     registry = ModelRegistry(RegistrySettings(root=str(registry_root)))
     assert registry.aliases("tools")["champion"] == 1
+
+
+@pytest.mark.parametrize("metric", ["ndcg@20", "ndcg@0", "ndgc@3", "ndcg"])
+def test_a_gate_metric_the_gate_cannot_score_is_refused_when_read(metric):
+    from workflows.retrain.gate import GateSettings
+
+    assert GateSettings.from_config({"metric": "recall@10"}).metric == "recall@10"
+    # ndcg@20 over the gate's top-10 ranking would score a truncated list without a word.
+    with pytest.raises(ValueError, match=r"retrain.gate.metric: expected .* k in 1..10"):
+        GateSettings.from_config({"metric": metric})

@@ -26,6 +26,10 @@ from components.data.types import Qrels
 from components.methods.base import Method
 from components.metrics import detection_metrics, evaluate_retrieval, paired_bootstrap, per_query
 
+# How deep the gate ranks the holdout: its metric's cut-off cannot go past it.
+GATE_DEPTH = 10
+GATE_METRICS = ("recall", "ndcg", "comp", "precision", "mrr")
+
 
 @dataclass(frozen=True)
 class GateSettings:
@@ -51,6 +55,15 @@ class GateSettings:
             )
         return cls(**section)
 
+    def __post_init__(self) -> None:
+        # Checked when the config is read: ndcg@20 over a top-10 ranking scored a truncated list.
+        name, _, k = self.metric.partition("@")
+        if name not in GATE_METRICS or not k.isdigit() or not 1 <= int(k) <= GATE_DEPTH:
+            raise ValueError(
+                f"retrain.gate.metric: expected <{'|'.join(GATE_METRICS)}>@<k> with k in 1..{GATE_DEPTH} "
+                f"(the gate ranks the top {GATE_DEPTH}), e.g. ndcg@3; got {self.metric!r}"
+            )
+
 
 @dataclass
 class Measurement:
@@ -68,7 +81,7 @@ def measure(
     catalog: set[str],
     new_tools: list[str],
     settings: GateSettings,
-    k: int = 10,
+    k: int = GATE_DEPTH,
 ) -> Measurement:
     """Score ``method`` on the holdout: retrieval, per-query metric, detection, hallucination,
     single-query latency and new-tool coverage."""
