@@ -31,7 +31,8 @@ def local_path(path: str) -> str:
 def storage_options_for(path: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Options for ``fsspec`` so that an ``AWS_ENDPOINT_URL`` is honoured by s3fs too."""
     opts = dict(storage_options or {})
-    if path.startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL") and "client_kwargs" not in opts:
+    given = "client_kwargs" in opts or "endpoint_url" in opts  # s3fs takes it either way
+    if path.startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL") and not given:
         opts["client_kwargs"] = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
     return opts
 
@@ -132,10 +133,20 @@ def makedirs(path: str, storage_options: dict[str, Any] | None = None) -> None:
 
 
 def remove(path: str, storage_options: dict[str, Any] | None = None) -> None:
-    """Delete a file or a directory tree at ``path`` if there is one (stale output of a past run)."""
+    """Delete a file or a directory tree at ``path`` if there is one (stale output of a past run).
+
+    Object by object from a listing: fsspec's ``rm`` reads ``[``, ``*`` and ``?`` in a path as a
+    pattern, so removing ``s3://b/exp[1]`` deleted ``exp1`` beside it and left ``exp[1]``."""
+    if not is_remote(path):
+        target = local_path(path)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        elif os.path.lexists(target):
+            os.remove(target)
+        return
     fs = filesystem(path, storage_options)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
+    for name in fs.find(path):  # a literal prefix listing, with the object itself for a file
+        fs.rm_file(name)
 
 
 def put_dir(src: str, dst: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -169,8 +180,15 @@ def fetch(path: str, storage_options: dict | None = None) -> str:
     if os.path.isdir(local):
         return local
     partial = f"{local}.{uuid.uuid4().hex}.tmp"
+    root = fs._strip_protocol(path).rstrip("/")
     try:
-        fs.get(path.rstrip("/") + "/", partial, recursive=True)
+        # File by file from the listing, as remove() deletes: fs.get would glob [ ] * in the path.
+        for name, _, _ in listing:
+            target = os.path.join(
+                partial, os.path.relpath(name, root) if name != root else os.path.basename(name)
+            )
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fs.get_file(name, target)
         os.rename(partial, local)
     except OSError:
         if not os.path.isdir(local):  # the download itself failed

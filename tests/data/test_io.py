@@ -37,3 +37,13 @@ def test_remove_deletes_a_tree_and_ignores_a_missing_path(tmp_path: Path) -> Non
 def test_id_map_orders_integer_ids_numerically_and_other_digits_lexically() -> None:
     assert IdMap.of(["10", "9", "007", "7"]).ids == ("007", "7", "9", "10")
     assert IdMap.of(["2", "²"]).ids == ("2", "²")  # "²".isdigit() is True, but int("²") fails
+
+
+def test_an_endpoint_in_the_options_wins_over_aws_endpoint_url(monkeypatch):
+    from components.data.io import storage_options_for
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    assert storage_options_for("s3://b/x") == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}
+    # s3fs's own endpoint_url option: adding client_kwargs' too made s3fs fail with a TypeError.
+    given = {"endpoint_url": "http://127.0.0.1:5078"}
+    assert storage_options_for("s3://b/x", given) == given

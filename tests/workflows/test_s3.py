@@ -227,3 +227,19 @@ def test_a_sweep_keeps_its_trials_on_s3_and_restores_from_there(ray_session, s3_
     again = tune_sweep(cfg)  # the same sweep: restored from S3, nothing trains again
     assert sorted(t["trial_id"] for t in again["trials"]) == sorted(t["trial_id"] for t in report["trials"])
     assert all(len(fs.cat(p).decode().splitlines()) == 1 for p in results)  # one report each: not re-run
+
+
+def test_a_path_with_pattern_characters_is_only_itself(s3_endpoint, tmp_path):
+    from components.data import io
+
+    s3 = client(s3_endpoint)
+    s3.create_bucket(Bucket="names")
+    for key in ("exp[1]/w.bin", "exp1/w.bin", "model[a]/w.bin", "modela/w.bin"):
+        s3.put_object(Bucket="names", Key=key, Body=key.encode())
+    opts = options(s3_endpoint)
+    # fsspec's rm and get read [ ] as a pattern: removing exp[1] deleted exp1 and left exp[1].
+    io.remove("s3://names/exp[1]", opts)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="names")["Contents"]}
+    assert keys == {"exp1/w.bin", "model[a]/w.bin", "modela/w.bin"}
+    fetched = io.fetch("s3://names/model[a]", opts)
+    assert (Path(fetched) / "w.bin").read_bytes() == b"model[a]/w.bin"
