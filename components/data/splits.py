@@ -61,8 +61,9 @@ def cold_start(qrels: dict[str, Qrels], unseen: set[str]) -> dict[str, Qrels]:
     came_from: dict[str, str] = {}
     for name, split in qrels.items():
         for qid, rel in split.items():
-            if not unseen.intersection(rel):
-                out[name][qid] = rel
+            if not unseen.intersection(t for t, s in rel.items() if s > 0):
+                # It needs no unseen tool; a zero judgement of one goes (training never sees it).
+                out[name][qid] = {t: s for t, s in rel.items() if t not in unseen}
                 continue
             if qid in came_from:
                 raise ValueError(

@@ -107,9 +107,12 @@ def test_cold_start_moves_every_query_with_an_unseen_tool() -> None:
         assert set(out[name]) == set(qrels[name]) - needing
 
 
-def test_cold_start_counts_zero_score_tools_as_mentions() -> None:
-    out = cold_start({"train": {"q1": {"a": 1, "b": 0}, "q2": {"a": 1}}}, {"b"})
-    assert out == {"train": {"q2": {"a": 1}}, "test_unseen": {"q1": {"a": 1, "b": 0}}}
+def test_a_zero_judgement_of_an_unseen_tool_neither_moves_its_query_nor_stays() -> None:
+    # q1 does not need b (score 0): it stays in train, without the judgement that names b, and
+    # test_unseen holds only queries that need an unseen tool (q3), as its metric assumes.
+    qrels = {"train": {"q1": {"a": 1, "b": 0}, "q2": {"a": 1}}, "test": {"q3": {"b": 1}}}
+    out = cold_start(qrels, {"b"})
+    assert out == {"train": {"q1": {"a": 1}, "q2": {"a": 1}}, "test": {}, "test_unseen": {"q3": {"b": 1}}}
 
 
 def test_prepare_splits_cold_start_has_no_unseen_tool_in_train_valid_or_test() -> None:
