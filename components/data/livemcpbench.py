@@ -57,22 +57,27 @@ def convert(source_dir: str, out_dir: str) -> dict[str, Any]:
     for r in records:
         by_name.setdefault(r["metadata"]["name"], []).append(r["_id"])
     queries, qrels, mentions, ambiguous, unmatched = [], [], 0, 0, Counter()
-    with open(os.path.join(source_dir, "tasks.jsonl"), encoding="utf-8") as f:
-        for line in f:
+    tasks_file = os.path.join(source_dir, "tasks.jsonl")
+    with open(tasks_file, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            task = json.loads(line)
-            names = list(task.get("tools") or [])
+            try:
+                task = json.loads(line)
+                qid, question = str(task["task_id"]), str(task["question"])
+                names = list(task.get("tools") or [])
+            except (ValueError, KeyError, TypeError) as e:  # each bad task said, with its line
+                why = f"not a task (JSON with task_id, question, tools): {type(e).__name__}: {e}"
+                rejects.add(tasks_file, number, why, line.strip())
+                continue
             mentions += len(names)
             ambiguous += sum(len(by_name.get(n, [])) > 1 for n in names)
             ids, missing = resolve_task(names, by_name)
             unmatched.update(missing)
-            if not ids:
+            if not ids:  # nothing to judge it against: kept out, and said why
+                rejects.add(tasks_file, number, f"no tool it names is in the catalog: {names}", line.strip())
                 continue
-            qid = str(task["task_id"])
-            queries.append(
-                {"_id": qid, "text": task["question"], "metadata": {"category": task.get("category")}}
-            )
+            queries.append({"_id": qid, "text": question, "metadata": {"category": task.get("category")}})
             qrels += [(qid, tid) for tid in ids]
     io.write_jsonl(os.path.join(out_dir, "corpus.jsonl"), records)
     io.write_jsonl(os.path.join(out_dir, "queries.jsonl"), queries)
@@ -87,5 +92,6 @@ def convert(source_dir: str, out_dir: str) -> dict[str, Any]:
         "ambiguous_mentions": ambiguous,
         "unmatched_mentions": sum(unmatched.values()),
         "unmatched_names": sorted(unmatched),
-        "rejected_tools": len(rejects),
+        "rejected_tools": sum(r.file != tasks_file for r in rejects.rejects),
+        "rejected_tasks": sum(r.file == tasks_file for r in rejects.rejects),
     }

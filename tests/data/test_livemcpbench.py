@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,28 @@ def test_the_real_catalog_converts_with_nothing_lost(tmp_path):
     report = convert(str(LIVEMCPBENCH), str(tmp_path))
     assert report["tools"] == 527 and report["rejected_tools"] == 0
     assert report["mentions"] == 256 and report["ambiguous_mentions"] == 29
-    # Every task keeps a judgement unless none of its tools is in the catalog.
-    assert report["tasks"] == 94 and report["unmatched_mentions"] == 5
+    # Every task keeps a judgement unless none of its tools is in the catalog: that one is a
+    # reject with its line, not silently left out.
+    assert report["tasks"] == 94 and report["unmatched_mentions"] == 5 and report["rejected_tasks"] == 1
+    (dropped,) = [json.loads(line) for line in (tmp_path / "rejects.jsonl").read_text().splitlines()]
+    assert dropped["reason"].startswith("no tool it names is in the catalog") and dropped["line"] > 0
     data = load_dataset(str(tmp_path))
     assert len(data.corpus) == 527 and all(t.count("/") >= 1 for t in data.corpus)
     assert sum(len(r) for r in data.qrels["test"].values()) == report["judgements"]
+
+
+def test_a_bad_task_line_is_a_reject_with_its_file_and_line(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    weather = {"name": "weather", "description": "the forecast", "inputSchema": {"type": "object"}}
+    (source / "tools.json").write_text(json.dumps([{"tools": {"srv": {"tools": [weather]}}}]))
+    good = {"task_id": "t1", "question": "weather in Oslo", "tools": ["weather"]}
+    lines = [json.dumps(good), '{"task_id": "t2", "tools": ["weather"]}', '{"task_id": "t3",']
+    (source / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    report = convert(str(source), str(tmp_path / "out"))
+    assert report["tasks"] == 1 and report["rejected_tasks"] == 2
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"].split(":")[0]) for r in rejects] == [
+        (2, "not a task (JSON with task_id, question, tools)"),
+        (3, "not a task (JSON with task_id, question, tools)"),
+    ]
