@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 from dataclasses import fields
 from typing import Any
@@ -27,9 +28,10 @@ TRAIN_KEYS = {f.name for f in fields(RunSpec)} - {"name", "report_to_tune"} | {"
 
 
 def new_run(cfg: dict[str, Any], name: str) -> RunSpec:
-    """:func:`run_spec` for a run of its own: ``name`` plus a time stamp, so that two trainings never
-    resume each other's Ray Train runs (resuming is what an explicit ``train.run_name`` is for)."""
-    return run_spec(cfg, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    """:func:`run_spec` for a run of its own: ``name`` plus a time stamp and a random suffix (two
+    trainings started in the same second, a seed sweep, must not share one run), so that two
+    trainings never resume each other's Ray Train runs (what an explicit ``train.run_name`` is for)."""
+    return run_spec(cfg, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
 
 
 def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpec:

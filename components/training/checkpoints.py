@@ -33,6 +33,10 @@ def persisted(
     """``(checkpoint dir, trainer state)`` of every complete checkpoint of a run, oldest epoch first."""
     root = run_dir(storage_path, run_name)
     fs = io.filesystem(root, storage_options)
+    # fsspec's filesystems are shared per process and s3fs keeps listings without expiry: the
+    # workers' checkpoints of this run, written from other processes since the last look (a
+    # resume lists the run before fit), would be missing from a cached listing.
+    fs.invalidate_cache(root)
     if not fs.exists(root):
         return []
     found = []

@@ -150,13 +150,16 @@ def run_epoch(
     for step, batch in enumerate(tqdm(loader, desc=f"{config.stage} epoch {epoch}", disable=not show_bar)):
         # The optimizer steps after every ``accumulate`` batches and after the epoch's last one.
         last = (step + 1) % accumulate == 0 or step + 1 == len(loader)
+        # Each batch's share of its step: the epoch's last group may hold fewer than ``accumulate``
+        # batches, and dividing those by ``accumulate`` would shrink that step's gradient.
+        group = min(accumulate, len(loader) - step // accumulate * accumulate)
         warm_up(optimizer, epoch * steps_per_epoch + step // accumulate, config)
         # DDP would all-reduce gradients after every backward; between steps that is wasted.
         sync = model.no_sync() if not last and hasattr(model, "no_sync") else contextlib.nullcontext()
         with sync:
             with autocast(config):
                 loss = task.loss(model, batch)
-            (loss / accumulate).backward()
+            (loss / group).backward()
         if last:
             clip_gradients(model, float(config.max_grad_norm))
             optimizer.step()

@@ -44,13 +44,14 @@ def config(**changes) -> StageConfig:
     return replace(base, **changes)
 
 
-def train(batches: list, accumulate: int) -> tuple[torch.nn.Module, int]:
+def train(batches: list, accumulate: int, clip: float = 1.0) -> tuple[torch.nn.Module, int]:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     steps = []
     optimizer.register_step_post_hook(lambda *_: steps.append(1))
-    run_epoch(_Regression(), model, optimizer, batches, config(grad_accumulation=accumulate), 0, False)
+    settings = config(grad_accumulation=accumulate, max_grad_norm=clip)
+    run_epoch(_Regression(), model, optimizer, batches, settings, 0, False)
     return model, len(steps)
 
 
@@ -72,8 +73,14 @@ def test_accumulated_half_batches_step_like_one_full_batch():
 def test_an_epoch_that_ends_mid_accumulation_still_steps():
     torch.manual_seed(1)
     x, y = torch.randn(12, 3), torch.randn(12, 1)
-    _, steps = train([(x[i : i + 4], y[i : i + 4]) for i in range(0, 12, 4)], accumulate=2)
+    quarters = [(x[i : i + 4], y[i : i + 4]) for i in range(0, 12, 4)]
+    ended, steps = train(quarters, accumulate=2, clip=1e9)
     assert steps == 2  # after batches 2 and 3
+    # The lone last batch is its step's whole gradient, as unaccumulated: not half of it (no
+    # clipping here, which would scale both steps to one norm and hide it).
+    pairs, _ = train([(x[:8], y[:8]), (x[8:], y[8:])], accumulate=1, clip=1e9)
+    for a, b in zip(ended.parameters(), pairs.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def gradients(encoder: TextEncoder, checkpointing: bool) -> list[torch.Tensor]:

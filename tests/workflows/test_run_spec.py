@@ -40,3 +40,14 @@ def test_every_train_setting_reaches_the_run_and_unknown_ones_are_errors():
     )
     with pytest.raises(ConfigError, match=r"train\.precison: unknown setting"):
         run_spec({"train": {"precison": "bf16"}}, "r")
+
+
+def test_two_trainings_started_in_one_second_get_runs_of_their_own():
+    from workflows.train import new_run
+
+    # A seed sweep launching jobs together: one run folder would mix (and resume) their checkpoints.
+    names = {new_run({}, "data-dense").name for _ in range(5)}
+    assert len(names) == 5 and all(n.startswith("data-dense-") for n in names)
+    # A retrain names its own run even under the champion's train.run_name (see retrain/job.py).
+    scoped = run_spec({"train": {"run_name": "dense-a"}}, "m-retrain-s", scope="retrain-s")
+    assert scoped.name == "dense-a-retrain-s"

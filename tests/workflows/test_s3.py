@@ -243,3 +243,22 @@ def test_a_path_with_pattern_characters_is_only_itself(s3_endpoint, tmp_path):
     assert keys == {"exp1/w.bin", "model[a]/w.bin", "modela/w.bin"}
     fetched = io.fetch("s3://names/model[a]", opts)
     assert (Path(fetched) / "w.bin").read_bytes() == b"model[a]/w.bin"
+
+
+def test_checkpoints_written_by_other_processes_are_seen_after_an_earlier_listing(s3_endpoint):
+    from components.training import checkpoints
+
+    s3 = client(s3_endpoint)
+    s3.create_bucket(Bucket="ckpt")
+    s3.put_object(Bucket="ckpt", Key="runs/r/run_meta.json", Body=b"{}")  # the run exists, no checkpoint
+    opts = options(s3_endpoint)
+    assert checkpoints.persisted("s3://ckpt/runs", "r", opts) == []  # a resume's first look
+    # A Ray Train worker (another process, another client) writes epoch 0's checkpoint meanwhile.
+    for name in checkpoints.REQUIRED[:-2]:
+        s3.put_object(Bucket="ckpt", Key=f"runs/r/checkpoint_0/{name}", Body=b"x")
+    state = json.dumps({"epoch": 0, "history": []}).encode()
+    s3.put_object(Bucket="ckpt", Key=f"runs/r/checkpoint_0/{checkpoints.TRAINER_STATE}", Body=state)
+    s3.put_object(Bucket="ckpt", Key="runs/r/checkpoint_0/model/config.json", Body=b"{}")
+    # The process's shared s3fs kept the first listing: the run's result would have been the old one.
+    (found,) = checkpoints.persisted("s3://ckpt/runs", "r", opts)
+    assert found[0].endswith("checkpoint_0") and found[1]["epoch"] == 0

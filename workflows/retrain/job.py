@@ -89,7 +89,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         champion_dir = registry.local_dir(champion_version) if champion_version else None
 
         challenger = methods.build(cfg["method"]["name"], cfg["method"].get("params"))
-        report = fit_method(challenger, dataset, run_spec(cfg, f"{name}-retrain-{stamp}"))
+        # A run of its own even when the config names train.run_name (the champion's training run:
+        # resumed, it would hand back the finished old model, trained on the old data).
+        run = run_spec(cfg, f"{name}-retrain-{stamp}", scope=f"retrain-{stamp}")
+        report = fit_method(challenger, dataset, run)
 
         measured = {
             "challenger": measure(challenger, holdout, dataset.queries, negatives, catalog, new_tools, gate)
