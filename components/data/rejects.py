@@ -32,6 +32,13 @@ class Reject:
         return f"{self.file}:{self.line}: {self.reason}"
 
 
+def clipped(content: str) -> str:
+    """``content`` cut to ``MAX_CONTENT_CHARS``, saying how much was cut (never silently)."""
+    if len(content) <= MAX_CONTENT_CHARS:
+        return content
+    return content[:MAX_CONTENT_CHARS] + f"...[{len(content) - MAX_CONTENT_CHARS} more chars]"
+
+
 @dataclass
 class RejectLog:
     """Collects rejects from every file of a load."""
@@ -42,9 +49,7 @@ class RejectLog:
 
     def add(self, file: str, line: int, reason: str, content: str = "") -> None:
         """Record one bad row; content longer than ``MAX_CONTENT_CHARS`` is truncated with a marker."""
-        if len(content) > MAX_CONTENT_CHARS:
-            content = content[:MAX_CONTENT_CHARS] + f"...[{len(content) - MAX_CONTENT_CHARS} more chars]"
-        self.rejects.append(Reject(file, line, reason, content))
+        self.rejects.append(Reject(file, line, reason, clipped(content)))
 
     def note(self, what: str, n: int = 1) -> None:
         """Count a lossless clean-up (reported in manifests, never a failure)."""

@@ -19,7 +19,7 @@ from components.data.parse import (
     parse_record,
     raw_repr,
 )
-from components.data.rejects import DatasetError, Reject, RejectLog
+from components.data.rejects import DatasetError, Reject, RejectLog, clipped
 from components.data.types import Corpus, Qrels
 
 KINDS = ("records", "qrels", "pairs", "neg")
@@ -41,7 +41,7 @@ def parse_lines(kind: str, file: str, lines: Iterable[Line]) -> tuple[list[tuple
     rejects: list[Reject] = []
     for line in lines:
         if line.text is None:
-            rejects.append(Reject(file, line.number, "not valid UTF-8", raw_repr(line)))
+            rejects.append(Reject(file, line.number, "not valid UTF-8", clipped(raw_repr(line))))
             continue
         if not line.text.strip():
             continue
@@ -49,7 +49,7 @@ def parse_lines(kind: str, file: str, lines: Iterable[Line]) -> tuple[list[tuple
             continue
         value, reason = parser(line.text)
         if reason is not None:
-            rejects.append(Reject(file, line.number, reason, raw_repr(line)[:2000]))
+            rejects.append(Reject(file, line.number, reason, clipped(raw_repr(line))))
         else:
             rows.append((line.number, value))
     return rows, rejects

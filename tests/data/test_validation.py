@@ -431,3 +431,12 @@ def test_reject_log_write_empty(tmp_path: Path) -> None:
     out = tmp_path / "rejects.jsonl"
     RejectLog().write(str(out))
     assert out.read_bytes() == b""
+
+
+def test_a_long_bad_row_says_how_much_of_it_the_reject_leaves_out(tmp_path: Path) -> None:
+    long = '{"_id": "t9", "text": ' + '"' + "w" * 3000 + '"'  # no closing brace: malformed
+    root = make_dataset(tmp_path, {"corpus.jsonl": CORPUS + long + "\n"})
+    log = RejectLog()
+    load_dataset(root, log=log)
+    (reject,) = [r for r in log.sorted() if r.file.endswith("corpus.jsonl")]
+    assert reject.content.endswith("more chars]") and len(reject.content) < len(long)
