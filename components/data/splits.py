@@ -9,6 +9,7 @@ does not shift when items are added.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -155,11 +156,19 @@ def with_holdout(dataset: Dataset, cfg: dict | None) -> Dataset:
     return replace(dataset, qrels=qrels, query_scene=regroup(dataset.query_scene, qrels))
 
 
+def same_request(text: str) -> str:
+    """``text`` without case, punctuation or extra spacing: what two near-identical queries share."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.casefold()).split())
+
+
 def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dict[str, list[str]]:
     """Assign items (e.g. no-tool query texts) to named parts by their hashed value, order kept.
 
     Hashing the item itself, not its position, keeps repeated texts in one part (no train/test
-    leak) and leaves every other item where it was when one is inserted.
+    leak) and leaves every other item where it was when one is inserted. Texts that differ only in
+    case, punctuation or spacing ("Hi, how are you?" / "hi how are you") go where the first of them
+    goes: ToolLens's no-tool queries hold 11 such groups, split across train and test by their own
+    hashes before. A text with no such twin is hashed as itself, as before.
 
     Args:
         fractions: Part name -> share; shares must sum to 1.
@@ -178,7 +187,8 @@ def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dic
         acc += fractions[name]
         bounds.append((acc, name))
     out: dict[str, list[str]] = {name: [] for name in fractions}
+    first: dict[str, str] = {}
     for item in items:
-        u = unit_hash(seed, item)
+        u = unit_hash(seed, first.setdefault(same_request(item), item))
         out[next(name for bound, name in bounds if u < bound or bound == bounds[-1][0])].append(item)
     return out

@@ -245,3 +245,22 @@ def test_split_items_fractions_must_sum_to_one(fractions: dict[str, float]) -> N
 def test_split_items_zero_share_part_is_empty() -> None:
     parts = split_items(ITEMS[:200], {"a": 1.0, "b": 0.0}, seed=0)
     assert parts == {"a": ITEMS[:200], "b": []}
+
+
+def test_near_identical_texts_go_to_one_part_and_the_rest_stay_where_they_were() -> None:
+    from components.data.splits import split_items, unit_hash
+
+    twins = [
+        "How are you today?",
+        "how are you today ",
+        "Hi, how are you?",
+        "hi how are you",
+        "HI HOW ARE YOU",
+    ]
+    others = [f"what is {n} times {n + 1}" for n in range(200)]
+    parts = split_items(twins + others, {"train": 0.5, "test": 0.5}, seed=3)
+    where = {text: part for part, texts in parts.items() for text in texts}
+    # Texts that differ only in case, punctuation or spacing are one request: never in two parts.
+    assert where[twins[0]] == where[twins[1]] and len({where[t] for t in twins[2:]}) == 1
+    # Any other text is hashed as itself, as before: its part is where its own hash puts it.
+    assert all(where[t] == ("train" if unit_hash(3, t) < 0.5 else "test") for t in others)
