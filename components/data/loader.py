@@ -94,6 +94,8 @@ def read_source(root: str, rel: str, storage_options: dict[str, Any] | None = No
     path = io.join(root, rel)
     data = io.read_bytes(path, storage_options)
     if not data.removeprefix(b"\xef\xbb\xbf").strip():  # a UTF-8 BOM alone is empty too (as on Ray)
+        if io.filesystem(path, storage_options).isdir(path):  # an object-store prefix reads as b""
+            raise DatasetError(f"{path}: is a directory (parts written by Spark or Ray?); expected one file")
         raise DatasetError(f"{path}: file is empty; expected one record per line")
     return data
 

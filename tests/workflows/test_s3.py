@@ -262,3 +262,16 @@ def test_checkpoints_written_by_other_processes_are_seen_after_an_earlier_listin
     # The process's shared s3fs kept the first listing: the run's result would have been the old one.
     (found,) = checkpoints.persisted("s3://ckpt/runs", "r", opts)
     assert found[0].endswith("checkpoint_0") and found[1]["epoch"] == 0
+
+
+def test_a_directory_where_a_file_belongs_is_said_to_be_one(s3_endpoint):
+    from components.data import DatasetError
+
+    s3 = client(s3_endpoint)
+    s3.create_bucket(Bucket="parts")
+    s3.put_object(Bucket="parts", Key="ds/corpus.jsonl/part-0", Body=b'{"_id": "t", "text": "x"}\n')
+    s3.put_object(Bucket="parts", Key="ds/queries.jsonl", Body=b'{"_id": "q", "text": "y"}\n')
+    s3.put_object(Bucket="parts", Key="ds/qrels/train.tsv", Body=b"q\tt\t1\n")
+    # As Spark or Ray write a "file": read as an object it is empty, and was reported as an empty file.
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl: is a directory"):
+        load_dataset("s3://parts/ds", storage_options=options(s3_endpoint))
