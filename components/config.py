@@ -103,14 +103,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``update`` into a copy of ``base`` (mappings merge, everything else replaces).
-
-    An empty section (``train:`` with every key commented out, which YAML reads as null) changes
-    nothing: it does not wipe the section it would merge into."""
+    """Deep-merge ``update`` into a copy of ``base`` (mappings merge, everything else replaces)."""
     out = copy.deepcopy(base)
     for key, value in update.items():
-        if value is None and isinstance(out.get(key), dict):
-            continue
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge(out[key], value)
         else:
@@ -188,5 +183,11 @@ def load_config(
     """Defaults, then the YAML file (if any, with what it ``extends``), then overrides."""
     config = copy.deepcopy(defaults or {})
     if path is not None:
-        config = merge(config, load_file(path))
+        # An empty top-level section (``train:`` with every key commented out: YAML's null) changes
+        # nothing; merged, it wiped the defaults' section and training failed with a TypeError.
+        # (A null deeper down, ``tune: {space: null}``, still replaces, as written.)
+        data = load_file(path)
+        config = merge(
+            config, {k: v for k, v in data.items() if v is not None or not isinstance(config.get(k), dict)}
+        )
     return apply_overrides(config, overrides or [], set(config) if config else None)
