@@ -167,7 +167,7 @@ def split_items(items: list[str], fractions: dict[str, float], seed: int) -> dic
     Hashing the item itself, not its position, keeps repeated texts in one part (no train/test
     leak) and leaves every other item where it was when one is inserted. Texts that differ only in
     case, punctuation or spacing ("Hi, how are you?" / "hi how are you") go where the first of them
-    goes: ToolLens's no-tool queries hold 11 such groups, split across train and test by their own
+    goes: ToolLens's no-tool queries hold 9 such groups, split across train and test by their own
     hashes before. A text with no such twin is hashed as itself, as before.
 
     Args:
