@@ -129,6 +129,11 @@ def load_graphs(path: str, storage_options: dict | None = None) -> dict[str, Spa
     return out
 
 
+def training_pairs(dataset: Dataset) -> list[tuple[str, str]]:
+    """The (query id, tool id) pairs judged relevant in the training split: the query-tool graph's edges."""
+    return [(q, t) for q, rel in dataset.qrels.get(GRAPH_SPLIT, {}).items() for t, s in rel.items() if s > 0]
+
+
 def graph_inputs(dataset: Dataset) -> dict[str, tuple[list[tuple[str, str]], IdMap, IdMap]]:
     """What each training graph is built from: its (row id, column id) pairs and id maps.
 
@@ -136,10 +141,8 @@ def graph_inputs(dataset: Dataset) -> dict[str, tuple[list[tuple[str, str]], IdM
     in-process one of :func:`training_graphs`.
     """
     tools = IdMap.of(dataset.corpus)
-    train = dataset.qrels.get(GRAPH_SPLIT, {})
-    queries = IdMap.of(train)
-    qt = [(q, t) for q, rel in train.items() for t, s in rel.items() if s > 0]
-    out = {"query_tool": (qt, queries, tools)}
+    queries = IdMap.of(dataset.qrels.get(GRAPH_SPLIT, {}))
+    out = {"query_tool": (training_pairs(dataset), queries, tools)}
     qs = list(dataset.query_scene.get(GRAPH_SPLIT, {}).items())
     if qs:
         scenes = IdMap.of(s for _, s in qs)
@@ -160,9 +163,7 @@ def training_graphs(dataset: Dataset) -> dict[str, SparseGraph]:
     """
     if dataset.graphs:
         qt = dataset.graphs.get("query_tool")
-        wanted = {
-            (q, t) for q, rel in dataset.qrels.get(GRAPH_SPLIT, {}).items() for t, s in rel.items() if s > 0
-        }
+        wanted = set(training_pairs(dataset))
         if qt is not None and set(qt.pairs()) != wanted:
             raise ValueError(
                 f"{dataset.name}: the prepared query_tool graph's {qt.matrix.nnz} edges are not the "
