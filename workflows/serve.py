@@ -127,16 +127,12 @@ def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
     if registry.get("root"):
         registry["root"] = os.path.abspath(registry["root"])
         args["registry"] = registry
-    # A section's local model (a selector LM dir, a .gguf file) or a rewriter's artifact (path).
-    for section, key in (("selector", "model"), ("rewriter", "model"), ("rewriter", "path")):
-        value = (args.get(section) or {}).get(key)
-        if value and os.path.exists(value):
-            args[section][key] = os.path.abspath(value)
+    from components.serving.app import SECTION_FILES, local_files
+
+    for section, keys in SECTION_FILES.items():  # as user_configs makes them for serve run
+        if args.get(section):
+            args[section] = local_files(args[section], keys)
     return args
-
-
-# The deployments whose user config build_app writes from the args (what a swap changes).
-BUILT_USER_CONFIGS = ("Detector", "Retriever", "QueryRewriter", "Selector")
 
 
 def deployable(args: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
@@ -146,12 +142,14 @@ def deployable(args: dict[str, Any], base: dict[str, Any] | None) -> dict[str, A
     A file's deployment ``user_config`` (how ``serve deploy`` hot-swaps) would win over the one the
     app builds from the args, so ``--model`` would be ignored while the responses named the old
     version: the args are what this command serves."""
+    from components.serving.app import USER_CONFIG_DEPLOYMENTS
     from components.serving.deploy import serve_config
 
     base = copy.deepcopy(base or {})
     apps = base.get("applications") or [{}]
     for deployment in apps[0].get("deployments") or []:
-        if deployment.get("name") in BUILT_USER_CONFIGS and deployment.pop("user_config", None) is not None:
+        built = deployment.get("name") in USER_CONFIG_DEPLOYMENTS
+        if built and deployment.pop("user_config", None) is not None:
             print(f"{deployment['name']}: the config file's user_config is replaced by the args' one")
     return serve_config(absolute_paths(args), base)
 

@@ -135,7 +135,14 @@ def _local(path: str | None) -> str | None:
     return path if path is None or "://" in path else os.path.abspath(path)
 
 
-def _local_files(section: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+# The keys of the optional sections that name a local file or dir (a selector LM, a .gguf, a
+# query-generation artifact): made absolute wherever the args are (replicas' cwd differs).
+SECTION_FILES = {"selector": ("model",), "rewriter": ("model", "path")}
+# The deployments whose user config :func:`user_configs` builds from the args (what a swap changes).
+USER_CONFIG_DEPLOYMENTS = ("Detector", "Retriever", "QueryRewriter", "Selector")
+
+
+def local_files(section: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """``section`` with those of its ``keys`` that name an existing local file or dir made absolute
     (a hub name or URL is left as it is)."""
     section = dict(section)
@@ -229,8 +236,8 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
         "lm_endpoint": args.lm_endpoint,
     }
     # Local model files (a selector LM dir, a .gguf, a query-generation artifact) as absolute paths.
-    selector = _local_files(args.selector, ("model",))
-    rewriter = _local_files(args.rewriter, ("model", "path"))
+    selector = local_files(args.selector, SECTION_FILES["selector"])
+    rewriter = local_files(args.rewriter, SECTION_FILES["rewriter"])
     version = catalog_version(_local(args.catalog))
     configs = {
         "Detector": detector,
