@@ -173,28 +173,21 @@ class LlamaCppLM(_OneCallAtATime):
 
             kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
-        with self._lock:
-            return self._answer(messages, max_tokens, kwargs)
-
-    def _answer(self, messages: list[dict[str, str]], max_tokens: int, kwargs: dict[str, Any]) -> str:
-        if deadline.time_left() is None:
-            answer = self.llm().create_chat_completion(
-                messages=messages, temperature=0.0, max_tokens=max_tokens, **kwargs
-            )
-            return str(answer["choices"][0]["message"]["content"] or "")
-        # Under a deadline (a serving timeout, see .deadline) the tokens are streamed, so decoding
-        # stops at the first one past it: closing the stream ends llama.cpp's generation loop.
+        # Streamed, so that under a deadline (a serving timeout, see .deadline) decoding stops at the
+        # first token past it: closing the stream ends llama.cpp's generation loop. Without one,
+        # deadline.check() passes and the stream is the greedy answer token by token.
         deadline.check()
-        stream = self.llm().create_chat_completion(
-            messages=messages, temperature=0.0, max_tokens=max_tokens, stream=True, **kwargs
-        )
         parts: list[str] = []
-        try:
-            for chunk in stream:
-                deadline.check()
-                parts.append(chunk["choices"][0]["delta"].get("content") or "")
-        finally:
-            stream.close()
+        with self._lock:
+            stream = self.llm().create_chat_completion(
+                messages=messages, temperature=0.0, max_tokens=max_tokens, stream=True, **kwargs
+            )
+            try:
+                for chunk in stream:
+                    deadline.check()
+                    parts.append(chunk["choices"][0]["delta"].get("content") or "")
+            finally:
+                stream.close()
         return "".join(parts)
 
     def rewrite(self, system: str, texts: Sequence[str], max_tokens: int) -> list[str]:
