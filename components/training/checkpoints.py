@@ -4,15 +4,19 @@ Ray Train registers a checkpoint when its controller next polls the worker that 
 worker that dies right after ``ray.train.report`` leaves its checkpoint uploaded but unregistered,
 so ``ray.train.get_checkpoint()`` hands back the one before, and that epoch would run twice. The
 loop and the runner therefore also look at what is actually in storage, trusting a checkpoint
-only when every file the loop writes is present, its model directory is not empty and its
-trainer state parses (a worker killed mid-upload can leave any of them short).
+only when every file the loop writes is present, its model directory is not empty, every JSON
+file in it parses and every safetensors file holds all the bytes its header promises (a worker
+killed mid-upload can leave any of them short, and Ray uploads them in no set order). A
+checkpoint that fails is passed over, so a resume falls back to the newest complete one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Callable
+from typing import Any
 
 from components.data import io
 from components.training.state import OPTIMIZER_META, OPTIMIZER_TENSORS, TRAINER_STATE
@@ -49,14 +53,40 @@ def persisted(
         try:
             with fs.open(f"{path.rstrip('/')}/{TRAINER_STATE}") as f:
                 state = json.load(f)
+            files_complete = all(_complete(fs, file) for file in fs.find(path))
         except (OSError, ValueError):  # truncated or unreadable: not a checkpoint to trust
             continue
-        if not {"epoch", "history"} <= set(state):
+        if not files_complete or not {"epoch", "history"} <= set(state):
             continue
         found.append(
             (path if not io.is_remote(storage_path) else f"{storage_path.split('://')[0]}://{path}", state)
         )
     return sorted(found, key=lambda item: item[1]["epoch"])
+
+
+def _complete(fs: Any, path: str) -> bool:
+    """Whether one checkpoint file is whole: JSON that parses, or safetensors whose size is its
+    header's length plus the end of its last tensor (the format's own framing). Other files pass."""
+    if path.endswith(".json"):
+        with fs.open(path) as f:
+            json.load(f)
+        return True
+    if not path.endswith(".safetensors"):
+        return True
+    size = fs.size(path)
+    with fs.open(path) as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return False
+        (length,) = struct.unpack("<Q", head)
+        if 8 + length > size:
+            return False
+        header = json.loads(f.read(length))
+    try:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (KeyError, TypeError, IndexError):  # not a safetensors header
+        return False
+    return size == 8 + length + max(ends, default=0)
 
 
 def latest(storage_path: str, run_name: str, storage_options: dict | None = None) -> tuple[str, dict] | None:

@@ -8,9 +8,10 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from components.encoders.retriever import BiEncoderParams
-from components.training.checkpoints import persisted
+from components.training.checkpoints import latest, persisted
 from components.training.loop import run_epoch
 from components.training.resume import check_resumable, settings_fingerprint
 from components.training.spec import StageConfig, StageInputs
@@ -73,15 +74,17 @@ def test_an_epoch_without_a_batch_is_an_error_not_loss_zero():
         run_epoch(_NoOpTask(), model, optimizer, [], stage(batch_size=64), 0, show_bar=False)
 
 
-def write_checkpoint(root, name, epoch, state_text=None, model_files=("weights",)):
+def write_checkpoint(root, name, epoch, state_text=None, model_files=("weights.safetensors",)):
     path = root / "run" / name
     (path / "model").mkdir(parents=True)
-    for f in ("model_state.safetensors", "optimizer.json", "optimizer.safetensors"):
-        (path / f).write_text("x")
+    for f in ("model_state.safetensors", "optimizer.safetensors"):
+        save_file({"w": torch.ones(4, 3)}, str(path / f))
+    (path / "optimizer.json").write_text(json.dumps({"state": {}, "param_groups": []}))
     for f in model_files:
-        (path / "model" / f).write_text("x")
+        save_file({"w": torch.ones(2)}, str(path / "model" / f))
     text = state_text if state_text is not None else json.dumps({"epoch": epoch, "history": [{"s": epoch}]})
     (path / "trainer_state.json").write_text(text)
+    return path
 
 
 def test_persisted_skips_truncated_or_partial_checkpoints(tmp_path):
@@ -90,6 +93,17 @@ def test_persisted_skips_truncated_or_partial_checkpoints(tmp_path):
     write_checkpoint(tmp_path, "checkpoint_c", 2, model_files=())  # model dir still empty
     found = persisted(str(tmp_path), "run")
     assert [os.path.basename(p) for p, _ in found] == ["checkpoint_a"]
+
+
+@pytest.mark.parametrize("cut", ["model_state.safetensors", "optimizer.json", "model/weights.safetensors"])
+def test_a_checkpoint_with_a_file_cut_short_is_passed_over_for_the_one_before(tmp_path, cut):
+    # Ray uploads a checkpoint's files in no set order: the trainer state can land whole while
+    # the weights are still short. A resume then falls back to the newest complete checkpoint.
+    write_checkpoint(tmp_path, "checkpoint_a", 0)
+    file = write_checkpoint(tmp_path, "checkpoint_b", 1) / cut
+    file.write_bytes(file.read_bytes()[:-5])
+    assert [os.path.basename(p) for p, _ in persisted(str(tmp_path), "run")] == ["checkpoint_a"]
+    assert latest(str(tmp_path), "run")[1]["epoch"] == 0
 
 
 def test_settings_added_later_keep_old_checkpoints_resumable_at_their_default():
