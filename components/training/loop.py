@@ -29,6 +29,8 @@ from components.training.parallel import (
     WholeModel,
     clip_gradients,
     enable_gradient_checkpointing,
+    full_parameters,
+    mean_across_workers,
     peak_memory_mb,
     prepare,
     sharded,
@@ -141,7 +143,8 @@ def run_epoch(
     """Train one epoch, then validate the model ``whole`` gives (the unwrapped module, or FSDP's
     gathered copy: :class:`WholeModel`); returns the epoch's metrics (``valid_*``, loss, seconds)."""
     started = time.perf_counter()
-    task.start_epoch(unwrap(model), epoch)  # e.g. refresh embeddings the task caches (MassTool's pool)
+    with full_parameters(model):  # every rank: gathering FSDP's shards is a collective
+        task.start_epoch(unwrap(model), epoch)  # e.g. refresh embeddings the task caches (MassTool's pool)
     model.train()
     losses = []
     accumulate = int(config.grad_accumulation)
@@ -175,7 +178,7 @@ def run_epoch(
     metrics = {f"valid_{k}": float(v) for k, v in task.validate(whole(model)).items()}
     return metrics | {
         "epoch": epoch,
-        "train_loss": sum(losses) / len(losses),
+        "train_loss": mean_across_workers(sum(losses), len(losses)),  # every worker's batches
         "epoch_seconds": time.perf_counter() - started,
         "peak_memory_mb": peak_memory_mb(config.device),
     }

@@ -6,6 +6,7 @@ is learned, only where it is held.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import resource
 import sys
@@ -33,6 +34,16 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP or FSDP wrapper."""
     wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_fsdp(model)
     return model.module if wrapped else model
+
+
+def full_parameters(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """Inside the block, the module in ``model`` holds its whole parameters: under FSDP they are
+    gathered from every rank (a collective: every rank enters), so a task's own forward passes
+    outside the training step (a refreshed tool or pool embedding) see weights, not empty shards.
+    Anything else holds them already."""
+    if not is_fsdp(model):
+        return contextlib.nullcontext()
+    return fsdp_class().summon_full_params(model, writeback=False)
 
 
 class WholeModel:
@@ -109,6 +120,20 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:
         model.clip_grad_norm_(max_norm)
     else:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def mean_across_workers(total: float, count: int) -> float:
+    """``total / count`` summed over every worker: the epoch's mean training loss over all the
+    workers' batches, where each worker alone knows only its own shard's. Every rank must call it
+    (an all-reduce) when a process group is up; otherwise it is the plain mean."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return total / count
+    # NCCL reduces CUDA tensors only; gloo reduces CPU ones.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    sums = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
+    dist.all_reduce(sums)
+    return (sums[0] / sums[1]).item()
 
 
 def peak_memory_mb(device: str) -> float:

@@ -1,7 +1,9 @@
-"""FSDP's wrapper keeps a task's parameter groups: a sub-module's own learning rate survives wrapping."""
+"""FSDP's wrapper keeps a task's parameter groups: a sub-module's own learning rate survives wrapping;
+the reported training loss is every worker's mean, not rank 0's."""
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 from types import SimpleNamespace
 
@@ -10,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from components.methods.masstool.task import MassToolTask
-from components.training.parallel import fsdp_wrap
+from components.training.parallel import fsdp_wrap, mean_across_workers
 
 
 class Towers(torch.nn.Module):
@@ -52,3 +54,29 @@ def test_masstools_encoder_group_keeps_its_learning_rate_under_fsdp(gloo_world_o
     wrapped(torch.randn(4, 8)).sum().backward()
     optimizer.step()
     assert all(not torch.equal(b, p) for b, p in zip(before, groups[1]["params"], strict=True))
+
+
+def _rank_mean(rank: int, store_file: str, losses: list[float], out) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2)
+    try:
+        out.put((rank, mean_across_workers(sum(losses), len(losses))))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_epoch_loss_is_the_mean_over_every_workers_batches(tmp_path):
+    # Two gloo ranks, forked (no interpreter start-up): rank 0 saw 2 batches, rank 1 saw 3 others.
+    # Each alone knows its own mean (2.0 and 20.0); the epoch's is over all five batches.
+    shards = {0: [1.0, 3.0], 1: [10.0, 20.0, 30.0]}
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    store = str(tmp_path / "store")
+    ranks = [ctx.Process(target=_rank_mean, args=(r, store, shards[r], out)) for r in shards]
+    for p in ranks:
+        p.start()
+    means = dict(out.get(timeout=60) for _ in ranks)
+    for p in ranks:
+        p.join(timeout=60)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    assert means == {0: pytest.approx(64.0 / 5), 1: pytest.approx(64.0 / 5)}
+    assert mean_across_workers(4.0, 2) == 2.0  # no process group: the plain mean

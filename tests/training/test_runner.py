@@ -28,9 +28,11 @@ def launch(
     chaos=None,
     batch_size=32,
     lr=2e-3,
+    method_params=None,
     **run_settings,
 ):
-    method = DenseMethod(encoder=TINY_ENCODER, epochs=epochs, batch_size=batch_size, lr=lr)
+    params = {"encoder": TINY_ENCODER, "epochs": epochs, "batch_size": batch_size, "lr": lr}
+    method = DenseMethod(**params, **(method_params or {}))
     run = RunSpec(
         name=name,
         storage_path=str(tmp_path / "store"),
@@ -149,11 +151,23 @@ def test_two_gloo_workers_match_one_worker(runs, small_quickstart, tmp_path):
 
 
 def test_two_fsdp_workers_train_and_checkpoint_the_whole_model(ray_session, small_quickstart, tmp_path):
-    two, _ = launch(small_quickstart, tmp_path, "fsdp", epochs=3, workers=2, parallel_strategy="fsdp")
+    # tool_vectors "epoch": each epoch starts by encoding every tool outside the training step,
+    # which under FSDP needs the whole parameters gathered first (each rank holds only a shard).
+    vectors = {"tool_vectors": "epoch"}
+    two, _ = launch(
+        small_quickstart,
+        tmp_path,
+        "fsdp",
+        3,
+        workers=2,
+        lr=5e-3,
+        parallel_strategy="fsdp",
+        method_params=vectors,
+    )
     b = two.metrics["valid_ndcg@3"]
     assert b > 0.2, b  # an untrained model scores about 0.1 here
     # The checkpoint holds the full (unsharded) model: reloaded, it scores what the run reported.
-    params = DenseMethod(encoder=TINY_ENCODER, epochs=3, batch_size=32, lr=2e-3).params
+    params = DenseMethod(encoder=TINY_ENCODER, epochs=3, batch_size=32, lr=5e-3).params
     method = BiEncoderRetriever(params, BiEncoder.load(two.model_dir))
     method.index(small_quickstart.corpus)
     queries, best = small_quickstart.split_queries("valid"), 0.0
