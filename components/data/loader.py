@@ -31,6 +31,7 @@ from components.data.resolve import (
     resolve_qrels,
     resolve_records,
 )
+from components.data.splits import same_request
 from components.data.types import Dataset, Qrels
 
 NEG_QUERIES = "tooldet/neg_queries.jsonl"
@@ -118,6 +119,7 @@ def assemble(name: str, rows: dict[str, list], log: RejectLog) -> Dataset:
         require_rows(rel, rows[rel], "tab-separated rows 'query-id corpus-id score'")
         qrels[rel[len("qrels/") : -len(".tsv")]] = resolve_qrels(rel, rows[rel], queries, corpus, log)
     one_split_per_query(qrels, rows, log)
+    note_repeated_requests(qrels, queries, log)
 
     scene_tool: dict[str, list[str]] = {}
     if "scene_tool.txt" in rows:
@@ -162,6 +164,17 @@ def one_split_per_query(qrels: dict[str, Qrels], rows: dict[str, list], log: Rej
         for qid in repeated:
             del qrels[split][qid]
         owner.update(dict.fromkeys(qrels[split], split))
+
+
+def note_repeated_requests(qrels: dict[str, Qrels], queries: dict[str, str], log: RejectLog) -> None:
+    """Count, in the load's notes, the queries of each other split that ask a training query's
+    request under another id (text equal up to case, punctuation and spacing). Given splits are
+    kept as they are, but a score on such queries partly measures memory, so the count is shown."""
+    trained = {same_request(queries[q]) for q in qrels.get("train", {})}
+    for split in sorted(s for s in qrels if s != "train"):
+        n = sum(same_request(queries[q]) in trained for q in qrels[split])
+        if n:
+            log.note(f"qrels/{split}.tsv: queries repeating a train query's text under another id", n)
 
 
 def one_scene_per_query(

@@ -3,7 +3,8 @@
 Model selection must never see the test split (ToolLens ships a "tune" split byte-identical to test),
 so every method selects on ``valid``, carved here from ``train`` by query. Assignment hashes the seed
 with the item's id (a query id, or a no-tool query's text), so it is stable across machines and
-does not shift when items are added.
+does not shift when items are added; items that ask the same request (text equal up to case,
+punctuation and spacing) go together.
 """
 
 from __future__ import annotations
@@ -24,14 +25,24 @@ def unit_hash(seed: int, key: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def carve_validation(train: Qrels, fraction: float, seed: int) -> tuple[Qrels, Qrels]:
-    """Split train qrels by query into (train, valid), ``fraction`` of queries going to valid."""
+def carve_validation(
+    train: Qrels, fraction: float, seed: int, texts: dict[str, str] | None = None
+) -> tuple[Qrels, Qrels]:
+    """Split train qrels by query into (train, valid), ``fraction`` of queries going to valid.
+
+    Given the queries' ``texts``, queries asking the same request under other ids (same text up to
+    case, punctuation and spacing: :func:`same_request`) go where the first of them goes, so model
+    selection never scores a request the model trained on. A query with no such twin is hashed by
+    its own id, as without ``texts``.
+    """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"valid fraction must be in (0, 1), got {fraction}")
     new_train: Qrels = {}
     valid: Qrels = {}
+    first: dict[str, str] = {}
     for qid, rel in train.items():
-        (valid if unit_hash(seed, qid) < fraction else new_train)[qid] = rel
+        key = first.setdefault(same_request(texts[qid]), qid) if texts and qid in texts else qid
+        (valid if unit_hash(seed, key) < fraction else new_train)[qid] = rel
     if train and not valid:
         # Every model selection reads valid: an empty one would fail later with a bare KeyError.
         raise ValueError(
@@ -102,7 +113,8 @@ def prepare_splits(
     if mode == "cold_start":
         qrels = cold_start(qrels, held_out_tools(sorted(dataset.corpus), unseen_fraction, seed))
     if "valid" not in qrels:
-        qrels["train"], qrels["valid"] = carve_validation(qrels["train"], valid_fraction, seed)
+        train, queries = qrels["train"], dataset.queries
+        qrels["train"], qrels["valid"] = carve_validation(train, valid_fraction, seed, queries)
     neg_split = split_items(dataset.neg_queries, neg_fractions or NEG_FRACTIONS, seed)
     return replace(dataset, qrels=qrels, query_scene=regroup(dataset.query_scene, qrels), neg_split=neg_split)
 
@@ -151,7 +163,7 @@ def with_holdout(dataset: Dataset, cfg: dict | None) -> Dataset:
     settings = split_settings(cfg)
     qrels = dict(dataset.qrels)
     qrels["train"], qrels["valid"] = carve_validation(
-        qrels["train"], settings["valid_fraction"], settings["seed"]
+        qrels["train"], settings["valid_fraction"], settings["seed"], dataset.queries
     )
     return replace(dataset, qrels=qrels, query_scene=regroup(dataset.query_scene, qrels))
 

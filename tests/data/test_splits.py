@@ -71,6 +71,22 @@ def test_carve_validation_is_stable_when_queries_are_added() -> None:
     assert set(valid_small) == set(valid_large) & set(small)
 
 
+def test_carve_validation_keeps_queries_asking_the_same_request_together() -> None:
+    # 200 queries, each asked twice under two ids with other case and punctuation: without the
+    # texts the twins are hashed apart and about one pair in five is split across train and valid.
+    train = random_qrels(400, seed=1)
+    texts = {f"q{i}": f"Request number {i % 200}" + ("?" if i >= 200 else "") for i in range(400)}
+    texts |= {f"q{i}": texts[f"q{i}"].upper() for i in range(300, 400)}
+    new_train, valid = carve_validation(train, 0.2, seed=0, texts=texts)
+    assert 0 < len(valid) < 400 and set(new_train) | set(valid) == set(train)
+    assert all((f"q{i}" in valid) == (f"q{i + 200}" in valid) for i in range(200))
+    split_apart = carve_validation(train, 0.2, seed=0)[1]
+    assert any((f"q{i}" in split_apart) != (f"q{i + 200}" in split_apart) for i in range(200))
+    # A query with no twin is carved by its own id, as without texts.
+    lone = {f"q{i}": f"lone {i}" for i in range(400)}
+    assert carve_validation(train, 0.2, seed=0, texts=lone) == carve_validation(train, 0.2, seed=0)
+
+
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
 def test_carve_validation_rejects_bad_fraction(fraction: float) -> None:
     with pytest.raises(ValueError, match="valid fraction"):

@@ -197,6 +197,16 @@ def test_qrels_identical_duplicate_pair_merged_not_rejected(tmp_path: Path) -> N
     assert log.notes == {"qrels/train.tsv: merged duplicate pairs": 2}
 
 
+def test_a_test_query_repeating_a_train_querys_text_is_counted_and_kept(tmp_path: Path) -> None:
+    # q3 asks q1's request again under another id ("First query!" vs "first query"): kept as given,
+    # counted in the notes, so a score on test is known to include requests seen in training.
+    queries = QUERIES.replace('"third query"', '"First  query!"')
+    log = RejectLog()
+    ds = load_dataset(make_dataset(tmp_path, {"queries.jsonl": queries}), log=log, strict=True)
+    assert len(log) == 0 and ds.qrels["test"] == {"q3": {"t3": 1}}
+    assert log.notes == {"qrels/test.tsv: queries repeating a train query's text under another id": 1}
+
+
 def test_a_query_judged_in_train_and_test_stays_in_test_only(tmp_path: Path) -> None:
     # Kept in train too, a model would train on a query it is scored on.
     root = make_dataset(tmp_path, {"qrels/train.tsv": TRAIN + "q3\tt1\t1\n"})
