@@ -254,8 +254,12 @@ def test_checkpoints_written_by_other_processes_are_seen_after_an_earlier_listin
     opts = options(s3_endpoint)
     assert checkpoints.persisted("s3://ckpt/runs", "r", opts) == []  # a resume's first look
     # A Ray Train worker (another process, another client) writes epoch 0's checkpoint meanwhile.
-    for name in checkpoints.REQUIRED[:-2]:
-        s3.put_object(Bucket="ckpt", Key=f"runs/r/checkpoint_0/{name}", Body=b"x")
+    import torch
+    from safetensors.torch import save
+
+    for name in checkpoints.REQUIRED[:-2]:  # whole files: a checkpoint cut short is passed over
+        body = save({"w": torch.ones(2)}) if name.endswith(".safetensors") else b"{}"
+        s3.put_object(Bucket="ckpt", Key=f"runs/r/checkpoint_0/{name}", Body=body)
     state = json.dumps({"epoch": 0, "history": []}).encode()
     s3.put_object(Bucket="ckpt", Key=f"runs/r/checkpoint_0/{checkpoints.TRAINER_STATE}", Body=state)
     s3.put_object(Bucket="ckpt", Key="runs/r/checkpoint_0/model/config.json", Body=b"{}")
