@@ -30,7 +30,9 @@ from components.training.parallel import (
     clip_gradients,
     enable_gradient_checkpointing,
     full_parameters,
+    load_optimizer_state,
     mean_across_workers,
+    optimizer_state,
     peak_memory_mb,
     prepare,
     sharded,
@@ -39,9 +41,9 @@ from components.training.parallel import (
 from components.training.resume import resume_checkpoint, settings_fingerprint
 from components.training.spec import StageConfig, import_object
 from components.training.state import (
-    load_optimizer,
     load_rng_state,
     load_trainer_state,
+    read_optimizer,
     save_optimizer,
     save_rng_state,
     save_trainer_state,
@@ -81,9 +83,10 @@ def save_checkpoint(
     epoch: int,
     history: list[dict],
     settings: str | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> None:
     save_model(model, os.path.join(path, MODEL_STATE))
-    save_optimizer(optimizer, path)
+    save_optimizer(optimizer, path, optimizer_state)
     save_trainer_state(path, epoch, history, settings)
     save_rng_state(path)
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
@@ -251,12 +254,8 @@ def _train(config: StageConfig) -> None:
         if optimizer is None:
             optimizer = build_optimizer(model, config, task)
         if path is not None:
-            if fsdp:
-                # The saved optimizer state is one rank's shard of flat parameters: the weights
-                # resume exactly, the AdamW moments start afresh.
-                print(f"{config.stage}: FSDP resume restores the model; optimizer state starts afresh")
-            else:
-                load_optimizer(optimizer, path)
+            # The whole optimizer state (see optimizer_state): under FSDP each rank keeps its shard.
+            load_optimizer_state(model, optimizer, read_optimizer(path))
             load_rng_state(path)
     generator = torch.Generator()
     loader = ray.train.torch.prepare_data_loader(
@@ -274,8 +273,9 @@ def _train(config: StageConfig) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
             saved = whole(model)  # every rank: gathering FSDP's shards is a collective
+            moments = optimizer_state(model, optimizer)  # a collective too, under FSDP
             if rank == 0:
-                save_checkpoint(tmp, saved, optimizer, task, epoch, history, settings)
+                save_checkpoint(tmp, saved, optimizer, task, epoch, history, settings, moments)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
                 if config.local:

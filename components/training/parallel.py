@@ -10,6 +10,7 @@ import contextlib
 import copy
 import resource
 import sys
+from typing import Any
 
 import ray.train.torch
 import torch
@@ -65,6 +66,36 @@ class WholeModel:
             state = {k: v.detach().clone().cpu() for k, v in unwrap(model).state_dict().items()}
         self.copy.load_state_dict(state)
         return self.copy
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state as one process training the whole model holds it: every parameter's
+    moments whole, parameters numbered in group order. Under FSDP each rank's optimizer holds only
+    its shard, so the full state is gathered (a collective: every rank asks) and renumbered; a
+    checkpoint then resumes on any number of workers, sharded or not."""
+    if not is_fsdp(model):
+        return optimizer.state_dict()
+    full = fsdp_class().optim_state_dict(model, optimizer)  # keyed by parameter name
+    index = {name: i for i, name in enumerate(n for g in full["param_groups"] for n in g["params"])}
+    return {
+        "state": {index[name]: values for name, values in full["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]],
+    }
+
+
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load what :func:`optimizer_state` gave into ``optimizer``; under FSDP each rank keeps its
+    shard of it (every rank must call)."""
+    if not is_fsdp(model):
+        optimizer.load_state_dict(state)
+        return
+    name_of = {id(p): n.replace("_fsdp_wrapped_module.", "") for n, p in unwrap(model).named_parameters()}
+    names = [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]
+    full = {"state": {names[int(i)]: values for i, values in state["state"].items()}, "param_groups": groups}
+    optimizer.load_state_dict(fsdp_class().optim_state_dict_to_load(model, optimizer, full))
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

@@ -41,15 +41,18 @@ def load_rng_state(path: str) -> None:
         torch.cuda.set_rng_state_all([states[f"cuda_{i}"] for i in range(gpus)])
 
 
-def save_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
-    """Write an optimizer's state dict as ``optimizer.safetensors`` + ``optimizer.json``."""
-    state = optimizer.state_dict()
+def save_optimizer(optimizer: torch.optim.Optimizer, path: str, state: dict[str, Any] | None = None) -> None:
+    """Write an optimizer's state dict (or ``state``, one in its layout: parameters numbered in
+    group order) as ``optimizer.safetensors`` + ``optimizer.json``."""
+    state = optimizer.state_dict() if state is None else state
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for pid, values in state["state"].items():
         for key, value in values.items():
             if torch.is_tensor(value):
-                tensors[f"{pid}.{key}"] = value.detach().cpu().contiguous()
+                # Cloned: FSDP's gathered state holds views into one flat buffer, and safetensors
+                # refuses tensors that share storage.
+                tensors[f"{pid}.{key}"] = value.detach().cpu().clone()
             else:
                 scalars.setdefault(str(pid), {})[key] = value
     save_file(tensors, os.path.join(path, OPTIMIZER_TENSORS))
@@ -59,6 +62,11 @@ def save_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
 
 def load_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
     """Restore what :func:`save_optimizer` wrote into ``optimizer``."""
+    optimizer.load_state_dict(read_optimizer(path))
+
+
+def read_optimizer(path: str) -> dict[str, Any]:
+    """The optimizer state dict :func:`save_optimizer` wrote."""
     with open(os.path.join(path, OPTIMIZER_META)) as f:
         meta = json.load(f)
     state: dict[int, dict[str, Any]] = {}
@@ -72,7 +80,7 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
         {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
         for g in meta["param_groups"]
     ]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
 
 
 def save_trainer_state(

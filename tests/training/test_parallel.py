@@ -12,7 +12,12 @@ import torch
 import torch.distributed as dist
 
 from components.methods.masstool.task import MassToolTask
-from components.training.parallel import fsdp_wrap, mean_across_workers
+from components.training.parallel import (
+    fsdp_wrap,
+    load_optimizer_state,
+    mean_across_workers,
+    optimizer_state,
+)
 
 
 class Towers(torch.nn.Module):
@@ -54,6 +59,35 @@ def test_masstools_encoder_group_keeps_its_learning_rate_under_fsdp(gloo_world_o
     wrapped(torch.randn(4, 8)).sum().backward()
     optimizer.step()
     assert all(not torch.equal(b, p) for b, p in zip(before, groups[1]["params"], strict=True))
+
+
+def _trained(wrap: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = fsdp_wrap(Towers()) if wrap else Towers()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def test_an_fsdp_optimizer_state_is_the_whole_models_and_loads_back(gloo_world_of_one):
+    # What an FSDP checkpoint saves is the optimizer state one process training the whole model
+    # holds (numbered parameters, whole moments), so any layout resumes from it.
+    (wrapped, sharded_opt), (_, plain_opt) = _trained(True), _trained(False)
+    saved, reference = optimizer_state(wrapped, sharded_opt), plain_opt.state_dict()
+    assert [g["params"] for g in saved["param_groups"]] == [g["params"] for g in reference["param_groups"]]
+    for i, values in reference["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(saved["state"][i][key], values[key]), (i, key)
+    fresh, _ = _trained(True)
+    fresh_opt = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=1e-3)
+    load_optimizer_state(fresh, fresh_opt, saved)
+    again = optimizer_state(fresh, fresh_opt)
+    assert again["param_groups"][0]["lr"] == 1e-2
+    for i, values in saved["state"].items():
+        assert torch.equal(again["state"][i]["exp_avg"], values["exp_avg"]), i
 
 
 def _rank_mean(rank: int, store_file: str, losses: list[float], out) -> None:
