@@ -56,47 +56,31 @@ def squared_distances(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     return (x * x).sum(1, keepdim=True) - 2 * x @ codebook.T + (codebook * codebook).sum(1)[None, :]
 
 
-def sinkhorn(cost: torch.Tensor, epsilon: float, iters: int) -> torch.Tensor:
-    """Log of a transport plan between the rows and the K codes with uniform marginals.
-
-    Sinkhorn–Knopp (Cuturi 2013) in the log domain: alternately make every code receive the same
-    mass and every row send mass 1. Costs are standardised first so that ε means the same for any
-    latent scale; a small ε approaches the balanced assignment of least total distance.
-    """
-    cost = (cost - cost.mean()) / cost.std().clamp_min(1e-8)
-    log_q = -cost / epsilon
-    for _ in range(iters):
-        log_q = log_q - log_q.logsumexp(0, keepdim=True)  # each code: equal total mass
-        log_q = log_q - log_q.logsumexp(1, keepdim=True)  # each row: mass 1
-    return log_q
-
-
 def balanced_last_level(
     distances: torch.Tensor, prefixes: list[torch.Tensor], epsilon: float, iters: int
 ) -> torch.Tensor:
-    """Last-level codes chosen by Sinkhorn–Knopp within each group of rows sharing a prefix.
+    """Last-level codes chosen by Sinkhorn–Knopp (Cuturi 2013) within each group of rows sharing a
+    prefix.
 
     Two tools collide only when they share every level, so the balancing that matters is among
-    tools under one prefix: spreading each group evenly over the K last-level codes gives its
-    members different codes wherever the group is no larger than K. (Balancing all rows at once
-    spreads code usage globally but left collisions within a prefix nearly unchanged: measured
-    on clustered fixtures.) With one level, the whole batch is one group.
+    tools under one prefix. (Balancing all rows at once spread code usage globally but left
+    collisions within a prefix nearly unchanged: measured on clustered fixtures.) With one level,
+    the whole batch is one group. Distances are standardised first, so that ε means the same for
+    any latent scale; a small ε approaches the balanced assignment of least total distance:
+    one-to-one (distinct codes) in a group of at most K rows, every code taking an equal share of
+    a larger group.
 
     Groups are balanced together in chunks (:func:`_balance_groups`), so 47k tools under 1k
     prefixes cost a few batched loops rather than one per prefix.
     """
-    if not prefixes:
-        return sinkhorn(distances, epsilon, iters).argmax(1)
-    _, group = torch.unique(torch.stack(prefixes, 1), dim=0, return_inverse=True)
+    if prefixes:
+        _, group = torch.unique(torch.stack(prefixes, 1), dim=0, return_inverse=True)
+    else:
+        group = torch.zeros(len(distances), dtype=torch.long, device=distances.device)
     cost = (distances - distances.mean()) / distances.std().clamp_min(1e-8)
     index = torch.empty(len(group), dtype=torch.long, device=group.device)
     for rows in _group_chunks(group, distances.shape[1]):
         index[rows] = _balance_groups(cost[rows], group[rows], epsilon, iters)
-    # A row alone under its prefix has nothing to be balanced against: the uniform code marginal
-    # makes its plan uniform, and argmax gave code 0 to every such row whatever its distances.
-    # It takes its nearest code, as quantize does for a batch of one row.
-    alone = torch.bincount(group)[group] == 1
-    index[alone] = distances[alone].argmin(1)
     return index
 
 
@@ -107,7 +91,7 @@ def _group_chunks(group: torch.Tensor, k: int, limit: int = 1 << 25) -> list[tor
     chunks, current, widest = [], [], 0
     for g in torch.argsort(sizes).tolist():  # small groups together, so padding stays small
         size = int(sizes[g])
-        if current and (len(current) + 1) * max(widest, size) * k > limit:
+        if current and (len(current) + 1) * (max(widest, size) + 1) * k > limit:
             chunks.append(torch.cat(current))
             current, widest = [], 0
         current.append(members[g])
@@ -118,21 +102,40 @@ def _group_chunks(group: torch.Tensor, k: int, limit: int = 1 << 25) -> list[tor
 
 
 def _balance_groups(cost: torch.Tensor, group: torch.Tensor, epsilon: float, iters: int) -> torch.Tensor:
-    """Sinkhorn–Knopp in every group at once, rows padded to a (groups × largest × K) tensor whose
-    padding rows stay at -inf."""
+    """Sinkhorn–Knopp in every group at once, rows padded to a (groups × (largest + 1) × K) tensor
+    whose padding rows stay at -inf.
+
+    Each of a group's ``n`` rows sends mass 1 and each of the K codes takes ``max(1, n / K)``. A
+    group smaller than K leaves ``K - n`` of the codes' capacity over: the group's last row, a
+    slack row at equal cost to every code, takes it. Without it (uniform code marginals of
+    ``n / K``) every row of a small group had to spread its mass over about ``K / n`` codes in
+    equal parts, so its argmax was a tie broken towards low code numbers, not its nearest code
+    (a lone row always got code 0); with it the plan tends to the one-to-one assignment of least
+    total distance, each row's mass on one code.
+    """
     _, group = torch.unique(group, return_inverse=True)
     sizes = torch.bincount(group)
+    k = cost.shape[1]
     order = torch.argsort(group, stable=True)
     starts = torch.cumsum(sizes, 0) - sizes
     position = torch.empty_like(group)
     position[order] = torch.arange(len(group), device=group.device) - starts[group[order]]
-    log_q = torch.full((len(sizes), int(sizes.max()), cost.shape[1]), float("-inf"), device=cost.device)
+    log_q = torch.full((len(sizes), int(sizes.max()) + 1, k), float("-inf"), device=cost.device)
     log_q[group, position] = -cost / epsilon
-    real = torch.zeros(log_q.shape[:2], dtype=torch.bool, device=cost.device)
-    real[group, position] = True
+    capacity = torch.clamp(sizes.to(cost.dtype) / k, min=1.0)  # each code's share
+    slack = capacity * k - sizes  # what the group's rows leave over (0 from K rows on)
+    log_mass = torch.full(log_q.shape[:2], float("-inf"), device=cost.device)  # each row's mass
+    log_mass[group, position] = 0.0
+    has_slack = slack > 0.5  # integers, as floats
+    log_mass[has_slack, -1] = slack[has_slack].log()
+    log_q[has_slack, -1] = 0.0
+    active = log_mass > float("-inf")
+    log_capacity = capacity.log()[:, None, None]
     for _ in range(iters):
-        log_q = log_q - log_q.logsumexp(1, keepdim=True)  # each code: equal mass within the group
-        log_q = torch.where(real[..., None], log_q - log_q.logsumexp(2, keepdim=True), float("-inf"))
+        log_q = log_q - log_q.logsumexp(1, keepdim=True) + log_capacity  # each code: its share
+        log_q = torch.where(
+            active[..., None], log_q - log_q.logsumexp(2, keepdim=True) + log_mass[..., None], float("-inf")
+        )
     return log_q[group, position].argmax(1)
 
 
