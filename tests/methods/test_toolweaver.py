@@ -145,6 +145,22 @@ def test_sinkhorn_balancing_lowers_collisions_and_the_pass_removes_them(tmp_path
     assert not {tuple(int(c) for c in code) for code in later} & taken and collision_rate(later) == 0.0
 
 
+def test_with_three_levels_every_tool_finds_a_free_code_while_the_catalog_fits():
+    # 2^3 = 8 addresses. The pass looked only under the tool's own prefix and its level-2
+    # neighbours (4 addresses): of eight tools quantised to (0, 0, 0) the fifth was refused.
+    torch.manual_seed(0)
+    model = RQVAE(QuantizerConfig(input_dim=8, hidden_dims=(8,), latent_dim=4, levels=3, codebook_size=2))
+    x = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
+    codes = resolve_collisions(model, x, np.zeros((8, 3), dtype=np.int64))
+    assert len({tuple(c) for c in codes}) == 8  # every address used once
+    # A new tool near a first-level code whose four addresses are taken gets one under the other.
+    taken = [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+    (new,) = resolve_collisions(model, x[:1], np.zeros((1, 3), dtype=np.int64), taken)
+    assert new[0] == 1
+    with pytest.raises(ValueError, match="no free code"):  # a ninth tool does not fit
+        resolve_collisions(model, np.concatenate([x, x[:1]]), np.zeros((9, 3), dtype=np.int64))
+
+
 def test_the_collision_pass_says_when_codebooks_are_too_small(tmp_path):
     x = hierarchical_vectors(groups=2, members=4, seed=3)  # 24 tools
     model = RQVAE(QuantizerConfig(x.shape[1], (8,), 4, levels=2, codebook_size=4))  # 16 addresses

@@ -37,18 +37,30 @@ def collision_rate(codes: np.ndarray) -> float:
     return float((counts[inverse.reshape(-1)] > 1).mean())
 
 
-def _last_level_order(model: RQVAE, residual: torch.Tensor) -> list[int]:
-    return squared_distances(residual[None], model.codebooks[-1]).argsort(1)[0].tolist()
-
-
-def _free(prefix: tuple[int, ...], order: list[int], used: set[tuple[int, ...]]) -> tuple[int, ...] | None:
-    """The first code ``(*prefix, c)`` for ``c`` in ``order`` that no tool uses yet."""
-    return next(((*prefix, c) for c in order if (*prefix, c) not in used), None)
-
-
 def _free(prefix: tuple[int, ...], order: list[int], used: set[tuple[int, ...]]) -> tuple[int, ...] | None:
     """The first code ``(*prefix, c)``, ``c`` taken in ``order``, that no tool uses yet."""
     return next(((*prefix, c) for c in order if (*prefix, c) not in used), None)
+
+
+def _nearest_free(
+    model: RQVAE,
+    residual: torch.Tensor,
+    prefix: tuple[int, ...],
+    used: set[tuple[int, ...]],
+    limit: int | None = None,
+) -> tuple[int, ...] | None:
+    """The first unused full code below ``prefix`` in a depth-first walk that takes each level's
+    codes nearest ``residual`` (what that level has left to quantise) first; ``limit`` keeps only
+    the nearest codes at this level. None when every code below ``prefix`` is in use."""
+    level = len(prefix)
+    order = squared_distances(residual[None], model.codebooks[level]).argsort(1)[0][:limit].tolist()
+    if level == model.config.levels - 1:
+        return _free(prefix, order, used)
+    for c in order:
+        found = _nearest_free(model, residual - model.codebooks[level][c], (*prefix, c), used)
+        if found is not None:
+            return found
+    return None
 
 
 @torch.no_grad()
@@ -64,10 +76,12 @@ def resolve_collisions(
     In each group sharing a code the tool nearest its last-level code keeps it; the others, and
     any tool whose code is in ``taken``, move to their nearest free last-level code under the same
     prefix, else under the nearest code of the level above that has a free one (the
-    ``fallback_prefixes`` nearest, or all of them by default).
+    ``fallback_prefixes`` nearest, or all of them by default), else, changing ever higher levels,
+    to the nearest free code below the longest prefix of their own that still has one: while the
+    catalog fits in the K^L addresses every tool finds one.
 
     Raises:
-        ValueError: A tool found no free address (the codebooks are too small for the catalog).
+        ValueError: A tool found no free address (more tools than addresses).
     """
     codes = codes.copy()
     if len(codes) == 0:
@@ -90,19 +104,17 @@ def resolve_collisions(
             movers += members[1:]
     levels = model.config.levels
     for i in sorted(movers, key=lambda i: float(fit[i])):
-        prefix = tuple(int(c) for c in codes[i, :-1])
-        new = _free(prefix, _last_level_order(model, last[i]), used)
-        if new is None and levels > 1:
-            above = residuals[-2][i]
-            for alt in squared_distances(above[None], model.codebooks[-2]).argsort(1)[0][:fallback_prefixes]:
-                residual = above - model.codebooks[-2][int(alt)]
-                new = _free((*prefix[:-1], int(alt)), _last_level_order(model, residual), used)
-                if new is not None:
-                    break
+        new = None
+        for level in range(levels - 1, -1, -1):  # keep as long a prefix of the tool's own code as can be
+            prefix = tuple(int(c) for c in codes[i, :level])
+            limit = fallback_prefixes if level == levels - 2 else None
+            new = _nearest_free(model, residuals[level][i], prefix, used, limit)
+            if new is not None:
+                break
         if new is None:
             raise ValueError(
-                f"no free code for tool row {i}: {len(codes)} tools in {model.config.codebook_size}^"
-                f"{levels} addresses are too crowded near it; raise codebook_size or levels"
+                f"no free code for tool row {i}: every one of the {model.config.codebook_size}^{levels} "
+                f"addresses is in use ({len(codes)} tools coded here); raise codebook_size or levels"
             )
         used.add(new)
         codes[i] = new
