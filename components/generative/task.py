@@ -28,7 +28,7 @@ from components.data import io
 from components.data.types import Dataset
 from components.generative import sequences as td
 from components.generative.bundle import load_bundle, save_bundle
-from components.generative.constrained import constrained_top_k
+from components.generative.constrained import Hits, constrained_top_k
 from components.generative.lm import lm_spec_from
 from components.generative.lora import add_lora, is_adapted, save_adapter_beside
 from components.generative.params import CodeLMParams
@@ -152,11 +152,27 @@ class CodeLMTask:
         qids = list(self.data.qrels["valid"])[: self.params.perplexity_texts or None]
         return [self.data.queries[q] for q in qids]
 
+    def top_k(self, model: TargetedLM, prompts: list[list[int]], k: int) -> list[Hits]:
+        """The top-``k`` catalog tools per prompt, decoded as retrieval decodes them (``max(num_beams,
+        k)`` beams, the end token): checkpoints are then ranked by the decoder that is served. (With
+        ``k`` beams, a greedy top-1 for ``k`` = 1, a multi-token code whose first token is likelier
+        can win over the code of higher total probability that retrieval returns.)"""
+        return constrained_top_k(
+            model,
+            prompts,
+            self.codebook.trie(self.tools),
+            k,
+            self.pad_id,
+            num_beams=self.params.num_beams,
+            end_token=self.tokenizer.eos_token_id,
+            batch_size=self.params.eval_batch_size,
+        )
+
     def memorization_accuracy(self, model: TargetedLM) -> float:
         """Share of tool documents whose constrained top-1 tool is their own tool."""
         docs = td.tool_documents(self.data.corpus, self.tools, self.params.tool_fields)
         prompts = [self.prompter.memorization(d, self.params.document_max_length) for d in docs.values()]
-        hits = constrained_top_k(model, prompts, self.codebook.trie(self.tools), 1, self.pad_id)
+        hits = self.top_k(model, prompts, 1)
         return sum(bool(h) and h[0][0] == t for t, h in zip(docs, hits, strict=True)) / max(len(docs), 1)
 
     def retrieval_metrics(self, model: TargetedLM) -> dict[str, float]:
@@ -164,14 +180,7 @@ class CodeLMTask:
         qrels = dict(list(self.data.qrels["valid"].items())[: self.params.valid_queries])
         qids = list(qrels)
         prompts = [self.prompter.retrieval(self.data.queries[q], self.params.query_max_length) for q in qids]
-        hits = constrained_top_k(
-            model,
-            prompts,
-            self.codebook.trie(self.tools),
-            5,
-            self.pad_id,
-            batch_size=self.params.eval_batch_size,
-        )
+        hits = self.top_k(model, prompts, 5)
         metrics = evaluate_retrieval(qrels, {q: dict(h) for q, h in zip(qids, hits, strict=True)}, (3, 5))
         return {m: metrics[m] for m in EPOCH_METRICS}
 
@@ -185,7 +194,7 @@ class CodeLMTask:
         for example, positions, tools in trajectories:
             prompts += [example.ids[: pos + 1] for pos in positions]
             gold += tools
-        hits = constrained_top_k(model, prompts, self.codebook.trie(self.tools), 1, self.pad_id)
+        hits = self.top_k(model, prompts, 1)
         return sum(bool(h) and h[0][0] == g for g, h in zip(gold, hits, strict=True)) / max(len(gold), 1)
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:

@@ -116,3 +116,43 @@ def test_trie_depth_and_children():
     trie = TokenTrie([([1], "a"), ([1, 2], "b"), ([3, 4, 5], "c")])
     assert trie.depth == 3 and trie.has_children([1]) and not trie.has_children([1, 2])
     assert list(itertools.chain(*(k for k, _ in trie.items()))) == [1, 1, 2, 3, 4, 5]
+
+
+class _TwoLevelScorer:
+    """Next-token log-probabilities of a fixed two-level code space: after the prompt (token 0),
+    code A (token 1) is likelier than B (token 2), but A's five children share its mass while B's
+    one child is sure, so B8 is the likeliest full code (0.4 x 0.9 against 0.5 x 0.1)."""
+
+    def next_logprobs(self, seqs, wanted=None):
+        out = torch.full((len(seqs), 20), -30.0)
+        for row, seq in enumerate(seqs):
+            if seq[-1] == 0:
+                out[row, 1], out[row, 2] = torch.tensor([0.5, 0.4]).log()
+            elif seq[-1] == 1:
+                out[row, 3:8] = torch.tensor(0.1).log()
+            elif seq[-1] == 2:
+                out[row, 8] = torch.tensor(0.9).log()
+        return out
+
+
+def test_validation_ranks_checkpoints_with_the_decoder_retrieval_uses():
+    # The stage's validation (memorization accuracy, here) took a top-1 with one beam, greedy:
+    # A's likelier first token won, and a model whose retrieval answers B8 scored 0 on B8.
+    from types import SimpleNamespace
+
+    from components.generative.params import CodeLMParams
+    from components.generative.task import CodeLMTask
+
+    trie = TokenTrie([((1, t), f"A{t}") for t in range(3, 8)] + [((2, 8), "B8")])
+    task = SimpleNamespace(
+        params=CodeLMParams(),  # 10 beams, as retrieval decodes
+        data=SimpleNamespace(corpus={"B8": {"_id": "B8", "title": "", "text": "b", "metadata": {}}}),
+        tools=["B8"],
+        prompter=SimpleNamespace(memorization=lambda document, max_length: [0]),
+        codebook=SimpleNamespace(trie=lambda tools: trie),
+        tokenizer=SimpleNamespace(eos_token_id=None),
+        pad_id=0,
+    )
+    task.top_k = lambda model, prompts, k: CodeLMTask.top_k(task, model, prompts, k)
+    assert constrained_top_k(_TwoLevelScorer(), [[0]], trie, 1, 0, num_beams=10)[0][0][0] == "B8"
+    assert CodeLMTask.memorization_accuracy(task, _TwoLevelScorer()) == 1.0
