@@ -54,6 +54,11 @@ class ToolCodebook:
         key = tuple(int(i) for i in code)
         if key in self._by_code and self._by_code[key] != tool_id:
             raise ValueError(f"code {key} already names tool {self._by_code[key]!r}, not {tool_id!r}")
+        old = self.codes.get(tool_id)
+        if old is not None and old != key:
+            # A tool re-coded (a new quantizer's codes over a loaded codebook) frees its old code:
+            # left behind, it would still decode to this tool and refuse another tool that code.
+            del self._by_code[old]
         self.codes[tool_id] = key
         self._by_code[key] = tool_id
 

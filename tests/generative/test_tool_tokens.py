@@ -94,6 +94,16 @@ def test_codebook_lookup_and_narrowed_trie():
         codebook.add("d", [5])
 
 
+def test_a_recoded_tool_frees_its_old_code():
+    # A loaded codebook given a new quantizer's codes: "x" moves from (1, 5) to (3, 7), and (1, 5)
+    # is free for "y". The old entry stayed: (1, 5) still decoded to "x" and "y" was refused it.
+    codebook = ToolCodebook({"x": [1, 5]})
+    codebook.add("x", [3, 7])
+    assert codebook.tool_of([1, 5]) is None and codebook.tool_of([3, 7]) == "x"
+    codebook.add("y", [1, 5])
+    assert codebook.codes == {"x": (3, 7), "y": (1, 5)} and sorted(codebook.trie().values()) == ["x", "y"]
+
+
 def test_bundle_round_trip(tmp_path):
     lm, tokenizer, codebook = tiny_lm()
     save_bundle(lm, tokenizer, codebook, str(tmp_path / "b"))
