@@ -397,6 +397,24 @@ def test_training_step_hides_the_batch_queries_edges_unless_switched_off(small_q
     assert seen[0].tolist() == [3, 7] and seen[1] is None
 
 
+def test_the_query_views_a_training_step_contrasts_are_not_its_hidden_batch(small_quickstart, graphs):
+    # A batch query's edges are hidden in both views, so its two readouts were the same vector
+    # (its input over layers + 1) and the query term of the loss gave the scene view nothing.
+    # Contrasted instead: other training queries, whose scene edges reach the scene embeddings.
+    torch.manual_seed(0)
+    model = tiny_model(small_quickstart, graphs, edge_dropout=0.0).train()
+    model.gcn.cl_tools[:] = False  # the tool term off: only the query views remain
+    tokens = model.encoder.tokenizer(["weather in paris"] * 4, return_tensors="pt", padding=True)
+    batch = torch.tensor([3, 7, 11, 19])
+    picked = model.contrast_queries(batch, batch)
+    assert len(picked) == 4 and not set(picked.tolist()) & set(batch.tolist())
+    out = model(tokens["input_ids"], tokens["attention_mask"], batch)
+    out["cl"].backward()
+    assert out["cl"].item() > 0 and model.gcn.scene_emb.weight.grad.abs().sum() > 0
+    # Without hidden edges the batch's own views differ, and they are what is contrasted.
+    assert torch.equal(model.contrast_queries(batch, None), batch)
+
+
 def test_edge_dropout_keeps_both_directions_of_an_edge(small_quickstart, graphs):
     model = tiny_model(small_quickstart, graphs, edge_dropout=0.5).train()
     n = graphs.n_queries + graphs.n_tools

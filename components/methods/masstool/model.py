@@ -76,6 +76,22 @@ class MassToolModel(nn.Module):
         """
         return self.gcn(self.query_proj(self.pool), self.tool_text, cl_index, hide)
 
+    def contrast_queries(self, batch: torch.Tensor, hide: torch.Tensor | None) -> torch.Tensor:
+        """The training queries whose two views this step's cross-view loss aligns: the batch's own,
+        or, when the batch's edges are hidden, as many drawn at random from the rest of the pool.
+
+        A hidden query has no edge in either view, so both of its readouts are its own input over
+        ``layers + 1``: contrasting it compared a vector with itself, gave the scene view no
+        signal and only pushed the batch's query projections apart. The other training queries
+        keep their edges (training pairs only, nothing of the batch leaks through them).
+        """
+        if hide is None or not (self.training and self.gcn.scene_view) or batch.numel() < 2:
+            return batch
+        rest = torch.ones(self.pool.shape[0], dtype=torch.bool, device=batch.device)
+        rest[hide] = False
+        rest = torch.nonzero(rest).squeeze(-1)
+        return rest[torch.randperm(len(rest), device=batch.device)[: batch.numel()]]
+
     def search(
         self, semantic: torch.Tensor, exclude: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +141,8 @@ class MassToolModel(nn.Module):
         if semantic is None:
             semantic = self.semantic(input_ids, attention_mask)
         in_pool = pool_index[pool_index >= 0]
-        q_graph, t_graph, cl = self.graph(in_pool, hide=in_pool if self.cfg.hide_batch_edges else None)
+        hide = in_pool if self.cfg.hide_batch_edges else None
+        q_graph, t_graph, cl = self.graph(self.contrast_queries(in_pool, hide), hide=hide)
         logit, e = self.joint(semantic, q_graph, exclude=pool_index)
         return {"logit": logit, "scores": self.scores(e, t_graph), "cl": cl}
 
