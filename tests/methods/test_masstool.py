@@ -121,6 +121,28 @@ def test_search_never_returns_the_query_itself(small_quickstart, graphs):
     torch.testing.assert_close(top[:, 0], torch.ones(5))  # otherwise it would be found (cosine 1)
 
 
+def test_a_training_step_takes_no_neighbour_whose_edges_it_hides(small_quickstart, graphs):
+    # Batch queries hidden this step are bare graph nodes (no tool in their readout); as each
+    # other's neighbours SUIM trained on inputs it never meets at inference. Here the batch's own
+    # rows are each other's nearest (cosine 1 with themselves, near with their paraphrases).
+    model = tiny_model(small_quickstart, graphs, neighbours=8).train()
+    batch = torch.arange(0, 64, 4)
+    seen = []
+
+    def recording(*args, _search=model.search):
+        sims, index = _search(*args)
+        seen.append(index)
+        return sims, index
+
+    model.search = recording
+    tokens = model.encoder.tokenizer(["weather in paris"] * len(batch), return_tensors="pt", padding=True)
+    model(tokens["input_ids"], tokens["attention_mask"], batch, semantic=model.pool[batch])
+    assert seen and not set(seen[0].flatten().tolist()) & set(batch.tolist())
+    # Outside training (no edges hidden) a query may have any training query as neighbour.
+    _, index = model.search(model.pool[batch])
+    assert set(index.flatten().tolist()) & set(batch.tolist())
+
+
 @pytest.mark.parametrize("mode", ["gate", "attention", "concat", "add"])
 def test_adakt_modes(mode):
     torch.manual_seed(0)

@@ -93,9 +93,15 @@ class MassToolModel(nn.Module):
         return rest[torch.randperm(len(rest), device=batch.device)[: batch.numel()]]
 
     def search(
-        self, semantic: torch.Tensor, exclude: torch.Tensor | None = None
+        self, semantic: torch.Tensor, exclude: torch.Tensor | None = None, hidden: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-``K`` training queries by cosine; ``exclude[i]`` (a pool index, or -1) is skipped."""
+        """Top-``K`` training queries by cosine; ``exclude[i]`` (a pool index, or -1) is skipped.
+
+        ``hidden``: training queries whose edges this step hides (the batch's); they are nobody's
+        neighbour here. Their graph readouts hold no tool, while at inference every neighbour
+        carries its tools: kept, they made SUIM train on bare neighbours in proportion to the
+        batch's share of the pool (a quarter of the slots at batch 64 of 238 queries).
+        """
         sims = semantic @ self.pool.T
         k = min(self.cfg.neighbours, self.pool.shape[0])
         if exclude is not None:
@@ -104,16 +110,23 @@ class MassToolModel(nn.Module):
             # Never pick the excluded entry itself: its -inf would reach SUIM's w_sim gradient as
             # 0 * -inf = nan when the pool has no more than K queries.
             k = min(k, self.pool.shape[0] - 1)
+        if hidden is not None and 0 < hidden.unique().numel() < self.pool.shape[0] - 1:
+            sims[:, hidden] = float("-inf")
+            k = min(k, self.pool.shape[0] - hidden.unique().numel())
         return sims.topk(k, dim=-1)
 
     def joint(
-        self, semantic: torch.Tensor, query_graph: torch.Tensor, exclude: torch.Tensor | None = None
+        self,
+        semantic: torch.Tensor,
+        query_graph: torch.Tensor,
+        exclude: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Detection logits and the joint query embeddings ``e_joint``."""
+        """Detection logits and the joint query embeddings ``e_joint`` (see :meth:`search`)."""
         logit, h = self.detector(semantic)
         e = self.query_proj(semantic)
         if self.suim is not None:
-            sims, index = self.search(semantic.detach(), exclude)
+            sims, index = self.search(semantic.detach(), exclude, hidden)
             e, _ = self.suim(e, sims, query_graph[index])
         if self.adakt is not None:
             e = self.adakt(h, e)
@@ -143,7 +156,7 @@ class MassToolModel(nn.Module):
         in_pool = pool_index[pool_index >= 0]
         hide = in_pool if self.cfg.hide_batch_edges else None
         q_graph, t_graph, cl = self.graph(self.contrast_queries(in_pool, hide), hide=hide)
-        logit, e = self.joint(semantic, q_graph, exclude=pool_index)
+        logit, e = self.joint(semantic, q_graph, exclude=pool_index, hidden=hide)
         return {"logit": logit, "scores": self.scores(e, t_graph), "cl": cl}
 
     @torch.no_grad()
