@@ -269,6 +269,7 @@ def _train(config: StageConfig) -> None:
         metrics = run_epoch(
             task, model, optimizer, loader, config, epoch, rank == 0 and bool(config.progress), whole
         )
+        whole.keep_buffers(model)  # what validation refreshed stays in the model trained and saved
         history.append(metrics)
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None

@@ -67,6 +67,19 @@ class WholeModel:
         self.copy.load_state_dict(state)
         return self.copy
 
+    def keep_buffers(self, model: torch.nn.Module) -> None:
+        """Carry the copy's buffers back into the training module: what the task's validation
+        refreshed in the copy (MassTool's search pool and tool embeddings, re-embedded with the
+        encoder as trained so far). FSDP shards parameters, not buffers, so every rank holds them
+        whole. Without this the next call reloaded the training module's stale buffers into the
+        copy: the checkpoint paired the new encoder with the old pool, and so did the next epoch."""
+        if self.copy is None:
+            return
+        inner = {n.replace("_fsdp_wrapped_module.", ""): b for n, b in unwrap(model).named_buffers()}
+        with torch.no_grad():
+            for name, buffer in self.copy.named_buffers():
+                inner[name].copy_(buffer.to(inner[name].device))
+
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's state as one process training the whole model holds it: every parameter's

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from components.methods.masstool.task import MassToolTask
 from components.training.parallel import (
+    WholeModel,
     fsdp_wrap,
     load_optimizer_state,
     mean_across_workers,
@@ -59,6 +60,26 @@ def test_masstools_encoder_group_keeps_its_learning_rate_under_fsdp(gloo_world_o
     wrapped(torch.randn(4, 8)).sum().backward()
     optimizer.step()
     assert all(not torch.equal(b, p) for b, p in zip(before, groups[1]["params"], strict=True))
+
+
+class WithPool(Towers):
+    """Towers with a buffer a task refreshes in validation, as MassTool re-embeds its search pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("pool", torch.zeros(3, 8))
+
+
+def test_buffers_validation_refreshes_in_the_whole_copy_reach_the_sharded_model(gloo_world_of_one):
+    model = WithPool()
+    whole = WholeModel(model, fsdp=True)
+    wrapped = fsdp_wrap(model)
+    whole(wrapped).pool.copy_(torch.ones(3, 8))  # validation refreshes the copy it is given
+    whole.keep_buffers(wrapped)
+    # The next gathered copy (the checkpoint's) and the module trained next epoch hold the
+    # refreshed pool; before, the copy was reloaded with the training module's stale zeros.
+    assert torch.equal(whole(wrapped).pool, torch.ones(3, 8))
+    assert torch.equal(wrapped.module.pool, torch.ones(3, 8))
 
 
 def _trained(wrap: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
