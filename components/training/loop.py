@@ -44,9 +44,9 @@ from components.training.state import (
     load_rng_state,
     load_trainer_state,
     read_optimizer,
-    save_optimizer,
     save_rng_state,
     save_trainer_state,
+    write_optimizer,
 )
 from components.training.task import StageTask
 
@@ -78,15 +78,14 @@ def _log_report(config: StageConfig, record: dict[str, Any]) -> None:
 def save_checkpoint(
     path: str,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict[str, Any],
     task: StageTask,
     epoch: int,
     history: list[dict],
     settings: str | None = None,
-    optimizer_state: dict[str, Any] | None = None,
 ) -> None:
     save_model(model, os.path.join(path, MODEL_STATE))
-    save_optimizer(optimizer, path, optimizer_state)
+    write_optimizer(optimizer_state, path)
     save_trainer_state(path, epoch, history, settings)
     save_rng_state(path)
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
@@ -276,7 +275,7 @@ def _train(config: StageConfig) -> None:
             saved = whole(model)  # every rank: gathering FSDP's shards is a collective
             moments = optimizer_state(model, optimizer)  # a collective too, under FSDP
             if rank == 0:
-                save_checkpoint(tmp, saved, optimizer, task, epoch, history, settings, moments)
+                save_checkpoint(tmp, saved, moments, task, epoch, history, settings)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
                 if config.local:

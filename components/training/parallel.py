@@ -47,6 +47,12 @@ def full_parameters(model: torch.nn.Module) -> contextlib.AbstractContextManager
     return fsdp_class().summon_full_params(model, writeback=False)
 
 
+def plain_name(name: str) -> str:
+    """A parameter's or buffer's name as in the unwrapped module (FSDP's nested wrappers add a
+    ``_fsdp_wrapped_module.`` prefix per level)."""
+    return name.replace("_fsdp_wrapped_module.", "")
+
+
 class WholeModel:
     """The whole, unsharded model for validation and checkpoints, whatever wraps the one training.
 
@@ -75,7 +81,7 @@ class WholeModel:
         copy: the checkpoint paired the new encoder with the old pool, and so did the next epoch."""
         if self.copy is None:
             return
-        inner = {n.replace("_fsdp_wrapped_module.", ""): b for n, b in unwrap(model).named_buffers()}
+        inner = {plain_name(n): b for n, b in unwrap(model).named_buffers()}
         with torch.no_grad():
             for name, buffer in self.copy.named_buffers():
                 inner[name].copy_(buffer.to(inner[name].device))
@@ -104,7 +110,7 @@ def load_optimizer_state(
     if not is_fsdp(model):
         optimizer.load_state_dict(state)
         return
-    name_of = {id(p): n.replace("_fsdp_wrapped_module.", "") for n, p in unwrap(model).named_parameters()}
+    name_of = {id(p): plain_name(n) for n, p in unwrap(model).named_parameters()}
     names = [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
     groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]
     full = {"state": {names[int(i)]: values for i, values in state["state"].items()}, "param_groups": groups}

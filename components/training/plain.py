@@ -43,5 +43,5 @@ def train_in_process(config: StageConfig, checkpoint_root: str) -> list[dict[str
             history.append(run_epoch(task, model, optimizer, loader, config, epoch, bool(config.progress)))
             path = os.path.join(checkpoint_root, f"epoch_{epoch}")
             os.makedirs(path, exist_ok=True)
-            save_checkpoint(path, model, optimizer, task, epoch, history)
+            save_checkpoint(path, model, optimizer.state_dict(), task, epoch, history)
         return history

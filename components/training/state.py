@@ -41,10 +41,14 @@ def load_rng_state(path: str) -> None:
         torch.cuda.set_rng_state_all([states[f"cuda_{i}"] for i in range(gpus)])
 
 
-def save_optimizer(optimizer: torch.optim.Optimizer, path: str, state: dict[str, Any] | None = None) -> None:
-    """Write an optimizer's state dict (or ``state``, one in its layout: parameters numbered in
-    group order) as ``optimizer.safetensors`` + ``optimizer.json``."""
-    state = optimizer.state_dict() if state is None else state
+def save_optimizer(optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Write an optimizer's state dict as ``optimizer.safetensors`` + ``optimizer.json``."""
+    write_optimizer(optimizer.state_dict(), path)
+
+
+def write_optimizer(state: dict[str, Any], path: str) -> None:
+    """Write an optimizer state dict (parameters numbered in group order) as
+    ``optimizer.safetensors`` + ``optimizer.json``; :func:`read_optimizer` reads it back."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for pid, values in state["state"].items():

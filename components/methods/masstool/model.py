@@ -110,9 +110,10 @@ class MassToolModel(nn.Module):
             # Never pick the excluded entry itself: its -inf would reach SUIM's w_sim gradient as
             # 0 * -inf = nan when the pool has no more than K queries.
             k = min(k, self.pool.shape[0] - 1)
-        if hidden is not None and 0 < hidden.unique().numel() < self.pool.shape[0] - 1:
+        n_hidden = 0 if hidden is None else hidden.unique().numel()
+        if 0 < n_hidden < self.pool.shape[0] - 1:
             sims[:, hidden] = float("-inf")
-            k = min(k, self.pool.shape[0] - hidden.unique().numel())
+            k = min(k, self.pool.shape[0] - n_hidden)
         return sims.topk(k, dim=-1)
 
     def joint(
