@@ -65,7 +65,7 @@ def lower_states(
     encoder: TextEncoder, texts: list[str], n: int, max_length: int | None = None, batch_size: int = 256
 ) -> list[torch.Tensor]:
     """Each text's hidden states after the embeddings and the lowest ``n`` layers, eval mode, on the
-    CPU, trimmed to its own length (``(length_i, dim)``; no padding is stored)."""
+    CPU, its padding dropped (``(length_i, dim)``, whichever side the tokenizer padded)."""
     layers = transformer_layers(encoder)
     was_training = encoder.training
     encoder.eval()
@@ -75,7 +75,9 @@ def lower_states(
         tokens = encoder.tokenize(texts[i : i + batch_size], max_length)
         ids, mask = tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
         hidden = run_layers(encoder, layers[:n], encoder.backbone.embeddings(input_ids=ids), mask).cpu()
-        out += [h[: int(m.sum())] for h, m in zip(hidden, mask.cpu(), strict=True)]
+        # The attended positions, wherever the tokenizer padded (right for BERT, left for some
+        # checkpoints): stored right-aligned, they are what pad_states right-pads again.
+        out += [h[m.bool()] for h, m in zip(hidden, mask.cpu(), strict=True)]
     encoder.train(was_training)
     return out
 

@@ -173,7 +173,10 @@ class TextEncoder(nn.Module):
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """One vector per text from the last hidden states ``(batch, length, dim)``."""
         if self.pooling == "cls":
-            return hidden[:, 0]
+            # The first attended position: position 0 under right padding, but a tokenizer that
+            # pads on the left puts its [CLS] after the padding.
+            first = attention_mask.long().argmax(dim=1)
+            return hidden[torch.arange(len(hidden), device=hidden.device), first]
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
 

@@ -92,12 +92,12 @@ class VectorIndex:
         ``k`` hits (HNSW only, when ``ef_search`` < ``k``)."""
         k = min(k, self.size)
         if self._faiss is None:
-            return (queries @ self._matrix.T).topk(k, dim=1)
+            return exact_top_k(queries @ self._matrix.T, k)
         if k == 0:  # FAISS asserts k > 0; an empty catalogue has no hits, as exact search says
             return torch.empty(len(queries), 0), torch.empty(len(queries), 0, dtype=torch.long)
         found = np.ascontiguousarray(queries.detach().cpu().numpy(), np.float32)
         scores, positions = self._faiss.search(found, k)
-        return torch.from_numpy(scores), torch.from_numpy(positions)
+        return ties_by_position(torch.from_numpy(scores), torch.from_numpy(positions))
 
     def memory_bytes(self) -> int:
         """Bytes the index holds: the matrix for exact search, the vectors plus the graph for HNSW."""
@@ -106,3 +106,30 @@ class VectorIndex:
         import faiss
 
         return int(faiss.serialize_index(self._faiss).nbytes)
+
+
+def ties_by_position(scores: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hits best first with equal scores in position order (-1, no hit, last). Tools with the same
+    vector (duplicate descriptions) tie exactly; without a rule, ``torch.topk`` and FAISS order
+    them differently, and an answer would change with the index kind or the thread count."""
+    missing = positions < 0
+    key = torch.where(missing, torch.iinfo(torch.long).max, positions)
+    by_position = key.argsort(dim=1, stable=True)
+    scores, positions = scores.gather(1, by_position), positions.gather(1, by_position)
+    ranked = torch.where(positions < 0, -torch.inf, scores).argsort(dim=1, descending=True, stable=True)
+    return scores.gather(1, ranked), positions.gather(1, ranked)
+
+
+def exact_top_k(product: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` best columns of each row of ``product``, ties broken by the lower position, also
+    at the cut: a tool tied with the k-th is kept only if it comes first in the catalog."""
+    scores, positions = product.topk(k, dim=1)
+    if k == 0:
+        return scores, positions
+    # topk may keep any of the tools tied with the k-th; rows where one was left out are sorted in
+    # full (rare: it takes an exact tie at the cut), the rest only reordered within their k.
+    crowded = ((product >= scores[:, -1:]).sum(dim=1) > k).nonzero().squeeze(1)
+    if len(crowded):
+        full, order = product[crowded].sort(dim=1, descending=True, stable=True)
+        scores[crowded], positions[crowded] = full[:, :k], order[:, :k]
+    return ties_by_position(scores, positions)

@@ -26,6 +26,28 @@ def test_top_layers_from_cached_states_equal_the_full_forward(pooling, attention
     enc = TextEncoder.from_spec(EncoderSpec(**{**SPEC.__dict__, "pooling": pooling}), TEXTS).eval()
     enc.backbone.set_attn_implementation(attention)
     full = enc.encode(TEXTS[:4])
+    _check_cached_states(enc, full)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_tokenizer_that_pads_on_the_left_is_cached_and_pooled_from_its_own_tokens(pooling):
+    """Some checkpoints' tokenizers pad on the left: the cache keeps each text's attended positions
+    (not its first n), and [CLS] pooling reads the first attended position, not the padding."""
+    enc = TextEncoder.from_spec(EncoderSpec(**{**SPEC.__dict__, "pooling": pooling}), TEXTS).eval()
+    enc.tokenizer.padding_side = "left"
+    tokens = enc.tokenize(TEXTS[:4])
+    assert tokens["attention_mask"][0, 0] == 0  # the short texts are left-padded
+    with torch.no_grad():
+        last = enc.backbone(**tokens).last_hidden_state
+    first = tokens["attention_mask"].argmax(1)
+    assert (tokens["input_ids"][torch.arange(4), first] == enc.tokenizer.cls_token_id).all()
+    full = enc.encode(TEXTS[:4])
+    if pooling == "cls":
+        torch.testing.assert_close(full, last[torch.arange(4), first])
+    _check_cached_states(enc, full)
+
+
+def _check_cached_states(enc: TextEncoder, full: torch.Tensor) -> None:
     for n in range(3):
         states = lower_states(enc, TEXTS[:4], n)
         # Stored without padding: each text keeps only its own tokens.

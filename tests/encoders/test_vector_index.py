@@ -26,6 +26,25 @@ def test_exact_is_the_matmul_top_k():
     assert torch.equal(positions, want_positions) and torch.equal(scores, want_scores)
 
 
+def test_tied_tools_come_in_catalog_order_on_every_index_kind():
+    """Tools with the same vector (duplicate descriptions) tie exactly: every kind lists them in
+    catalog order, and a cut through the tie keeps the first ones."""
+    g = torch.Generator().manual_seed(3)
+    tools = torch.nn.functional.normalize(torch.randn(300, 16, generator=g), dim=1)
+    shuffled = torch.randperm(300, generator=g)
+    twins = shuffled[:6].sort().values  # six copies of one vector, spread over the catalog
+    tools[twins] = tools[twins[0]].clone()
+    queries = torch.cat([tools[twins[:1]], near(tools, 30, seed=4)])
+    for k in (3, 6, 8):
+        want = None
+        for kind in ("exact", "faiss"):
+            scores, positions = VectorIndex(tools, IndexSettings(kind=kind)).search(queries, k)
+            assert positions[0, : min(k, 6)].tolist() == twins[: min(k, 6)].tolist(), (kind, k)
+            assert (scores[:, :-1] >= scores[:, 1:]).all()
+            want = positions[:1] if want is None else want
+            assert torch.equal(positions[:1], want)
+
+
 def near(tools: torch.Tensor, n: int, seed: int = 1) -> torch.Tensor:
     """Queries that are tool vectors moved by noise (a request worded like some tool)."""
     g = torch.Generator().manual_seed(seed)
