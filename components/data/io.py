@@ -117,11 +117,24 @@ def write_jsonl(path: str, rows: list[dict[str, Any]], storage_options: dict[str
 
 
 def read_jsonl(path: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The JSON lines at ``path`` (blank lines skipped); ``[]`` when there is no file yet."""
+    """The JSON lines at ``path`` (blank lines skipped); ``[]`` when there is no file yet.
+
+    Lines end at "\n" only: :func:`write_jsonl` keeps U+2028 and U+0085 inside strings as they are,
+    and ``str.splitlines`` would cut a record there.
+
+    Raises:
+        ValueError: a line is not JSON (naming the file and the line).
+    """
     if not exists(path, storage_options):
         return []
-    lines = read_bytes(path, storage_options).decode().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    rows = []
+    for number, line in enumerate(read_bytes(path, storage_options).decode("utf-8-sig").split("\n"), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {number}: expected a JSON object: {e.msg}") from e
+    return rows
 
 
 def makedirs(path: str, storage_options: dict[str, Any] | None = None) -> None:

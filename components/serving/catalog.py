@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.data import io
+from components.data.parse import parse_record, split_lines
 from components.data.prepared import is_prepared, read_table
 from components.data.tooltext import parse_tool_text
 
@@ -199,14 +200,15 @@ def read_corpus_records(path: str, storage_options: dict[str, Any] | None = None
             }
             for r in rows
         ]
+    # The loader's own line and row rules (split on "\n" only, a byte-order mark dropped, the
+    # record normalised as the prepared table holds it): str.splitlines also split inside a
+    # description at U+2028 or U+0085, and a BOM made the first line unparsable, so those tools
+    # were served by neither the catalog nor the retriever that trained on them.
     records = []
-    for line in io.read_bytes(io.join(path, "corpus.jsonl"), storage_options).decode().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "_id" in rec and isinstance(rec.get("text"), str):
-            records.append(rec)
+    for line in split_lines(io.read_bytes(io.join(path, "corpus.jsonl"), storage_options)):
+        record = parse_record(line.text)[0] if line.text and line.text.strip() else None
+        if record is not None:
+            records.append(record)
     return records
 
 

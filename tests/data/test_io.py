@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from components.data import io
@@ -47,3 +48,13 @@ def test_an_endpoint_in_the_options_wins_over_aws_endpoint_url(monkeypatch):
     # s3fs's own endpoint_url option: adding client_kwargs' too made s3fs fail with a TypeError.
     given = {"endpoint_url": "http://127.0.0.1:5078"}
     assert storage_options_for("s3://b/x", given) == given
+
+
+def test_json_lines_keep_unicode_line_separators_and_bad_lines_are_named(tmp_path: Path) -> None:
+    path = str(tmp_path / "rows.jsonl")
+    rows = [{"content": "a\u2028b"}, {"content": "c\u0085d"}, {"content": "plain"}]
+    io.write_jsonl(path, rows)  # non-ASCII written as is, U+2028 and U+0085 included
+    assert io.read_jsonl(path) == rows
+    (tmp_path / "rows.jsonl").write_text('{"ok": 1}\n{"broken": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"rows\.jsonl, line 2: expected a JSON object"):
+        io.read_jsonl(path)

@@ -5,6 +5,7 @@ with a BM25 artifact indexed over the catalog before it changed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
@@ -122,3 +123,24 @@ def test_many_retired_tools_still_leave_k_without_asking_every_request_for_all_o
     counting.asked.clear()
     (ranking,) = rank_without_retired(counting, [(query, 3)], many)
     assert [t for t, _ in listed(ranking, many, 3)] == full[10:13] and counting.asked == [6, 13]
+
+
+def test_the_catalog_reads_every_tool_the_loader_keeps(tmp_path):
+    """A byte-order mark before the first tool and a U+2028 inside a description: the loader keeps
+    both tools, so the catalog must too (it used to drop them without a word)."""
+    (tmp_path / "corpus.jsonl").write_bytes(
+        b"\xef\xbb\xbf"
+        + "\n".join(
+            json.dumps(r, ensure_ascii=False)
+            for r in [
+                {"_id": "a", "title": "first", "text": "the first tool"},
+                {"_id": "b", "title": "second", "text": "splits\u2028here"},
+                {"_id": "c", "title": "third", "text": "the third tool"},
+                {"_id": "d", "title": "no text"},  # rejected by the loader's rules, and here
+            ]
+        ).encode()
+        + b"\r\n"
+    )
+    catalog = load_catalog(str(tmp_path))
+    assert list(catalog.tools) == ["a", "b", "c"]
+    assert catalog.tools["b"].description.startswith("splits")
