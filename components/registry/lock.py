@@ -1,6 +1,6 @@
 """One retrain at a time: an exclusive lock file beside the registry's local state.
 
-The lock file is created whole or not at all: the holder's record (host, pid, start time) is
+The lock file is created whole or not at all: the holder's record (host, pid, start times) is
 written to a private file first and hard-linked to the lock's name, which fails if the name
 exists. Two retrains that start together cannot both hold it, and a crash never leaves an empty
 lock that no one could judge. A lock left by a process that died on this host is taken over, one
@@ -40,6 +40,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started, as ``<boot id>:<start tick>`` (Linux ``/proc``); ``None`` where
+    that cannot be read. A pid alone is reused: by a later process after this one died, and across
+    a container restart, where the new job may get the very pid its dead predecessor recorded."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22 (starttime); the command name (field 2) may hold spaces and parentheses.
+    return f"{boot}:{stat.rsplit(')', 1)[1].split()[19]}"
+
+
 def _read(path: str) -> dict | None:
     """The record in the lock file at ``path``; ``None`` if there is none."""
     try:
@@ -65,7 +80,12 @@ class RetrainLock:
 
     def acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self.record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            "process_start": _process_start(os.getpid()),
+        }
         mine = f"{self.path}.{uuid.uuid4().hex}.new"
         with open(mine, "w") as f:
             json.dump(self.record, f)
@@ -75,8 +95,12 @@ class RetrainLock:
                     os.link(mine, self.path)  # the whole record under the lock's name, or nothing
                 except FileExistsError:
                     holder = self.holder()
-                    if holder is None or (self._stale(holder) and self._take_over(holder)):
-                        continue  # released meanwhile, or its process is gone: try again
+                    if holder is None or self._stale(holder):
+                        # Released meanwhile, or its process is gone (taken over now, or by another
+                        # process that got there first: the next try reads who holds it then).
+                        if holder is not None:
+                            self._take_over(holder)
+                        continue
                     raise LockHeld(
                         f"another retrain holds {self.path} (host {holder.get('host')}, "
                         f"pid {holder.get('pid')}); remove the file if that process is gone"
@@ -88,11 +112,15 @@ class RetrainLock:
             os.unlink(mine)
 
     def _stale(self, holder: dict) -> bool:
-        """Whether ``holder`` is a process of this host that is gone."""
+        """Whether ``holder`` is a process of this host that is gone (its pid free, or taken by a
+        process that started after it: the recorded start differs)."""
         pid = holder.get("pid", -1)
-        return (
-            holder.get("host") == self.record["host"] and isinstance(pid, int) and pid > 0 and not _alive(pid)
-        )
+        if holder.get("host") != self.record["host"] or not isinstance(pid, int) or pid <= 0:
+            return False
+        if not _alive(pid):
+            return True
+        recorded = holder.get("process_start")
+        return recorded is not None and _process_start(pid) not in (None, recorded)
 
     def _take_over(self, stale: dict) -> bool:
         """Remove the lock file if it still holds ``stale``; ``True`` when the lock is free then,

@@ -101,3 +101,39 @@ def test_release_leaves_a_lock_that_is_no_longer_its_own(tmp_path):
     path.write_text(json.dumps(other))  # taken by hand from a holder thought dead
     lock.release()
     assert json.loads(path.read_text()) == other
+
+
+def test_a_record_of_this_pid_from_an_earlier_process_is_stale(tmp_path):
+    # A container restarted on the same host (same hostname, the lock on a volume) may run the new
+    # job under the very pid its dead predecessor recorded: the pid is alive, the holder is not.
+    import os
+
+    path = tmp_path / "retrain.lock"
+    ours = {"host": socket.gethostname(), "pid": os.getpid(), "started": 0}
+    path.write_text(json.dumps({**ours, "process_start": "an-earlier-boot:12345"}))
+    with RetrainLock(str(path)) as lock:
+        assert lock.holder()["process_start"] not in (None, "an-earlier-boot:12345")
+    # A record without a start (an older one) and a live pid: never judged stale.
+    path.write_text(json.dumps(ours))
+    with pytest.raises(LockHeld, match=f"pid {os.getpid()}"):
+        RetrainLock(str(path)).acquire()
+
+
+def test_losing_a_takeover_race_names_the_process_that_won_it(tmp_path, monkeypatch):
+    import components.registry.lock as lock_module
+
+    path = tmp_path / "retrain.lock"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout), "started": 0}))
+    winner = {"host": "the-winner", "pid": 4242, "started": 1}
+    take_over = lock_module.RetrainLock._take_over
+
+    def another_process_got_there_first(self, stale):
+        path.write_text(json.dumps(winner))  # it removed the stale lock and linked its own
+        return take_over(self, stale)
+
+    monkeypatch.setattr(lock_module.RetrainLock, "_take_over", another_process_got_there_first)
+    with pytest.raises(LockHeld, match=r"the-winner.*4242"):
+        RetrainLock(str(path)).acquire()

@@ -114,7 +114,7 @@ def test_an_increment_with_valid_judgements_grows_the_holdout_and_keeps_the_base
     ray_session, timeline, tmp_path
 ):
     from components.data.rejects import RejectLog
-    from components.data.splits import splits_from_config
+    from components.data.splits import same_request, splits_from_config
     from workflows.retrain.increment import merge, read_increment
 
     base = load_dataset(str(timeline["base"]))
@@ -131,7 +131,10 @@ def test_an_increment_with_valid_judgements_grows_the_holdout_and_keeps_the_base
     # The base's holdout is what the base alone is split into; the increment's valid queries join it.
     base_holdout = set(splits_from_config(base, None).qrels["valid"])
     grown = splits_from_config(merge(base, inc), None)
-    assert set(grown.qrels["valid"]) == base_holdout | moved
+    # So do the increment's training queries that repeat a holdout request (this wording repeats).
+    held = {same_request(grown.queries[q]) for q in base_holdout | moved}
+    twins = {q for q in inc.qrels["train"] if same_request(inc.queries[q]) in held}
+    assert twins and set(grown.qrels["valid"]) == base_holdout | moved | twins
     assert not set(grown.qrels["valid"]) & set(grown.qrels["train"])
 
 
@@ -187,31 +190,53 @@ def disk_full(*args, **kwargs):
     raise OSError(28, "No space left on device")
 
 
-# Stopped in training, or failing to write the merged data (after the gate): either way no version,
-# no alias moved, no decision recorded.
-@pytest.mark.parametrize(("step", "failure"), [("fit_method", interrupted), ("write_beir", disk_full)])
-def test_an_interrupted_retrain_leaves_the_registry_as_it_was(
+# Stopped in training, failing to write the merged data (after the gate) or failing to register:
+# either way no version, no alias moved, no decision recorded, and the base (here also the next
+# round's base, as the scheduled rounds run) still without the increment, so it can be applied again.
+@pytest.mark.parametrize(
+    ("step", "failure"), [("fit_method", interrupted), ("write_beir", disk_full), ("register", disk_full)]
+)
+def test_an_interrupted_retrain_leaves_the_registry_and_the_base_as_they_were(
     ray_session, timeline, tmp_path, monkeypatch, step, failure
 ):
     registry_root = tmp_path / "registry"
-    champion = config(timeline["base"], registry_root, tmp_path / "r0")
+    current = tmp_path / "current"
+    shutil.copytree(timeline["base"], current)
+    champion = config(current, registry_root, tmp_path / "r0")
     train({**champion, "method": {"name": "bm25", "params": {}}})  # any method can be the champion
     registry = ModelRegistry(RegistrySettings(root=str(registry_root)))
     before = ([v.number for v in registry.versions("tools")], registry.aliases("tools"))
 
     monkeypatch.setattr(job, step, failure)
-    cfg = config(timeline["base"], registry_root, tmp_path / "r1")
+    cfg = config(current, registry_root, tmp_path / "r1")
+    cfg["retrain"]["data_out"] = str(current)
     with pytest.raises((KeyboardInterrupt, OSError)):
         job.retrain(cfg, str(timeline["increment"]))
     assert ([v.number for v in registry.versions("tools")], registry.aliases("tools")) == before
     assert RetrainLock(str(registry_root / "retrain.lock")).holder() is None
     assert not (tmp_path / "r1" / "decision.json").exists()
+    assert load_dataset(str(current)).queries == load_dataset(str(timeline["base"])).queries
+
+
+def test_a_retrain_without_a_stable_model_name_is_refused(timeline, tmp_path):
+    # The data directory's name changes between rounds: a name derived from it would find no
+    # champion and promote the first challenger with nothing to beat.
+    from components.config import ConfigError
+
+    cfg = config(timeline["base"], tmp_path / "registry", tmp_path / "r1")
+    cfg["registry"]["model_name"] = None
+    with pytest.raises(ConfigError, match=r"registry\.model_name"):
+        job.retrain(cfg, str(timeline["increment"]))
+    cfg["data"]["name"] = "tools"  # a dataset name is as stable
+    held = RetrainLock(str(tmp_path / "registry" / "retrain.lock"))
+    with held, pytest.raises(Exception, match="another retrain holds"):
+        job.retrain(cfg, str(timeline["increment"]))  # past the name check, up to the lock
 
 
 def test_a_second_retrain_is_refused_while_one_runs(ray_session, timeline, tmp_path):
     registry_root = tmp_path / "registry"
     with RetrainLock(str(registry_root / "retrain.lock")):
-        result = retrain_cli(timeline, registry_root)
+        result = retrain_cli(timeline, registry_root, "registry.model_name=tools")
     assert result.exit_code == 1 and "another retrain holds" in " ".join(result.output.split())
 
 
@@ -248,3 +273,49 @@ def test_a_gate_metric_the_gate_cannot_score_is_refused_when_read(metric):
     # ndcg@20 over the gate's top-10 ranking would score a truncated list without a word.
     with pytest.raises(ValueError, match=r"retrain.gate.metric: expected .* k in 1..10"):
         GateSettings.from_config({"metric": metric})
+
+
+def test_new_training_queries_that_repeat_a_holdout_request_join_the_holdout():
+    # The base already has a holdout (shipped, or grown by an earlier round). A logged request that
+    # repeats one of its queries, trained on, would be a holdout query the challenger has seen.
+    from components.data.types import Dataset
+    from workflows.retrain.increment import Increment, merge
+
+    base = Dataset(
+        name="tools",
+        corpus={"t1": {"title": "weather", "text": "weather"}, "t2": {"title": "maps", "text": "maps"}},
+        queries={"qv": "Find weather in Paris", "q1": "route to Lyon"},
+        qrels={"train": {"q1": {"t2": 1}}, "valid": {"qv": {"t1": 1}}},
+    )
+    increment = Increment(
+        queries={"n1": "find   weather in paris!", "n2": "weather in Rome"},
+        qrels={"train": {"n1": {"t1": 1}, "n2": {"t1": 1}}},
+    )
+    merged = merge(base, increment)
+    assert merged.qrels["valid"] == {"qv": {"t1": 1}, "n1": {"t1": 1}}
+    assert merged.qrels["train"] == {"q1": {"t2": 1}, "n2": {"t1": 1}}
+    assert base.qrels["train"] == {"q1": {"t2": 1}}  # the base is unchanged
+
+
+def test_an_increment_judging_a_base_query_is_told_why_and_repeated_no_tool_texts_count_once(
+    ray_session, timeline, tmp_path
+):
+    from components.data.rejects import RejectLog
+    from workflows.retrain.increment import read_increment
+
+    base = load_dataset(str(timeline["base"]))
+    inc_dir = tmp_path / "inc"
+    shutil.copytree(timeline["increment"], inc_dir)
+    old = sorted(base.qrels["train"])[0]
+    with (inc_dir / "qrels" / "train.tsv").open("a") as f:
+        f.write(f"{old}\t{next(iter(base.corpus))}\t1\n")
+    (inc_dir / "tooldet").mkdir()
+    texts = ["tell me a joke about cats", "what is your name", "tell me a joke about cats"]
+    (inc_dir / "tooldet" / "neg_queries.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    )
+    log = RejectLog()
+    inc = read_increment(str(inc_dir), base, log)
+    reasons = [r.reason for r in log.rejects if r.file == "qrels/train.tsv"]
+    assert f"query-id {old!r} is a base query; an increment judges only its own new queries" in reasons
+    assert inc.neg_queries == ["tell me a joke about cats", "what is your name"]

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.data import io
-from components.data.loader import NEG_QUERIES, SourceFile, list_splits, one_split_per_query
+from components.data.loader import NEG_QUERIES, SourceFile, list_splits, one_split_per_query, unique_texts
 from components.data.rejects import DatasetError, RejectLog
 from components.data.resolve import resolve_qrels, resolve_records
-from components.data.splits import with_holdout
+from components.data.splits import same_request, with_holdout
 from components.data.types import Dataset, Qrels
 from workflows.ray_ingest import ingest
 
@@ -112,9 +112,18 @@ def read_increment(
     for f in files:
         if f.kind == "qrels":
             # Judgements may name only the increment's own queries: a base query's are fixed.
-            qrels[f.rel[len("qrels/") : -len(".tsv")]] = resolve_qrels(
-                f.rel, rows[f.rel], queries, corpus, log
-            )
+            own = []
+            for number, row in rows[f.rel]:
+                if row[0] in base.queries:
+                    log.add(
+                        f.rel,
+                        number,
+                        f"query-id {row[0]!r} is a base query; an increment judges only its own new queries",
+                        "\t".join(map(str, row)),
+                    )
+                else:
+                    own.append((number, row))
+            qrels[f.rel[len("qrels/") : -len(".tsv")]] = resolve_qrels(f.rel, own, queries, corpus, log)
     one_split_per_query(qrels, rows, log)  # a query judged in train and valid stays in valid
     judged = {q for split in qrels.values() for q in split}
     for qid in sorted(set(queries) - judged, key=line_of.get):
@@ -122,7 +131,9 @@ def read_increment(
         del queries[qid]
     neg = sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0])
     known_neg = set(base.neg_queries)
-    increment = Increment(tools, queries, qrels, [text for _, text in neg if text not in known_neg])
+    # Each new no-tool text once, as the base loader keeps them (a repeat would weigh twice).
+    new_neg = unique_texts(NEG_QUERIES, [(n, text) for n, text in neg if text not in known_neg], log)
+    increment = Increment(tools, queries, qrels, new_neg)
     # Usable means new: a judgement of a new query, a new or changed tool, a new no-tool query. An
     # increment applied twice has none (its queries are in the base by then, its tools unchanged),
     # though its qrels files still name their splits.
@@ -140,7 +151,8 @@ def merge(
     Where the increment brings valid judgements and the base has no valid split, the base's
     holdout is carved first with the run's ``splits`` settings, as it is for the base alone: a
     valid split present after the merge stops the carving, which would otherwise move the base's
-    holdout queries into training (and a champion would be gated on queries it trained on).
+    holdout queries into training (and a champion would be gated on queries it trained on). New
+    training queries that repeat a holdout query's request join the holdout.
     """
     if "valid" in increment.qrels:
         base = with_holdout(base, splits)
@@ -148,6 +160,13 @@ def merge(
     for split, new in increment.qrels.items():
         qrels.setdefault(split, {}).update(new)
     queries = {**base.queries, **increment.queries}
+    # Logged requests repeat. A new training query asking what a holdout query asks (same text up
+    # to case, punctuation and spacing) joins the holdout: trained on, it would let the challenger,
+    # and not the champion, score a request it has seen, and the gate would favour it. Carving
+    # groups such twins itself; this covers a holdout that exists before the merge.
+    held = {same_request(queries[q]) for q in qrels.get("valid", {})}
+    for qid in [q for q in increment.qrels.get("train", {}) if same_request(queries[q]) in held]:
+        qrels["valid"][qid] = qrels["train"].pop(qid)
     return replace(
         base,
         name=name or base.name,

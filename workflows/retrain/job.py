@@ -11,8 +11,9 @@ registry as it was):
    (no warm start yet: encoders trained here build their tokenizer from the data, and dense's ID
    head, MassTool's towers and ToolGen's token table are sized by the catalog; docs/retrain.md);
 5. measure champion and challenger on the holdout and decide (:mod:`.gate`);
-6. register the challenger (alias ``challenger``), promote it if the gate says so, write the
-   merged data for the next round, and, if asked, swap the serving app to the new champion;
+6. write the merged data under the round's directory, register the challenger (alias
+   ``challenger``), promote it if the gate says so, write the merged data as the next round's base
+   (``retrain.data_out``), and, if asked, swap the serving app to the new champion;
 7. write the decision JSON.
 """
 
@@ -25,6 +26,7 @@ import time
 from typing import Any
 
 from components import methods
+from components.config import ConfigError
 from components.data import io
 from components.data.beir import write_beir
 from components.data.loader import load_dataset
@@ -48,10 +50,20 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
     """
     rcfg = cfg.get("retrain") or {}
     data = cfg["data"]
+    if not ((cfg.get("registry") or {}).get("model_name") or data.get("name")):
+        # train's default name comes from the data directory's name, which changes between rounds
+        # (retrain.data_out): a round would look up a model with no champion, and its first
+        # challenger would be promoted with nothing to beat.
+        raise ConfigError(
+            "retrain needs a model name that stays the same between rounds: set "
+            "registry.model_name (the name the champion was registered under) or data.name"
+        )
     settings = RegistrySettings.from_config(cfg.get("registry"))
     gate = GateSettings.from_config(rcfg.get("gate"))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = rcfg.get("out") or os.path.join(settings.root, "retrains", stamp)
+    # The round's own files (rejects, merged data, decision) go where the data's storage options
+    # reach: an s3:// retrain.out on the data's endpoint.
     options = data.get("storage_options")
     started = time.perf_counter()
     with RetrainLock(settings.retrain_lock):
@@ -68,11 +80,11 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             data["path"], storage_options=options, name=data.get("name"), log=base_log, strict=strict
         )
         if len(base_log):
-            base_log.write(io.join(out, "base_rejects.jsonl"))
+            base_log.write(io.join(out, "base_rejects.jsonl"), options)
             print(base_log.summary(data["path"]), file=sys.stderr)
         log = RejectLog()
         inc = read_increment(increment, base, log, rcfg.get("increment_storage_options") or options)
-        log.write(io.join(out, "rejects.jsonl"))
+        log.write(io.join(out, "rejects.jsonl"), options)
         if data.get("strict") and len(log):
             raise DatasetError(
                 f"{increment}: {len(log)} row(s) rejected (see {io.join(out, 'rejects.jsonl')})"
@@ -109,10 +121,14 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             # lock): promoting would overwrite that decision with one made against another model.
             decision.decision = "kept"
             decision.reasons.append("the champion moved during the round; gate again against the new one")
-        # The merged data first: a round that fails to write it leaves the registry as it was (the
-        # next round reads the same base and increment again).
-        data_out = rcfg.get("data_out") or io.join(out, "data")
-        write_beir(merged, data_out, rcfg.get("data_out_storage_options") or options)
+        # The merged data first, into this round's own directory: a round that fails to write it
+        # leaves the registry as it was. The next round's base (retrain.data_out, often the base
+        # itself) is written only after the registry writes: written before them, a failed upload
+        # left a base that already held the increment and no model trained on it, and every later
+        # round rejected the increment as old news.
+        staged = io.join(out, "data")
+        write_beir(merged, staged, options)
+        data_out = rcfg.get("data_out") or staged
         # Registry writes, last: nothing before this point changed what serving or an alias sees.
         tags = {
             "toolscout.retrain": stamp,
@@ -129,6 +145,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             registry.set_tag(name, version.number, "toolscout.decision", "kept")
         if decision.decision == "promoted":
             registry.promote(name, version.number)
+        if data_out != staged:
+            # Failing here, the registry holds the challenger and the base is as it was: the same
+            # increment can be applied again (its rerun registers one more version).
+            write_beir(merged, data_out, rcfg.get("data_out_storage_options") or options)
 
         serving = None
         if rcfg.get("follow_serving") and decision.decision == "promoted":
@@ -157,7 +177,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             "wall_seconds": time.perf_counter() - started,
             "serving": serving,
         }
-        io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode())
+        io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode(), options)
         return record
 
 
