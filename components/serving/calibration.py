@@ -55,6 +55,13 @@ class ScoreThreshold:
         z = self.slope * (np.asarray(top1, dtype=np.float64) - self.threshold) + self.intercept
         return 1.0 / (1.0 + np.exp(-np.clip(z, -50.0, 50.0)))
 
+    def at_threshold(self) -> float:
+        """The probability at the chosen score threshold: deciding ``probability >= this`` is
+        deciding ``top1 >= threshold``, the cut-off whose accuracy was measured. The fitted
+        intercept moves P = 0.5 off that cut-off wherever the scores are not two bell curves
+        (many no-tool queries scoring exactly 0, as BM25 gives a query with no known term)."""
+        return float(self.probability(np.array([self.threshold]))[0])
+
 
 def best_threshold(tool: np.ndarray, no_tool: np.ndarray, balanced: bool = True) -> tuple[float, float]:
     """The threshold on scores (tool if ``score >= t``) with the highest (balanced) accuracy, and it.
@@ -118,7 +125,11 @@ def calibrate(method: Any, dataset: Dataset, split: str = "valid", balanced: boo
             f"calibration needs tool and no-tool queries in {split!r}: got {len(tool_texts)} and "
             f"{len(no_tool_texts)} (the dataset needs tooldet/neg_queries.jsonl)"
         )
-    tool, no_tool = top1_scores(method, tool_texts), top1_scores(method, no_tool_texts)
+    return calibrate_scores(top1_scores(method, tool_texts), top1_scores(method, no_tool_texts), balanced)
+
+
+def calibrate_scores(tool: np.ndarray, no_tool: np.ndarray, balanced: bool = True) -> ScoreThreshold:
+    """The threshold detector for these top-1 scores of tool and no-tool queries."""
     threshold, accuracy = best_threshold(tool, no_tool, balanced)
     x = np.concatenate([tool, no_tool]) - threshold
     y = np.concatenate([np.ones(len(tool)), np.zeros(len(no_tool))])

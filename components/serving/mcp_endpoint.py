@@ -79,7 +79,9 @@ def select_request(args: dict[str, Any]) -> SelectRequest:
         raise invalid(f"find_tools: unknown arguments {unknown}; it takes query, k, history")
     body = {"query": args.get("query"), "history": args.get("history", [])}
     if "k" in args:
-        body["top_k"] = args["k"]
+        k = args["k"]
+        # JSON Schema's "integer" admits 5.0 (a client that computed k by division sends one).
+        body["top_k"] = int(k) if isinstance(k, float) and k.is_integer() else k
     try:
         return SelectRequest.model_validate(body)
     except ValidationError as e:
@@ -154,12 +156,20 @@ class ToolSearchEndpoint:
         if not _BINDING:
             raise MCPError(types.INTERNAL_ERROR, "toolscout: the endpoint is not bound to an ingress yet")
         args = params.arguments or {}
+        # Bad arguments of a known tool are the tool's error (isError), not a JSON-RPC one: hosts
+        # show a tool result to the model, which can then correct its call (MCP 2025-11-25,
+        # SEP-1303); a protocol error reaches the host only. An unknown tool stays one (-32602).
         if params.name == "find_tools":
-            return result(await self.find_tools(select_request(args)))
+            try:
+                request = select_request(args)
+            except MCPError as e:
+                return types.CallToolResult(content=text(e.error.message), is_error=True)
+            return result(await self.find_tools(request))
         if params.name == "get_tool":
             name = args.get("name")
             if not isinstance(name, str) or set(args) != {"name"}:
-                raise invalid("get_tool: takes one argument, name (a string)")
+                message = "get_tool: takes one argument, name (a string)"
+                return types.CallToolResult(content=text(message), is_error=True)
             found = await _BINDING["lookup"](name)
             if not found:
                 return types.CallToolResult(content=text(f"no tool {name!r} in the catalog"), is_error=True)

@@ -154,9 +154,11 @@ class DetectorModel:
     @property
     def decision_threshold(self) -> float:
         """The probability from which a query needs a tool: the method's own ``detect_threshold``
-        (what ``toolscout evaluate`` reports detection accuracy at), else 0.5 (a calibrated score
-        threshold maps the chosen score cut-off to probability 0.5)."""
-        return float(self.method.detect_threshold) if self.kind == "method" else 0.5
+        (what ``toolscout evaluate`` reports detection accuracy at), else the calibrated
+        probability at the chosen score cut-off (:meth:`ScoreThreshold.at_threshold`)."""
+        if self.kind == "method":
+            return float(self.method.detect_threshold)
+        return self.threshold.at_threshold()
 
     def probabilities(self, texts: list[str]) -> list[float]:
         """P(needs a tool) for each text."""

@@ -13,11 +13,13 @@ et al., 2021, "Autoregressive Entity Retrieval"; ToolGen, arXiv 2410.03439):
 
 Forced tokens are fed without being scored, and the KV cache is reused across steps, so a call
 costs one forward pass per *decision*, not per token. The arguments object is assembled from
-the typed values, so it is valid JSON that satisfies the schema's required keys and types.
+the typed values, so it is valid JSON with the schema's required keys and base types; it is then
+checked against the tool's whole schema (enums, nested shapes), and a call that breaks it is none.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,8 @@ N_STATES = 6
 START, SPACED, SIGN, INT, DOT, FRAC = range(N_STATES)
 ACCEPTING = (INT, FRAC)  # states in which the value may end
 _NUMBER_CHARS = frozenset(" -.0123456789")
+
+logger = logging.getLogger(__name__)
 
 
 def number_step(state: int, text: str, decimal: bool) -> int | None:
@@ -276,8 +280,16 @@ class LMSelector:
         decoder = _Decoder(self.model, prompt)
         # The chosen name (as the candidate trie spelled it), forced, then its arguments.
         decoder.push(self._name_ids(self.catalog.tools[tool_id]))
+        tool = self.catalog.tools[tool_id]
         arguments: dict[str, Any] = {}
-        for param in self.catalog.tools[tool_id].call_params():
+        for param in tool.call_params():
             decoder.push(self.fmt.key(param))
             arguments[param.name] = self._value(decoder, param.type)
+        # The grammar holds keys and base types, not what else a tool's own schema asks (an enum,
+        # an object's fields, an array's item type): a call it breaks is no call, as from the other
+        # selectors, rather than one the agent would run and see fail.
+        problem = tool.argument_errors(arguments)
+        if problem:
+            logger.info("no call: the decoded arguments break the tool's schema: %s", problem)
+            return None
         return {"tool": tool_id, "arguments": arguments}

@@ -197,13 +197,10 @@ def test_mcp_find_tools_answers_as_the_http_api_with_catalog_tools_only(url, dat
         ({"query": "x" * (MAX_QUERY_CHARS + 1)}, "query:"),
     ],
 )
-def test_mcp_bad_argument_is_a_json_rpc_invalid_params_error(url, args, says):
-    from mcp import MCPError, types
-
+def test_mcp_bad_argument_is_a_tool_error_the_model_sees(url, args, says):
+    # MCP 2025-11-25 (SEP-1303): a tool result with isError, not a JSON-RPC error.
     async def work(client):
-        with pytest.raises(MCPError) as e:
-            await client.call_tool("find_tools", args)
-        return e.value
+        return await client.call_tool("find_tools", args)
 
-    error = mcp_session(f"{url}/mcp/", work)
-    assert error.code == types.INVALID_PARAMS and says in error.message, error.message
+    answer = mcp_session(f"{url}/mcp/", work)
+    assert answer.is_error and says in answer.content[0].text, answer.content[0].text

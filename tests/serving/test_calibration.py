@@ -13,9 +13,11 @@ from components.serving.calibration import (
     artifact_key,
     best_threshold,
     calibrate,
+    calibrate_scores,
     find_calibration,
     fit_logistic,
     model_version,
+    save_calibration,
 )
 from components.serving.models import DetectorModel
 
@@ -123,3 +125,19 @@ def test_calibrate_needs_no_tool_queries(bm25_versions, dataset):
 
     with pytest.raises(ValueError, match="no-tool"):
         calibrate(load(bm25_versions["default"]), replace(dataset, neg_split={}))
+
+
+def test_serving_decides_at_the_calibrated_cut_off_not_at_probability_one_half(bm25_versions, tmp_path):
+    # Half the no-tool queries score exactly 0 (no known term): the logistic fit's intercept moves
+    # P = 0.5 far from the score threshold whose accuracy was measured.
+    rng = np.random.default_rng(0)
+    tool = rng.normal(10.0, 2.0, 500)
+    no_tool = np.concatenate([np.zeros(250), rng.normal(6.0, 2.0, 250)])
+    fitted = calibrate_scores(tool, no_tool)
+    assert abs(fitted.intercept) > 0.3  # the case at hand: P(threshold) is not 0.5
+    detector_file = str(tmp_path / "detector.json")
+    save_calibration(detector_file, bm25_versions["default"], fitted)
+    detector = DetectorModel(bm25_versions["default"], detector_file)
+    decided = fitted.probability(np.concatenate([tool, no_tool])) >= detector.decision_threshold
+    assert (decided == (np.concatenate([tool, no_tool]) >= fitted.threshold)).all()
+    assert acc(tool, no_tool, fitted.threshold, True) == pytest.approx(fitted.accuracy)

@@ -138,3 +138,33 @@ def test_a_failure_inside_is_an_internal_error_without_its_details(bound):
         call("find_tools", {"query": "post a message"})
     assert raised.value.error.code == -32603  # JSON-RPC internal error
     assert "10.1.2.3" not in str(raised.value) and "find_tools failed" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "tool, args, says",
+    [
+        ("find_tools", {"query": "weather", "k": 0}, "find_tools: k:"),
+        ("find_tools", {"query": "weather", "top": 3}, "unknown arguments ['top']"),
+        ("get_tool", {"id": "slack/post"}, "get_tool: takes one argument, name"),
+    ],
+)
+def test_bad_arguments_are_a_tool_error_the_model_sees(bound, tool, args, says):
+    # MCP 2025-11-25 (SEP-1303): input validation errors are tool results with isError, which hosts
+    # put in the model's context, not JSON-RPC errors, which they do not.
+    result = call(tool, args)
+    assert result.is_error and says in result.content[0].text, result.content[0].text
+    assert not bound  # nothing was selected
+
+
+def test_an_unknown_tool_is_still_a_protocol_error(bound):
+    with pytest.raises(MCPError) as raised:
+        call("find_tool", {"query": "x"})
+    assert raised.value.error.code == -32602 and "unknown tool 'find_tool'" in raised.value.error.message
+
+
+def test_k_written_as_a_whole_float_is_an_integer(bound):
+    bound.append(answer(["slack/search"], None))
+    result = call("find_tools", {"query": "search messages", "k": 1.0})
+    assert not result.is_error and [t["id"] for t in result.structured_content["tools"]] == ["slack/search"]
+    result = call("find_tools", {"query": "search messages", "k": 1.5})
+    assert result.is_error and "k:" in result.content[0].text

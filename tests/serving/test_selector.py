@@ -77,6 +77,23 @@ def test_only_candidates_can_be_named_and_arguments_follow_the_schema(trained, c
         assert json.loads(json.dumps(call["arguments"])) == call["arguments"]
 
 
+def test_a_call_that_breaks_the_tools_own_schema_is_no_call(trained, catalog, dataset, monkeypatch):
+    # The grammar holds required keys and base types; an enum it cannot see is checked afterwards.
+    from dataclasses import replace
+
+    query = next(iter(dataset.split_queries("test").values()))
+    tool = next(t for t in catalog.tools.values() if t.call_params())
+    assert trained.select(query, [], [tool.id]) is not None
+    schema = {
+        "type": "object",
+        "properties": {"unit": {"type": "string", "enum": ["zz-no-word-the-lm-knows"]}},
+        "required": ["unit"],
+    }
+    monkeypatch.setitem(catalog.tools, tool.id, replace(tool, input_schema=schema))
+    assert trained.catalog.tools[tool.id].input_schema == schema  # the selector reads this catalog
+    assert trained.select(query, [], [tool.id]) is None
+
+
 def test_no_known_candidate_means_no_call(trained):
     assert trained.select("weather in Paris", [], ["not-a-tool"]) is None
     assert trained.select("weather in Paris", [], []) is None
