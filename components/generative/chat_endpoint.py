@@ -37,6 +37,11 @@ class ChatEndpointError(RuntimeError):
     """The endpoint could not be reached or did not answer with a chat completion."""
 
 
+class EndpointUnavailable(ChatEndpointError):
+    """The endpoint did not answer at all (refused, unreachable, timed out): whatever was asked,
+    asking again at once, or item by item, waits for the same silence."""
+
+
 def post_chat_completion(
     url: str, body: dict[str, Any], api_key: str | None = None, timeout_s: float = 30.0
 ) -> dict[str, Any]:
@@ -44,7 +49,8 @@ def post_chat_completion(
     the parsed JSON answer (the query rewriter's and the HTTP selector's one client).
 
     Raises:
-        ChatEndpointError: unreachable, an HTTP error, a timeout, or a body that is not JSON.
+        EndpointUnavailable: unreachable, refused or timed out (a :class:`ChatEndpointError`).
+        ChatEndpointError: an HTTP error, or a body that is not JSON.
         DeadlinePassed: a :func:`components.generative.deadline.deadline` passed before the answer.
     """
     headers = {"Content-Type": "application/json"}
@@ -66,8 +72,10 @@ def post_chat_completion(
             if attempt == 1 and LORA_LOAD_RACE in detail:
                 continue  # the adapter is loaded now: the same request succeeds
             raise ChatEndpointError(f"{url}: {e}: {detail}") from e
-        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
+        except (urllib.error.URLError, TimeoutError, OSError) as e:
             deadline.check()  # the wait was cut by the deadline: say that, not "timed out"
+            raise EndpointUnavailable(f"{url}: {e}") from e
+        except ValueError as e:  # an answer, but not JSON
             raise ChatEndpointError(f"{url}: {e}") from e
     raise AssertionError("unreachable")
 

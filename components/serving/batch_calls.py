@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
+from components.generative.chat_endpoint import EndpointUnavailable
 from components.generative.deadline import DeadlinePassed
 from components.serving.models import Ranking, RetrieverModel
 
@@ -57,7 +58,9 @@ def call_each(call: Callable[[list[Item]], list[Result]], items: list[Item]) -> 
     """
     try:
         return list(call(items))
-    except DeadlinePassed as e:  # its callers stopped waiting: one by one would only fail again
+    except (DeadlinePassed, EndpointUnavailable) as e:
+        # Its callers stopped waiting, or the model's server does not answer: one by one would
+        # only fail again, each item after another full timeout (a batch of 8, nine timeouts).
         return [e] * len(items)
     except Exception as batch_error:
         if len(items) == 1:

@@ -80,6 +80,27 @@ def test_a_failing_item_fails_only_itself(dense):
     assert same(ranked[0], dense.retrieve(["weather in Paris"], 2)[0]) and isinstance(ranked[1], TypeError)
 
 
+def test_a_model_server_that_does_not_answer_fails_the_batch_once_not_item_by_item():
+    # An LM engine behind HTTP (vLLM) that refuses or times out fails every item alike; retried one
+    # by one, a batch of n waited n + 1 timeouts while the replica's batch slot stayed taken.
+    import socket
+
+    from components.generative.chat_endpoint import EndpointUnavailable, post_chat_completion
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    calls: list[int] = []
+
+    def score(items: list[str]) -> list[str]:
+        calls.append(len(items))
+        post_chat_completion(f"http://127.0.0.1:{port}/v1/chat/completions", {"messages": []}, None, 2.0)
+        return items
+
+    results = call_each(score, ["a", "b", "c", "d"])
+    assert calls == [4] and all(isinstance(r, EndpointUnavailable) for r in results)
+
+
 def test_a_failed_swap_keeps_the_serving_model(bm25_versions, serving_data, tmp_path, caplog):
     broken = half_written(tmp_path)
     retriever, detector = Retriever(serving_data), Detector()
