@@ -288,3 +288,22 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
     with pytest.raises(ConfigError, match=r"tune\.resume=true"):
         tune_sweep(merge(cfg, {"tune": {"resume": False}}))
     assert yaml.safe_load((tmp_path / "out" / "bm_best.yaml").read_text())["method"]["name"] == "bm25"
+
+
+def test_the_best_yaml_of_a_swept_bench_entry_holds_that_entrys_method_only():
+    # Trials train the entry's method in place of the config's own method section; a setting only
+    # that section has must not reach the YAML, or train/bench would train something untried.
+    from workflows.tune.outputs import best_config
+    from workflows.tune.sweep import base_config
+
+    cfg = {
+        "data": {"path": "d"},
+        "method": {"name": "masstool", "params": {"epochs": 10}},
+        "bench": {"methods": {"frozen": {"method": "masstool", "params": {"finetune_encoder": False}}}},
+    }
+    space = {"method.params.epsilon": {"uniform": [0.5, 0.9]}}
+    settings = tune_settings({**cfg, "tune": {"entry": "frozen", "space": space}}, "x")
+    base = base_config(cfg, settings)
+    out = best_config(cfg, base, {"method.params.epsilon": 0.7}, "frozen_tuned")
+    assert out["method"] == {"name": "masstool", "params": {"finetune_encoder": False, "epsilon": 0.7}}
+    assert out["bench"]["methods"]["frozen_tuned"]["params"] == out["method"]["params"]

@@ -12,7 +12,6 @@ from typing import Any
 import yaml
 
 from components import methods
-from components.config import merge
 from components.data import Dataset, io
 from workflows.bench import bench_entry, split_rows
 from workflows.report import markdown_table, md_table, write_report
@@ -73,7 +72,9 @@ def best_config(
 ) -> dict[str, Any]:
     """A config ``toolscout train`` and ``toolscout bench`` take unchanged: the sweep's data, splits
     and training settings with the selected values, as the ``method`` and as one bench entry."""
-    chosen = apply_params(merge(cfg, {"method": base["method"]}), params)
+    # The method the trials trained, as a whole: merged into the config's own ``method`` section,
+    # a key only that section sets (a bench entry was swept) would reach the YAML untrained.
+    chosen = apply_params({**cfg, "method": copy.deepcopy(base["method"])}, params)
     method = chosen["method"]
     out = {key: chosen[key] for key in ("data", "splits", "train") if key in chosen}
     out["method"] = method
