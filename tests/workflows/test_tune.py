@@ -257,7 +257,7 @@ class InterruptOnce(tune.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_session, tmp_path):
+def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_session, tmp_path, monkeypatch):
     from components.data.quickstart import generate_quickstart
 
     data = tmp_path / "data"
@@ -288,6 +288,15 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
     with pytest.raises(ConfigError, match=r"tune\.resume=true"):
         tune_sweep(merge(cfg, {"tune": {"resume": False}}))
     assert yaml.safe_load((tmp_path / "out" / "bm_best.yaml").read_text())["method"]["name"] == "bm25"
+
+    # The same command once more: the finished sweep's report, and test is not read again.
+    import workflows.tune.outputs as outputs
+
+    def reads_test(*args, **kwargs):
+        raise AssertionError("a finished sweep read test again")
+
+    monkeypatch.setattr(outputs, "split_rows", reads_test)
+    assert tune_sweep(cfg) == json.loads((tmp_path / "out" / "bm.json").read_text())
 
 
 def test_the_best_yaml_of_a_swept_bench_entry_holds_that_entrys_method_only():

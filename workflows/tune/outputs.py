@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io as io_bytes
+import json
 import math
 import os
 from typing import Any
@@ -150,6 +151,19 @@ def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     ]
     head = ["trial", *(k.split(".")[-1] for k in keys), "valid", "status", "epochs", "seconds"]
     return "\n".join(md_table(head, body)) + "\n"
+
+
+def reported(settings: TuneSettings, base: dict[str, Any], trials: list[dict[str, Any]]) -> dict | None:
+    """The report a finished sweep already wrote for these trials, if there is one: the same
+    command run again restores the finished sweep, and scoring its best trial again would read
+    test a second time (and retrain the baseline, whose test figure may then move)."""
+    out = settings.out or io.join(settings.experiment_path, "results.json")
+    options = base["train"].get("storage_options") or {}
+    if not io.exists(out, options):
+        return None
+    saved = json.loads(io.read_bytes(out, options))
+    ids = sorted(t["trial_id"] for t in saved.get("trials") or [])
+    return saved if ids == sorted(t["trial_id"] for t in trials) else None
 
 
 def write_outputs(

@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -28,7 +29,7 @@ from ray.tune.search import BasicVariantGenerator
 from components.config import ConfigError
 from components.data import Dataset, dataset_from_config, io
 from workflows.train import run_spec
-from workflows.tune.outputs import best_trial, trial_rows, write_outputs
+from workflows.tune.outputs import best_trial, reported, trial_rows, write_outputs
 from workflows.tune.progress import TrialProgress
 from workflows.tune.settings import TuneSettings, tune_settings
 from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
@@ -270,6 +271,10 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
             "run the same command again to finish it (finished trials are kept)"
         )
     trials = trial_rows(results, list(space), settings.report_key, settings.mode)
+    done = reported(settings, base, trials)
+    if done is not None:
+        print(f"tune: sweep {settings.name!r} was finished and reported; report unchanged", file=sys.stderr)
+        return done
     best = best_trial(results, trials, settings.mode)
     return write_outputs(
         cfg, settings, base, dataset, trials, best, sweep_seconds=time.perf_counter() - started
