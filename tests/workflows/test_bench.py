@@ -93,3 +93,13 @@ def test_a_method_s_scoring_variants_are_scored_on_valid_and_only_the_selected_o
     # Text tower, ID head and their mix, chosen on valid: the mix alone is read on test.
     assert {m for m, s in rows if s == "valid"} == {"dense_text", "dense_id", "dense_mixed"}
     assert {m for m, s in rows if s == "test"} == {"dense_mixed"}
+
+
+def test_the_selection_metric_must_be_a_ranking_metric():
+    from components.config import ConfigError
+    from workflows.bench import check_bench_metric
+
+    check_bench_metric("ndcg@3")  # accepted
+    for bad in ("queries", "ndcg@4", "accuracy"):  # a count, a cut-off not computed, not ranking
+        with pytest.raises(ConfigError, match="bench.select_metric: expected one of"):
+            check_bench_metric(bad)
