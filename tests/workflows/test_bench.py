@@ -101,5 +101,5 @@ def test_the_selection_metric_must_be_a_ranking_metric():
 
     check_bench_metric("ndcg@3")  # accepted
     for bad in ("queries", "ndcg@4", "accuracy"):  # a count, a cut-off not computed, not ranking
-        with pytest.raises(ConfigError, match="bench.select_metric: expected one of"):
+        with pytest.raises(ConfigError, match=r"bench\.select_metric: expected one of"):
             check_bench_metric(bad)
