@@ -35,8 +35,9 @@ class OutputParser:
     Args:
         codebook: Tool codes.
         tokenizer: To decode outputs that are not an exact code.
-        names: Tool id -> human-readable name; an output whose text equals a name (case-folded) or
-            a tool's token string also counts as that tool.
+        names: Tool id -> human-readable name, for every tool of the catalog (no other tool is
+            real); an output whose text equals a name (case-folded) or a tool's token string also
+            counts as that tool.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class OutputParser:
         self.codebook = codebook
         self.tokenizer = tokenizer
         self.stop = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.catalog = set(names)
         self.by_text = {n.strip().casefold(): t for t, n in names.items()}
         for tool, code in codebook.codes.items():
             self.by_text[tokenizer.decode(list(code)).strip().casefold()] = tool
@@ -63,7 +65,9 @@ class OutputParser:
         found = self.codebook.tool_of(tokens)
         if found is None and tokens:
             found = self.by_text.get(self.tokenizer.decode(tokens).strip().casefold())
-        return found
+        # The catalog is the tools ``names`` lists: a codebook may hold more (a method indexed on a
+        # narrower catalog keeps every trained code), and naming one of those is naming no tool here.
+        return found if found in self.catalog else None
 
 
 @torch.no_grad()

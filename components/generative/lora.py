@@ -3,10 +3,9 @@
 ToolGen (arXiv 2410.03439) fine-tunes the whole LM; on a 135M-8B backbone a low-rank adapter
 (Hu et al., arXiv 2106.09685) on the attention and MLP projections gets most of that at a small
 fraction of the trainable weights and of the checkpoint size. The new tool-token rows of the
-embedding (and of the tied output layer) must still learn freely, since they start as mere means
-of subword rows: peft's ``trainable_token_indices`` trains exactly those rows and stores them in
-the adapter, so an adapter directory plus the base model (resized to the same vocabulary) is the
-whole fine-tuned model.
+embedding and of the output layer (tied to it or not) must still learn freely, since they start as
+mere means of subword rows: peft's ``trainable_token_indices`` trains exactly those rows and stores
+them in the adapter.
 """
 
 from __future__ import annotations
@@ -63,10 +62,24 @@ def add_lora(model: PreTrainedModel, spec: LoraSpec, trainable_tokens: Sequence[
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
         target_modules=list(spec.targets),
-        trainable_token_indices=sorted(int(i) for i in trainable_tokens) or None,
+        trainable_token_indices=token_rows(model, sorted(int(i) for i in trainable_tokens)),
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def token_rows(model: PreTrainedModel, ids: list[int]) -> list[int] | dict[str, list[int]] | None:
+    """peft's ``trainable_token_indices`` for ``ids``: a list trains the input embedding's rows (and
+    the output layer's, when it is tied to them: SmolLM2, Qwen2.5-0.5B); an untied output layer
+    (Llama-3-8B, the paper's backbone; Qwen2.5-7B) must be named too, or a tool token's output row,
+    which alone sets its retrieval logit, stays at its initial value through training."""
+    if not ids:
+        return None
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if outputs is None or outputs.weight is inputs.weight:
+        return ids
+    names = {module: name.rsplit(".", 1)[-1] for name, module in model.named_modules()}
+    return {names[inputs]: ids, names[outputs]: ids}
 
 
 def save_adapter(model: PreTrainedModel, path: str) -> None:

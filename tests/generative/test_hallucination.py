@@ -28,6 +28,16 @@ def test_outputs_are_parsed_by_code_token_string_or_name():
     assert parser.tool([eos]) is None
 
 
+def test_a_coded_tool_outside_the_catalog_is_no_tool():
+    # A method indexed on a narrower catalog keeps every trained code: naming a tool left out of the
+    # catalog is a hallucination there, not a hit.
+    _, tokenizer, codebook = tiny_lm()
+    catalog = {t: n for t, n in NAMES.items() if t != "2"}
+    parser = OutputParser(codebook, tokenizer, catalog)
+    assert parser.tool(list(codebook.codes["2"])) is None
+    assert parser.tool(list(codebook.codes["1"])) == "1"
+
+
 def test_rate_and_results_from_beams():
     beams = [
         [Output([1], -0.1, "a"), Output([2], -0.5, None), Output([1], -0.7, "a"), Output([3], -0.9, "b")],
