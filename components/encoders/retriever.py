@@ -20,7 +20,7 @@ from components.data.tooltext import TOOL_FIELDS, tool_texts
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.encoders.bi_encoder import BiEncoder
 from components.encoders.text_encoder import TextEncoder, spec_from
-from components.encoders.vector_index import IndexSettings, VectorIndex
+from components.encoders.vector_index import IndexSettings, VectorIndex, exact_top_k
 from components.metrics import check_select_metric, evaluate_retrieval
 
 # (queries, k) -> (scores, indices), as faiss's Index.search returns them.
@@ -106,8 +106,9 @@ def score_matrix(
 
 
 def top_k(scores: torch.Tensor, qids: list[str], tool_ids: list[str], k: int) -> Results:
-    """Results dict from a score matrix."""
-    values, index = scores.topk(min(k, scores.shape[1]), dim=1)
+    """Results dict from a score matrix; tools tied at the cut are kept in catalog order, so a
+    request's top k is the first k of its top K (:func:`exact_top_k`)."""
+    values, index = exact_top_k(scores, min(k, scores.shape[1]))
     return {
         q: {tool_ids[j]: float(v) for v, j in zip(values[i].tolist(), index[i].tolist(), strict=True)}
         for i, q in enumerate(qids)

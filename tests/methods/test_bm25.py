@@ -216,3 +216,26 @@ def test_bm25s_imports_jax_on_the_cpu_without_reserving_a_gpu(tmp_path, module, 
     )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"JAX_PLATFORMS": preset or "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def test_tools_tied_at_the_cut_come_in_catalog_order_whatever_k():
+    # Four texts repeated over 400 tools: most scores tie. A request's top k must be the first k of
+    # its deeper ranking (metrics at 3 taken from a top 10, the server's over-fetch for retired tools).
+    import torch
+
+    from components.encoders.retriever import top_k
+    from components.methods.bm25.method import BM25Method
+
+    texts = ["weather forecast city", "flight search", "hotel booking", "weather forecast"]
+    corpus = {f"t{i:03d}": {"title": "", "text": texts[i % 4]} for i in range(400)}
+    bm25 = BM25Method()
+    bm25.index(corpus)
+    order = list(corpus)
+    deep = bm25.retrieve({"q": "weather forecast"}, 400)["q"]
+    ranked = sorted(deep, key=lambda t: (-deep[t], order.index(t)))
+    for k in range(1, 60):
+        assert set(bm25.retrieve({"q": "weather forecast"}, k)["q"]) == set(ranked[:k]), k
+    # The dense and MassTool path (a score matrix): the same rule.
+    scores = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.5]])
+    for k in range(1, 5):
+        assert list(top_k(scores, ["q"], order[:5], k)["q"]) == ["t001", "t002", "t003", "t000"][:k]
