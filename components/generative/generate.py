@@ -33,11 +33,13 @@ def rewrite_texts(
     texts: Sequence[str],
     max_new_tokens: int = 24,
     batch_size: int = 32,
+    max_prompt_tokens: int = 256,
 ) -> list[str]:
     """The greedy one-line answer to each text under the ``system`` instruction (a query rewrite);
-    an empty answer falls back to the text itself."""
+    an empty answer falls back to the text itself. ``max_prompt_tokens``: the prompt's last tokens
+    kept, as many as a fine-tuned generator was trained on."""
     prompts = [chat_prompt(tokenizer, system, t) for t in texts]
-    answers = generate_texts(lm, tokenizer, prompts, max_new_tokens, batch_size=batch_size)
+    answers = generate_texts(lm, tokenizer, prompts, max_new_tokens, max_prompt_tokens, batch_size=batch_size)
     return [a[0] or t for a, t in zip(answers, texts, strict=True)]
 
 

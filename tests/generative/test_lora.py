@@ -40,7 +40,7 @@ def test_a_tool_tokens_output_row_trains_and_is_kept_by_the_adapter(tied, tmp_pa
     merged = merged_copy(model)
     # The tool's output row moved (untied: it stayed at its start before the fix); others did not.
     assert (merged.lm_head.weight[TOOLS[0]] - start[TOOLS[0]]).abs().max() > 1e-3
-    assert torch.equal(merged.lm_head.weight[:TOOLS[0]], start[:TOOLS[0]])
+    assert torch.equal(merged.lm_head.weight[: TOOLS[0]], start[: TOOLS[0]])
     save_adapter(model, str(tmp_path / "adapter"))
     reloaded = load_adapter(tiny_llama(tied), str(tmp_path / "adapter")).eval()
     with torch.no_grad():

@@ -239,3 +239,12 @@ def test_tools_tied_at_the_cut_come_in_catalog_order_whatever_k():
     scores = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.5]])
     for k in range(1, 5):
         assert list(top_k(scores, ["q"], order[:5], k)["q"]) == ["t001", "t002", "t003", "t000"][:k]
+
+
+def test_one_field_may_be_given_as_a_string():
+    from components.methods.bm25.method import BM25Method
+
+    bm25 = BM25Method(fields="description")
+    assert bm25.fields == ["description"]
+    bm25.index(CORPUS)
+    assert next(iter(bm25.retrieve({"q": "weather forecast for a city"}, 1)["q"])) == "0"

@@ -137,3 +137,62 @@ def test_a_tool_added_after_training_is_found_through_the_retriever(aligned, sma
         assert "new" in found["q"]
     finally:
         method.index(small_quickstart.corpus)
+
+
+def test_the_rewrite_cache_keeps_the_most_recent_texts_only(aligned, monkeypatch):
+    # A serving replica rewrites texts without end: the cache holds the most recently asked.
+    import components.methods.querygen.method as querygen_method
+
+    method, _ = aligned
+    asked: list[str] = []
+
+    def rewrite(texts: list[str]) -> list[str]:
+        asked.extend(texts)
+        return [f"rewritten {t}" for t in texts]
+
+    monkeypatch.setattr(querygen_method, "REWRITE_CACHE", 3)
+    monkeypatch.setattr(method.gen, "rewrite", rewrite)
+    monkeypatch.setattr(method, "_cache", type(method._cache)())
+    assert method.rewrite({"1": "a", "2": "b", "3": "a"}) == {
+        "1": "rewritten a",
+        "2": "rewritten b",
+        "3": "rewritten a",
+    }
+    method.rewrite({"1": "c"})
+    method.rewrite({"1": "a"})  # a cache hit, now the most recent
+    method.rewrite({"1": "d"})  # evicts b, the least recent
+    assert list(method._cache) == ["c", "a", "d"] and asked == ["a", "b", "c", "d"]
+    method.rewrite({"1": "b"})
+    assert asked[-1] == "b" and len(method._cache) == 3
+
+
+def test_rewrites_and_samples_cut_the_prompt_where_training_cut_it(aligned, monkeypatch):
+    # Training keeps the last query_max_length tokens of the chat prompt; generation must too, or a
+    # long request reaches the generator with an instruction it never saw beside such a request.
+    import components.generative.generate as generate
+
+    method, _ = aligned
+    cuts: list[int] = []
+    real = generate.generate_texts
+
+    def recording(lm, tokenizer, prompts, max_new_tokens=24, max_prompt_tokens=256, **kwargs):
+        cuts.append(max_prompt_tokens)
+        return real(lm, tokenizer, prompts, max_new_tokens, max_prompt_tokens, **kwargs)
+
+    monkeypatch.setattr(generate, "generate_texts", recording)
+    monkeypatch.setattr("components.methods.querygen.generator.generate_texts", recording)
+    method.gen.rewrite(["find a hotel " * 80])
+    method.gen.sample(["find a hotel " * 80], samples=2, temperature=0.8, top_p=0.9, seed=0)
+    assert cuts == [method.params.query_max_length] * 2
+
+
+def test_cold_start_and_text_encoders_are_the_wrapped_retrievers():
+    # Over ToolGen (a token per trained tool) a new tool is not found by its text: querygen must not
+    # claim it can (livemcpbench and serving read the instance's capabilities).
+    method = methods.build("querygen", {"retriever": {"method": "toolgen"}})
+    method._adopt(methods.build("toolgen", {}))
+    assert "cold_start" not in method.capabilities and "text_encoders" not in method.capabilities
+    method._adopt(methods.build("dense", {}))
+    assert {"cold_start", "text_encoders"} <= method.capabilities
+    method._adopt(methods.build("bm25", {}))
+    assert "cold_start" in method.capabilities and "text_encoders" not in method.capabilities

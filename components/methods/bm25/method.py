@@ -65,7 +65,8 @@ class BM25Method:
         self.k1 = float(preset["k1"] if k1 is None else k1)
         self.b = float(preset["b"] if b is None else b)
         fields = preset["fields"] if fields is None else fields
-        self.fields = fields if fields == "raw" else list(fields)
+        # One field may come as a string (fields=description); list() would spell it out.
+        self.fields = fields if fields == "raw" else [fields] if isinstance(fields, str) else list(fields)
         self.tool_ids: list[str] = []
         self._bm25: bm25s.BM25 | None = None
 

@@ -47,7 +47,11 @@ class LocalGenerator:
         """Greedy one-line rewrites (an empty one falls back to the text)."""
         lm, tokenizer = self.model()
         p = self.params
-        return rewrite_texts(lm, tokenizer, p.system_prompt, texts, p.max_new_tokens, p.eval_batch_size)
+        # The prompt cut where training cut it (query_max_length tokens, its end kept): cut at 256,
+        # a long request kept the instruction the generator never saw with such a request.
+        return rewrite_texts(
+            lm, tokenizer, p.system_prompt, texts, p.max_new_tokens, p.eval_batch_size, p.query_max_length
+        )
 
     def sample(
         self, texts: list[str], samples: int, temperature: float, top_p: float, seed: int
@@ -60,6 +64,7 @@ class LocalGenerator:
             tokenizer,
             prompts,
             self.params.max_new_tokens,
+            self.params.query_max_length,
             samples=samples,
             temperature=temperature,
             top_p=top_p,

@@ -22,6 +22,7 @@ The caller only ever gets the retriever's catalog ids back: generated text never
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
@@ -49,6 +50,8 @@ from components.training.inputs import share
 from components.training.spec import RunSpec, StageConfig, StageInputs
 
 TASK = "components.methods.querygen.task:RewriteTask"
+# Rewrites kept by query text: a test split is read once per fusion, a serving replica forever.
+REWRITE_CACHE = 50_000
 
 
 class QueryGenMethod:
@@ -57,7 +60,8 @@ class QueryGenMethod:
     name: ClassVar[str] = "querygen"
     stages: ClassVar[tuple[str, ...]] = ("retriever", "sft", "align")
     # Tools added after training are found as the wrapped retriever finds them: by their text.
-    # text_encoders: the wrapped retriever's, when it has them (dense, MassTool).
+    # text_encoders: the wrapped retriever's, when it has them (dense, MassTool). An instance keeps
+    # only those its retriever has (see _adopt).
     capabilities: ClassVar[frozenset[str]] = frozenset({"train", "cold_start", "text_encoders"})
 
     def __init__(self, **params: Any) -> None:
@@ -66,7 +70,7 @@ class QueryGenMethod:
         self.retriever: Method | None = None
         self.gen = make_generator(self.params)
         self._generator_source = self.gen.path  # where workers read it (see inputs.share)
-        self._cache: dict[str, str] = {}
+        self._cache: OrderedDict[str, str] = OrderedDict()  # text -> rewrite, least recent first
         self.report: dict[str, dict[str, float]] = {}
         self.tool_ids: list[str] = []
 
@@ -93,13 +97,19 @@ class QueryGenMethod:
         self.report[stage] = out
         return out
 
+    def _adopt(self, retriever: Method) -> None:
+        """Wrap ``retriever``: cold start and text encoders are this method's only through it (over
+        ToolGen, whose tokens are trained tools, a new tool is not found by its text)."""
+        self.retriever = retriever
+        self.capabilities = type(self).capabilities & (retriever.capabilities | {"train"})
+
     def _fit_retriever(self, data: Dataset, run: RunSpec) -> dict[str, float]:
         spec = self.params.retriever
         out: dict[str, float] = {}
         if "path" in spec:
-            self.retriever = methods.load(spec["path"])
+            self._adopt(methods.load(spec["path"]))
         else:
-            self.retriever = methods.build(spec["method"], spec.get("params"))
+            self._adopt(methods.build(spec["method"], spec.get("params")))
             child = replace(run, name=f"{run.name}-retriever")
             for name in self.retriever.stages:
                 metrics = self.retriever.fit(name, data, child)
@@ -222,9 +232,16 @@ class QueryGenMethod:
     def rewrite(self, queries: Queries) -> Queries:
         """The greedy rewrite of each query (cached by text; an empty one falls back to the query)."""
         todo = sorted({t for t in queries.values() if t not in self._cache})
-        if todo:
-            self._cache.update(zip(todo, self.gen.rewrite(todo), strict=True))
-        return {q: self._cache[t] for q, t in queries.items()}
+        fresh = dict(zip(todo, self.gen.rewrite(todo), strict=True)) if todo else {}
+        out = {q: fresh[t] if t in fresh else self._cache[t] for q, t in queries.items()}
+        for text in dict.fromkeys(queries.values()):  # the most recently asked last
+            if text in fresh:
+                self._cache[text] = fresh[text]
+            else:
+                self._cache.move_to_end(text)
+        while len(self._cache) > REWRITE_CACHE:  # a serving replica sees texts without end
+            self._cache.popitem(last=False)
+        return out
 
     def index(self, corpus: Corpus) -> None:
         """Index the catalog in the retriever (tools added later are found by their text)."""
@@ -270,7 +287,7 @@ class QueryGenMethod:
         method = cls(**params)
         method.fusion = config.get("fusion") or "generated"
         method.report = config.get("report") or {}
-        method.retriever = methods.load(os.path.join(path, "retriever"))
+        method._adopt(methods.load(os.path.join(path, "retriever")))
         method.tool_ids = list(method.retriever.tool_ids)
         if isinstance(method.gen, LocalGenerator):
             method.gen.load(os.path.join(path, "generator"))
