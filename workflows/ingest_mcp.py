@@ -163,9 +163,25 @@ def ingest_mcp(
             )
         names_seen[name] = source
     corpus = read_catalog(os.path.join(out_dir, CORPUS))
+    if not names:
+        # Across runs too: a server that reports the name another source's tools are under (the
+        # SDK's default "mcp-server") would retire them. Naming it with --name says it is that
+        # server (one that moved, say) and replaces them.
+        for name, source, _ in listed:
+            ours = [r["metadata"] for r in corpus.values() if r["metadata"].get("server") == name]
+            known = {meta.get("source") for meta in ours}
+            other = sorted(str(s) for s in known - {source, None})
+            if other:
+                raise ValueError(
+                    f"ingest mcp: {source!r} reports the server name {name!r}, whose tools in the "
+                    f"catalog came from {other[0]!r}; give it its own name with --name (or that "
+                    "name, to replace them)"
+                )
     report, rejects, retired = IngestReport(), RejectLog(), []
     for name, source, tools in listed:
         records = corpus_records(name, tools, rejects, source)
+        for record in records:  # which source a server name's tools came from (see above)
+            record["metadata"]["source"] = source
         retired += merge_server(corpus, name, records, report)
         report.servers[name] = len(tools)
     # Retired records first: a run stopped between the two writes then leaves a tool both in the

@@ -41,6 +41,9 @@ def check_tool(tool: Any) -> str | None:
         return "tool has no name"
     if "/" in name:
         return f"tool name {name!r} contains '/', which separates server and tool in ids"
+    if name != name.strip():
+        # The catalog's reader strips ids: the tool would come back under another id on every run.
+        return f"tool name {name!r} starts or ends with whitespace"
     if not isinstance(tool.get("description", ""), (str, type(None))):
         return "description is not a string"
     schema = input_schema(tool)

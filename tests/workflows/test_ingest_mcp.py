@@ -104,7 +104,8 @@ def test_an_unreachable_server_changes_nothing(tmp_path):
     # The first server is read and would change the corpus; the second cannot be: nothing is written.
     changed = stdio_server(tmp_path, ["forecast", "alerts"], tag="2")
     result = ingest(tmp_path, changed, "http://127.0.0.1:9/mcp/")
-    assert result.exit_code == 1 and "cannot list the tools of 'http://127.0.0.1:9/mcp/'" in result.output
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "cannot list the tools of 'http://127.0.0.1:9/mcp/'" in said
     assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
     assert not (tmp_path / "cat" / "retired.jsonl").read_text()
 
@@ -114,8 +115,29 @@ def test_two_servers_reporting_one_name_are_refused_before_either_retires_the_ot
     before = (tmp_path / "cat" / "corpus.jsonl").read_text()
     first, second = stdio_server(tmp_path, ["forecast"], tag="a"), stdio_server(tmp_path, ["alerts"], tag="b")
     result = ingest(tmp_path, first, second)
-    assert result.exit_code == 1 and "both report the server name 'weather-desk'" in result.output
+    said = " ".join(result.output.split())  # the console wraps long lines where the paths end
+    assert result.exit_code == 1 and "both report the server name 'weather-desk'" in said
     assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
+
+
+def test_another_source_under_a_catalogued_server_name_is_refused_unless_named(tmp_path):
+    # Runs apart: a second server reporting the same name (the SDK's default is "mcp-server") would
+    # retire the first one's tools, which the catalog keeps under that name.
+    run_ingest(tmp_path, ["forecast", "convert"])
+    before = (tmp_path / "cat" / "corpus.jsonl").read_text()
+    other = stdio_server(tmp_path, ["alerts"], tag="other")
+    result = ingest(tmp_path, other)
+    assert result.exit_code == 1, result.output
+    assert "reports the server name 'weather-desk', whose tools in the catalog came from" in " ".join(
+        result.output.split()
+    )
+    assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
+    # Named explicitly, it is that server (moved, say): its tools replace the old ones.
+    args = ["ingest", "mcp", "--out", str(tmp_path / "cat"), "--server", other, "--name", "weather-desk"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert list(corpus(tmp_path)) == ["weather-desk/alerts"]
+    assert corpus(tmp_path)["weather-desk/alerts"]["metadata"]["source"] == other
 
 
 def test_a_run_keeps_the_rejects_of_servers_it_did_not_read(tmp_path):
@@ -132,6 +154,7 @@ def test_a_run_keeps_the_rejects_of_servers_it_did_not_read(tmp_path):
     [
         ({"description": "x", "inputSchema": {"type": "object"}}, "tool None: tool has no name"),
         ({"name": "a/b", "inputSchema": {"type": "object"}}, "contains '/'"),
+        ({"name": "search ", "inputSchema": {"type": "object"}}, "starts or ends with whitespace"),
         ({"name": "s", "inputSchema": {"type": "string"}}, "tool 's': inputSchema type is 'string'"),
         ({"name": "s"}, "tool 's': inputSchema is missing"),
         ({"name": "s", "inputSchema": {"type": "object", "properties": []}}, "properties is not an object"),
