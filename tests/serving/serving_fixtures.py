@@ -96,8 +96,8 @@ def _selector_lm() -> tuple[str, dict[str, Any]]:
 @functools.cache
 def _duplicated_dense() -> dict[str, str]:
     """A dense artifact over the tiny dataset plus an exact copy of each tool (ToolBench has such
-    duplicates). Copies score exactly alike, and ``torch.topk`` orders ties differently for
-    different k, so a ranking at k is not always the prefix of one at a larger k. The encoder is
+    duplicates). Copies score exactly alike: the index must keep them in catalog order whatever k
+    (``torch.topk`` alone ordered them differently for different k). The encoder is
     built and the tools embedded for real, without training: ranking quality does not matter here.
     """
     from conftest import TINY_ENCODER, TOOLS, write_tiny_dataset
