@@ -100,13 +100,15 @@ def write_tables(
     summary = {}
     for name, rows in tables.items():
         target = io.join(out, name)
-        if not rows:
-            io.remove(target, storage_options)
-        else:
+        # What an earlier run left is removed by io.remove, object by object: Ray's "overwrite"
+        # empties the directory through fsspec's rm, which reads "[", "*" and "?" in an s3:// path as
+        # a pattern and failed on s3://b/exp[1] (a local path was fine).
+        io.remove(target, storage_options)
+        if rows:
             ds = ray.data.from_arrow(pa.Table.from_pylist(rows))
             if name == "corpus":
                 ds = ds.map_batches(normalise_tools, batch_format="numpy")
-            ds.write_parquet(target, filesystem=filesystem, mode="overwrite")
+            ds.write_parquet(target, filesystem=filesystem)
         summary[name] = {"rows": len(rows), "sha256": content_hash(rows)}
     return summary
 

@@ -77,6 +77,10 @@ def ingest(
 ) -> tuple[dict[str, list], dict[str, dict]]:
     """Parse every source file in parallel; returns rows by relative path and per-file hashes."""
     by_rel = {s.rel: s for s in sources}
+    for rel in by_rel:
+        path = io.join(root, rel)
+        if io.filesystem(path, storage_options).isdir(path):  # Ray would read its parts as files
+            raise DatasetError(f"{path}: is a directory (parts written by Spark or Ray?); expected one file")
     ds = ray.data.read_binary_files(
         [io.join(root, s.rel) for s in sources],
         include_paths=True,

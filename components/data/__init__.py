@@ -37,12 +37,13 @@ def open_dataset(
 
     A prepared directory (output of ``toolscout preprocess``) is read as written; a raw directory
     is loaded and split in this process with the ``splits`` settings (mode, fractions, seed).
-    ``strict``, ``name`` and ``files`` (the qrels splits to read) apply to raw directories; a
-    prepared one was checked when it was written.
+    ``strict`` and ``name`` apply to raw directories; a prepared one was checked when it was
+    written, and must have read the qrels ``files`` named (when named).
     """
     if is_prepared(path, storage_options):
         manifest = read_manifest(path, storage_options)
         check_prepared_splits(path, manifest, splits)
+        check_prepared_files(path, manifest, files)
         return load_prepared(path, storage_options, manifest)
     log = RejectLog()
     dataset = load_dataset(path, files, strict=strict, log=log, storage_options=storage_options, name=name)
@@ -65,6 +66,25 @@ def check_prepared_splits(path: str, manifest: dict[str, Any], splits: dict[str,
         raise DatasetError(
             f"{path}: prepared with splits {written}, but this run asks for {asked}; "
             "run `toolscout preprocess` with these splits, or drop the overrides"
+        )
+
+
+def check_prepared_files(path: str, manifest: dict[str, Any], files: list[str] | None) -> None:
+    """A run that names its qrels files (``data.splits``) gets a preparation of those files: which
+    were read decides whether valid is shipped or carved and which train queries another split's
+    judgement removes, so another preparation would train on another set, labelled as asked.
+
+    Raises:
+        DatasetError: the preparation read other qrels files than ``files`` names.
+    """
+    if files is None:
+        return
+    read = sorted(rel for rel in manifest.get("inputs") or {} if rel.startswith("qrels/"))
+    asked = sorted(f"qrels/{split}.tsv" for split in files)
+    if read != asked:
+        raise DatasetError(
+            f"{path}: prepared from {read}, but this run asks for {asked} (data.splits); run "
+            "`toolscout preprocess` with these splits, or drop the override"
         )
 
 

@@ -50,6 +50,11 @@ def test_prepared_dataset_equals_single_process_load(ray_session, tmp_path):
     assert open_dataset(str(tmp_path / "out"), {"seed": 0, "mode": "standard"}).qrels == got.qrels
     with pytest.raises(DatasetError, match="prepared with splits"):
         open_dataset(str(tmp_path / "out"), {"mode": "cold_start"})
+    # So are other qrels files (data.splits): they decide the training set too.
+    read = sorted(p.stem for p in (data / "qrels").glob("*.tsv"))
+    assert open_dataset(str(tmp_path / "out"), files=read).qrels == got.qrels
+    with pytest.raises(DatasetError, match=r"prepared from .* but this run asks for"):
+        open_dataset(str(tmp_path / "out"), files=read[:1])
 
 
 def test_graphs_equal_scipy_builds(ray_session, tmp_path):

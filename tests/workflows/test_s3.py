@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import write_tiny_dataset
 
-from components.data.loader import load_dataset
+from components.data.loader import SourceFile, load_dataset
 from components.data.prepared import load_prepared
+from components.data.rejects import RejectLog
 from components.data.splits import prepare_splits
 from workflows.preprocess import preprocess
 
@@ -88,6 +89,13 @@ def test_preprocess_s3_to_s3(ray_session, s3_endpoint, tmp_path):
     got = load_prepared("s3://jobs/out", storage_options=opts)
     expected = prepare_splits(load_dataset(str(local)))
     assert got.qrels == expected.qrels and got.corpus == expected.corpus
+    # Again, into an output whose name holds pattern characters, twice: the second run replaces
+    # the first's tables (Ray's overwrite emptied them through fsspec's glob-reading rm, and failed).
+    cfg["preprocess"]["output"] = "s3://jobs/exp[1]"
+    for _ in range(2):
+        preprocess(cfg)
+    again = load_prepared("s3://jobs/exp[1]", storage_options=opts)
+    assert again.qrels == expected.qrels and again.corpus == expected.corpus
 
 
 def test_ray_train_reads_its_inputs_from_and_checkpoints_to_s3(
@@ -279,3 +287,9 @@ def test_a_directory_where_a_file_belongs_is_said_to_be_one(s3_endpoint):
     # As Spark or Ray write a "file": read as an object it is empty, and was reported as an empty file.
     with pytest.raises(DatasetError, match=r"corpus\.jsonl: is a directory"):
         load_dataset("s3://parts/ds", storage_options=options(s3_endpoint))
+    # The same on Ray Data (toolscout preprocess), before any file is read.
+    from workflows.ray_ingest import ingest
+
+    sources = [SourceFile("corpus.jsonl", "records"), SourceFile("queries.jsonl", "records")]
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl: is a directory"):
+        ingest("s3://parts/ds", sources, RejectLog(), options(s3_endpoint))
