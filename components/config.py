@@ -43,6 +43,27 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
+# YAML 1.1's other booleans are strings in 1.2, and a string is true to ``bool()``: `use_gpu: no`
+# would turn the GPU on and `follow_serving: off` hot-swap serving. Written plain, they are refused.
+_YAML11_BOOL = "tag:toolscout,2026:yaml11-bool"
+_Yaml12Loader.add_implicit_resolver(
+    _YAML11_BOOL, re.compile(r"^(?:y|Y|n|N|yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$"), list("yYnNoO")
+)
+
+
+def _yaml11_bool(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(
+        None,
+        None,
+        f"{loader.construct_scalar(node)!r} is a boolean in YAML 1.1 and text here: write true or "
+        "false, or quote it for the text",
+        node.start_mark,
+    )
+
+
+_Yaml12Loader.add_constructor(_YAML11_BOOL, _yaml11_bool)
+
+
 def _int12(loader: yaml.SafeLoader, node: yaml.Node) -> int:
     text = loader.construct_scalar(node)
     return int(text, 0) if text[:2] in ("0x", "0o") else int(text, 10)
@@ -90,7 +111,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = parse_yaml(path.read_text())
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

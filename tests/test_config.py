@@ -40,9 +40,13 @@ def test_free_text_with_a_colon_stays_a_string_and_flow_mappings_parse():
 
 def test_values_take_yaml_1_2_types_in_overrides_and_files(tmp_path):
     # PyYAML alone reads YAML 1.1: "1e-4" a string, "no" False, "0755" octal 493, a date a date.
+    # YAML 1.1's other booleans (no, off, ...) are refused unquoted (the test below); quoted, text.
     got = apply_overrides(
         {},
-        ["m.lr=1e-4", "m.wd=5e-2", "m.name=no", "m.mode=0755", "m.day=2024-01-01", "m.hex=0x10", "m.on=true"],
+        [
+            *("m.lr=1e-4", "m.wd=5e-2", "m.name='no'", "m.mode=0755"),
+            *("m.day=2024-01-01", "m.hex=0x10", "m.on=true"),
+        ],
     )
     assert got["m"] == {
         "lr": 1e-4,
@@ -55,7 +59,7 @@ def test_values_take_yaml_1_2_types_in_overrides_and_files(tmp_path):
     }
     assert apply_overrides({}, ["title=run #3"])["title"] == "run #3"  # not a YAML comment
     path = tmp_path / "c.yaml"
-    path.write_text("lr: 3e-5\nflag: off\nratio: .5\nsteps: -3\nnone: null\n")
+    path.write_text("lr: 3e-5\nflag: 'off'\nratio: .5\nsteps: -3\nnone: null\n")
     assert load_yaml(path) == {"lr": 3e-5, "flag": "off", "ratio": 0.5, "steps": -3, "none": None}
 
 
@@ -151,3 +155,43 @@ def test_an_empty_section_changes_nothing_and_an_unknown_one_is_refused(tmp_path
 def test_a_quoted_value_keeps_its_hash_and_loses_its_quotes():
     cfg = apply_overrides({}, ['title="BM25 #1"', "note=free text #2", "tag='a' # comment"])
     assert cfg == {"title": "BM25 #1", "note": "free text #2", "tag": "a"}
+
+
+def test_misspelt_sections_and_keys_are_refused_not_ignored(tmp_path):
+    from workflows.cli_config import build_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("trian: {num_workers: 4}\n")
+    with pytest.raises(ConfigError, match=r"unknown section\(s\) \['trian'\]"):
+        build_config(config, [])
+    for override, says in [
+        ("evaluate.split=test", r"evaluate: unknown key\(s\) \['split'\]"),
+        ("preprocess.out=/tmp/p", r"preprocess: unknown key\(s\) \['out'\]"),
+        ("registry.tracking_url=http://x", r"registry: unknown key\(s\) \['tracking_url'\]"),
+        ("ray.num_cpu=2", r"ray: unknown key\(s\) \['num_cpu'\]"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            build_config(None, [override])
+    # Keys the code reads beyond default.yaml's are known.
+    assert build_config(None, ["ray.num_gpus=1", "evaluate.storage_options={a: 1}"])["ray"]["num_gpus"] == 1
+
+
+def test_yaml_1_1_booleans_are_refused_where_they_would_read_as_true(tmp_path):
+    from workflows.cli_config import build_config
+
+    with pytest.raises(ConfigError, match=r"boolean in YAML 1\.1"):
+        build_config(None, ["train.use_gpu=no"])
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  deterministic: off\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: invalid YAML: 'off' is a boolean in YAML 1\.1"):
+        build_config(config, [])
+    assert build_config(None, ["bench.title='no'"])["bench"]["title"] == "no"  # quoted: the text
+
+
+def test_a_config_that_is_not_utf8_is_named(tmp_path):
+    from workflows.cli_config import build_config
+
+    config = tmp_path / "c.yaml"
+    config.write_bytes(b"bench: {title: R\xe9sultats}\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: not UTF-8 text \(byte 16\)"):
+        build_config(config, [])

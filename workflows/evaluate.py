@@ -70,5 +70,7 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
         )
     report = {"dataset": dataset.name, "artifact": artifact, "results": rows}
     if ecfg.get("output"):  # a local path or an s3:// URL, like every other output
-        io.write_bytes(ecfg["output"], json.dumps(report, indent=2).encode(), ecfg.get("storage_options"))
+        # The data's storage options unless the output has its own (an s3:// report beside s3 data).
+        options = ecfg.get("storage_options") or (cfg.get("data") or {}).get("storage_options")
+        io.write_bytes(ecfg["output"], json.dumps(report, indent=2).encode(), options)
     return report

@@ -92,6 +92,34 @@ def check_overrides(overrides: list[str] | None, cfg: dict[str, Any]) -> None:
             )
         if any(key == k or key.startswith(k + ".") for k in WORKDIR_KEYS):
             raise ConfigError(f"toolscout run: {key} is set under run.workdir; set run.workdir instead")
+    from workflows.cli_config import packaged_config
+
+    shipped = merge(packaged_config("default"), packaged_config("quickstart"))
+    if listed and cfg["method"] != shipped["method"]:  # a config file's method section (train's)
+        raise ConfigError(
+            f"toolscout run: the config's method section ({cfg['method'].get('name')!r}) is not used "
+            f"while run.methods lists the methods ({listed}); set run.methods and run.params instead"
+        )
+    # Before any data is generated or Ray started: a misspelt method, params for a method not run
+    # (`run.params.desne.epochs=1`, never read) or an artifact reference to a later method.
+    from components.methods import method_class
+
+    names = [str(n) for n in as_list(listed or [cfg["method"]["name"]], "run.methods")]
+    for name in names:
+        try:
+            method_class(name)
+        except (KeyError, ValueError) as e:
+            raise ConfigError(f"toolscout run: run.methods: {e}") from None
+    # The shipped params of a method left out of run.methods are simply unused; any other is a typo.
+    stray = sorted(set(cfg["run"].get("params") or {}) - set(names) - set(shipped["run"]["params"]))
+    if stray:
+        raise ConfigError(f"toolscout run: run.params has {stray}, which run.methods ({names}) does not run")
+    for i, name in enumerate(names):
+        earlier = dict.fromkeys(names[:i], "")
+        try:
+            resolve_artifacts((cfg["run"].get("params") or {}).get(name, {}), earlier)
+        except ValueError as e:
+            raise ConfigError(f"toolscout run: run.params.{name}: {e}") from None
 
 
 def resolve_artifacts(params: Any, artifacts: dict[str, str]) -> Any:

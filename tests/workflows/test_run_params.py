@@ -30,6 +30,10 @@ def test_a_method_not_trained_before_is_a_clear_error() -> None:
         ("method.name=dense", "is not used while run.methods"),
         ("train.storage_path=s3://bucket/train", "set run.workdir instead"),
         ("registry.root=/elsewhere", "set run.workdir instead"),
+        ("run.params.desne.epochs=1", "run.params has ['desne'], which run.methods"),
+        ("run.methods=[bm25,desne]", "run.methods: \"unknown method 'desne'"),
+        ("run.methods=[bm25,masstool]", "names 'dense', which run.methods does not train before it"),
+        ("run.work_dir=/tmp/x", "run: unknown key(s) ['work_dir']"),
     ],
 )
 def test_run_refuses_overrides_it_would_ignore(override: str, says: str) -> None:
@@ -70,3 +74,15 @@ def test_data_half_written_by_an_interrupted_run_is_generated_again(tmp_path, mo
     monkeypatch.undo()
     assert run_module.quickstart_data(cfg(0)) == data
     assert (tmp_path / "data" / "queries.jsonl").read_text()
+
+
+def test_a_config_files_method_section_is_refused_while_run_methods_lists_the_methods(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    config = tmp_path / "c.yaml"
+    config.write_text("method: {name: toolweaver}\n")
+    result = CliRunner().invoke(app, ["run", "-c", str(config)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "('toolweaver') is not used while run.methods" in said
