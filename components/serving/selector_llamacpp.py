@@ -15,33 +15,63 @@ import json
 from typing import Any
 
 from components.generative.llamacpp import LlamaCppLM, json_schema_grammar
-from components.serving.catalog import Tool, ToolCatalog
+from components.serving.catalog import Tool, ToolCatalog, json_type
 
 SYSTEM = (
     "You route a user's request to exactly one of the offered tools and fill its arguments from the "
     'request. Answer with one JSON object: {"tool": <tool id>, "arguments": {...}}.'
 )
-# A JSON type the converter knows for each parameter type; strings are bounded so that a rambling
-# value cannot run past the token budget and leave the JSON unfinished.
+# A JSON type the converter knows for each parameter type; strings and arrays are bounded so that a
+# rambling value cannot run past the token budget and leave the JSON unfinished. A value that
+# reaches a bound may have been cut there: :meth:`LlamaCppSelector.parse` answers no call then.
+MAX_CHARS = 120
+MAX_ITEMS = 8
 _VALUE_SCHEMAS: dict[str, dict[str, Any]] = {
-    "string": {"type": "string", "maxLength": 48},
+    "string": {"type": "string", "maxLength": MAX_CHARS},
     "integer": {"type": "integer"},
     "number": {"type": "number"},
     "boolean": {"type": "boolean"},
-    "array": {"type": "array", "items": {"type": "string", "maxLength": 48}, "maxItems": 4},
     "object": {"type": "object"},
 }
 
 
+def value_schema(kind: str, own: dict[str, Any]) -> dict[str, Any]:
+    """The grammar's schema of one argument: its base type, with what the tool's own property
+    schema ``own`` says of an enum and of an array's items (an array of integers is one)."""
+    enum = own.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str | int | float | bool) for v in enum):
+        return {"enum": enum}
+    if kind == "array":
+        items = own.get("items") if isinstance(own.get("items"), dict) else {}
+        item = value_schema(json_type(items.get("type")), items)
+        return {"type": "array", "items": item, "maxItems": MAX_ITEMS}
+    return _VALUE_SCHEMAS.get(kind, _VALUE_SCHEMAS["string"])
+
+
 def arguments_schema(tool: Tool) -> dict[str, Any]:
     """The tool's required parameters as a closed JSON Schema object, in schema order."""
-    properties = {p.name: _VALUE_SCHEMAS.get(p.type, _VALUE_SCHEMAS["string"]) for p in tool.call_params()}
+    own = (tool.input_schema or {}).get("properties") or {}
+    properties = {
+        p.name: value_schema(p.type, own.get(p.name) if isinstance(own.get(p.name), dict) else {})
+        for p in tool.call_params()
+    }
     return {
         "type": "object",
         "properties": properties,
         "required": list(properties),
         "additionalProperties": False,
     }
+
+
+def at_a_bound(value: Any) -> bool:
+    """Whether ``value`` (or a value in it) reached the grammar's length bounds, so may be cut."""
+    if isinstance(value, str):
+        return len(value) >= MAX_CHARS
+    if isinstance(value, list):
+        return len(value) >= MAX_ITEMS or any(at_a_bound(v) for v in value)
+    if isinstance(value, dict):
+        return any(at_a_bound(v) for v in value.values())
+    return False
 
 
 def call_schema(tools: list[Tool]) -> dict[str, Any]:
@@ -109,8 +139,8 @@ class LlamaCppSelector:
         tool = offered[call["tool"]]
         # The grammar knows required keys and base types only: the tool's own schema (an enum, a
         # range, an item type; required keys and an object too) is checked here.
-        if tool.argument_errors(arguments):
-            return None
+        if tool.argument_errors(arguments) or at_a_bound(arguments):
+            return None  # a value at a bound may be cut short: no call rather than a wrong one
         return {"tool": tool.id, "arguments": arguments}
 
     def select(self, query: str, history: list[str], candidates: list[str]) -> dict[str, Any] | None:

@@ -116,3 +116,25 @@ def test_a_string_with_a_raw_line_break_is_a_call_the_grammar_allowed(selector):
     tools = [catalog().tools["w"]]
     text = '{"tool": "w", "arguments": {"city": "Oslo\nNorway", "days": 3}}'
     assert selector.parse(text, tools) == {"tool": "w", "arguments": {"city": "Oslo\nNorway", "days": 3}}
+
+
+def test_arguments_follow_the_tools_own_enums_and_item_types_and_a_cut_value_is_no_call():
+    schema = {
+        "type": "object",
+        "properties": {
+            "ids": {"type": "array", "items": {"type": "integer"}},
+            "unit": {"type": "string", "enum": ["C", "F"]},
+            "url": {"type": "string"},
+        },
+        "required": ["ids", "unit", "url"],
+    }
+    record = {"_id": "s/t", "title": "t", "text": "t", "metadata": {"name": "t", "input_schema": schema}}
+    tools = [ToolCatalog.from_records([record]).tools["s/t"]]
+    arguments = call_schema(tools)["oneOf"][0]["properties"]["arguments"]["properties"]
+    assert arguments["ids"]["items"] == {"type": "integer"} and arguments["unit"] == {"enum": ["C", "F"]}
+    selector = LlamaCppSelector.__new__(LlamaCppSelector)  # parse reads no model
+    call = {"tool": "s/t", "arguments": {"ids": [1, 2], "unit": "C", "url": "https://example.com/a"}}
+    assert selector.parse(json.dumps(call), tools) == call
+    long = "https://example.com/" + "p" * 200
+    cut = {**call, "arguments": {**call["arguments"], "url": long[: arguments["url"]["maxLength"]]}}
+    assert selector.parse(json.dumps(cut), tools) is None  # the grammar stopped it at its bound
