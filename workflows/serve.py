@@ -53,6 +53,10 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
 
     args = dict(args)
     args.setdefault("detector_file", os.path.join("runs", "serving", "detector.json"))
+    # Replicas calibrate a version followed later with the same splits as this driver: with the
+    # defaults instead, a prepared directory written with other splits is refused there.
+    if splits is not None:
+        args.setdefault("splits", splits)
     # A registry URI is calibrated for the version it names now: the one the app will pin.
     artifact = resolve(args.get("detector_artifact") or args["artifact"], args.get("registry"))
     if find_calibration(args["detector_file"], artifact) is not None or has_detect(artifact):

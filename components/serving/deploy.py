@@ -156,26 +156,27 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
     dropped request (as :func:`swap_artifact` explains). Returns the pinned directory.
 
     A version that passes the driver's checks can still fail to load in the replicas (a partial
-    copy, a missing index, or no detection threshold calibrated for it): they keep serving the old
-    one and log why. The swap is confirmed by asking the replicas of every deployment it moved
-    (:func:`swapped_deployments`) what they serve (:func:`serving_artifacts`); if one did not take
-    it, the app is deployed again pinned to what it served before (if that was one version), so
-    replicas that took it go back and later ones do not try it, and :class:`SwapFailed` is raised.
-    """
+    copy, no detection threshold calibrated for it) or not be healthy in time. The replicas of each
+    deployment it moved (:func:`swapped_deployments`) are asked what they serve; if one did not
+    take it, the app is pinned again to what it served before (if one version), and
+    :class:`SwapFailed` is raised."""
     running = running_config(app_name)
     names = swapped_deployments(running)
     before = replica_answers("Retriever", "serving_version", app_name)  # as any node can load them
     config = swap_artifact(running, model_uri)
-    deploy_config(config, timeout_s)
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
     pinned = deployments["Retriever"]["user_config"]["artifact"]
-    serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
-    refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
+    try:
+        deploy_config(config, timeout_s)
+        serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
+        refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
+    except (TimeoutError, RuntimeError) as e:  # not healthy in time: the same way back
+        refused = {"app": [f"{type(e).__name__}: {e}"]}
     if refused:
         answers = "; ".join(f"{name} replicas answer with {artifacts}" for name, artifacts in refused.items())
         back = len(before) == 1  # one version served before: pin it again
-        if back:
-            deploy_config(swap_artifact(running, next(iter(before))), timeout_s)
+        if back:  # given the usual time, whatever the swap had
+            deploy_config(swap_artifact(running, next(iter(before))), max(timeout_s, 180.0))
         then = "serves again" if back else "keeps the new one (no one version to go back to); it served"
         raise SwapFailed(
             f"{model_uri}: pinned {pinned}, but {answers} (see logs); the app {then} {sorted(before)}"

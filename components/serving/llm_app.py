@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LLM_APP_NAME = "llm"
 LLM_IMPORT_PATH = "components.serving.llm_app:build_llm_app"
@@ -89,6 +89,13 @@ class LLMAppArgs(BaseModel):
         if value is not None and not value.startswith(LORA_SCHEMES):
             raise ValueError(f"lora_dir must be an object-store URL ({', '.join(LORA_SCHEMES)}): {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> LLMAppArgs:
+        # Serve's autoscaling config refuses it too, but only in the build task (DEPLOY_FAILED).
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
 
 
 def llm_config_kwargs(args: LLMAppArgs, model_source: str) -> dict[str, Any]:

@@ -294,3 +294,10 @@ def test_following_a_version_the_replicas_cannot_load_is_reported_and_undone(
     said = str(refused.value)
     assert "Detector replicas answer with" in said and "Retriever replicas" not in said
     pinned_back_to_v2()
+    # A version not healthy in time (replicas still loading or calibrating it): undone the same way,
+    # not left half-swapped behind a TimeoutError.
+    good = registry.log_version("bm25", bm25_versions["default"])
+    registry.promote("bm25", good.number)
+    with pytest.raises(SwapFailed, match="TimeoutError"):
+        follow_model("models:/bm25@champion", timeout_s=0.001)
+    pinned_back_to_v2()

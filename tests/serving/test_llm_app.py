@@ -268,3 +268,9 @@ def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
     body = select(serve_instance, query, 4, timeout_s=180)
     assert body["model_version"] == "bm25/v0002"
     assert body["call"] is None or body["call"]["tool"] in [t["id"] for t in body["tools"]]
+
+
+def test_replica_bounds_are_checked_when_the_args_are_read():
+    with pytest.raises(ValidationError, match="min_replicas 3 > max_replicas 2"):
+        Args(min_replicas=3, max_replicas=2)
+    assert Args(min_replicas=0, max_replicas=2).max_replicas == 2

@@ -267,3 +267,15 @@ def test_ingress_api_key_is_what_the_middleware_requires(monkeypatch):
     assert ApiKeyMiddleware(None).expected == b"Bearer k-1"
     monkeypatch.undo()
     assert os.environ.get(API_KEY_ENV) == before  # the key does not leak into later tests
+
+
+def test_the_drivers_splits_reach_the_replicas_args(bm25_versions, serving_data):
+    # A replica calibrating a version followed later reads valid as the driver did: with default
+    # splits it would carve another valid, or refuse a prepared directory written with these.
+    from workflows.serve import prepare
+
+    args = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+    splits = {"mode": "cold_start", "seed": 3}
+    assert prepare(args, None, splits)["splits"] == splits
+    built = ServeArgs(**prepare(args, None, splits), catalog=serving_data)
+    assert user_configs(built)["Detector"]["splits"] == splits  # what the Detector replicas get
