@@ -135,15 +135,13 @@ class SwapFailed(RuntimeError):
 def serving_artifacts(
     app_name: str = APP_NAME, calls_per_replica: int = 8, deployment: str = "Retriever"
 ) -> set[str]:
-    """The artifact directories the app's ``deployment`` replicas (Retriever or Detector) answer
-    with (:func:`~components.serving.replicas.replica_answers`). A replica whose swap failed still
-    answers with its old version (:func:`components.serving.batch_calls.load_new`)."""
+    """The artifact directories the app's ``deployment`` replicas answer with; a replica whose swap
+    failed still answers with its old version (:func:`components.serving.batch_calls.load_new`)."""
     return replica_answers(deployment, "serving_artifact", app_name, calls_per_replica)
 
 
 def swapped_deployments(config: dict[str, Any]) -> list[str]:
-    """The deployments :func:`swap_artifact` moves to the new artifact: the Retriever, and the
-    Detector unless the app's args pin a ``detector_artifact``."""
+    """What :func:`swap_artifact` moves: the Retriever, and the Detector unless args pin one."""
     pinned_detector = config["applications"][0]["args"].get("detector_artifact")
     return ["Retriever"] if pinned_detector else ["Retriever", "Detector"]
 
@@ -211,11 +209,8 @@ def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
 
 
 def check_config(config: dict[str, Any]) -> None:
-    """Validate the toolscout application's args on the driver, before anything is deployed.
-
-    The same checks Serve's build task would run (the args' schema, each artifact a loadable
-    directory), raised here as a clear :class:`ValueError` instead of a ``DEPLOY_FAILED`` status.
-    """
+    """Validate the toolscout application's args on the driver, before anything is deployed: the
+    checks Serve's build task would run, as a clear :class:`ValueError`, not ``DEPLOY_FAILED``."""
     from pydantic import ValidationError
 
     from components.serving.app import ServeArgs, user_configs
@@ -224,7 +219,12 @@ def check_config(config: dict[str, Any]) -> None:
     for app in config["applications"]:
         try:
             if app.get("import_path") == IMPORT_PATH:
-                user_configs(ServeArgs.model_validate(app.get("args") or {}))
+                # The version the Retriever is to serve; the one the app was built with (args stay
+                # as built, or Serve would restart it) may be gone by now.
+                args = dict(app.get("args") or {})
+                swapped = {d["name"]: d.get("user_config") or {} for d in app.get("deployments") or []}
+                args["artifact"] = swapped.get("Retriever", {}).get("artifact") or args.get("artifact")
+                user_configs(ServeArgs.model_validate(args))
             elif app.get("import_path") == LLM_IMPORT_PATH:
                 LLMAppArgs.model_validate(app.get("args") or {})
         except ValidationError as e:

@@ -279,3 +279,24 @@ def test_the_drivers_splits_reach_the_replicas_args(bm25_versions, serving_data)
     assert prepare(args, None, splits)["splits"] == splits
     built = ServeArgs(**prepare(args, None, splits), catalog=serving_data)
     assert user_configs(built)["Detector"]["splits"] == splits  # what the Detector replicas get
+
+
+def test_a_swap_is_checked_against_the_version_it_serves_not_the_one_the_app_was_built_with(
+    bm25_versions, serving_data, tmp_path
+):
+    # The app was built from a run directory cleaned up since; later swaps keep its args as built
+    # (or Serve would restart it), so the check must read the Retriever's pinned version instead.
+    import shutil
+
+    from components.serving.deploy import IMPORT_PATH, check_config
+
+    gone = tmp_path / "gone"
+    shutil.copytree(bm25_versions["default"], gone)
+    args = {"artifact": str(gone), "catalog": serving_data, "detector_file": bm25_versions["detector_file"]}
+    built = user_configs(ServeArgs(**args))
+    shutil.rmtree(gone)
+    swapped = {**built["Retriever"], "artifact": bm25_versions["lucene"]}
+    app = {"name": "toolscout", "import_path": IMPORT_PATH, "args": args}
+    check_config({"applications": [{**app, "deployments": [{"name": "Retriever", "user_config": swapped}]}]})
+    with pytest.raises(ValueError, match="gone"):
+        check_config({"applications": [app]})  # no swap: the args' own artifact is what is built
