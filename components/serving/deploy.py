@@ -83,14 +83,11 @@ def serve_config(
 
 def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
     """``config`` with the Retriever's user config (and the Detector's, unless the args pin a
-    ``detector_artifact``) pointing at another artifact, e.g. ``.../bm25/v0002`` or a dense one.
-
-    Only ``deployments[].user_config`` changes, so redeploying it reconfigures replicas in place.
-    Each user config is written whole, as :func:`components.serving.app.user_configs` builds it
-    from the args: Serve replaces a deployment's ``user_config`` as a unit, so a partial one would
-    drop the detector file, calibration data and batching settings. ``artifact`` is checked here
-    (a directory whose ``config.json`` names a known method) and a registry URI is pinned to the
-    version it names now.
+    ``detector_artifact``) pointing at another artifact. Only ``deployments[].user_config``
+    changes, so redeploying it reconfigures replicas in place. Each user config is written whole,
+    as :func:`components.serving.app.user_configs` builds it: Serve replaces a ``user_config`` as
+    a unit, so a partial one would drop the detector file, calibration data and batching settings.
+    ``artifact`` is checked (its ``config.json`` names a known method); a registry URI is pinned.
 
     Raises:
         ValueError: ``artifact`` is not a loadable artifact directory.
@@ -101,7 +98,9 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
     app = config["applications"][0]
     configs = user_configs(ServeArgs.model_validate({**app["args"], "artifact": artifact}))
     deployments = {d["name"]: d for d in app.get("deployments") or []}
-    names = ["Retriever", "Detector"]
+    # A pinned detector keeps what it serves: rebuilt, its registry alias was resolved again and
+    # the Detector moved, unchecked, to whatever the alias named now.
+    names = swapped_deployments(config)
     if (app["args"].get("selector") or {}).get("backend", "none") != "none":
         names.append("Selector")  # it reads the same catalog (catalog_version)
     for name in names:

@@ -300,3 +300,23 @@ def test_a_swap_is_checked_against_the_version_it_serves_not_the_one_the_app_was
     check_config({"applications": [{**app, "deployments": [{"name": "Retriever", "user_config": swapped}]}]})
     with pytest.raises(ValueError, match="gone"):
         check_config({"applications": [app]})  # no swap: the args' own artifact is what is built
+
+
+def test_a_swap_leaves_a_pinned_detector_as_it_serves(bm25_versions, serving_data):
+    # Rebuilt on a swap, a detector_artifact given as a registry alias was resolved again and the
+    # Detector moved, unchecked and never rolled back, to what the alias named then.
+    from components.serving.deploy import IMPORT_PATH, swap_artifact
+
+    args = {
+        "artifact": bm25_versions["default"],
+        "detector_artifact": bm25_versions["default"],
+        "catalog": serving_data,
+        "detector_file": bm25_versions["detector_file"],
+    }
+    serving = {**user_configs(ServeArgs(**args))["Detector"], "served_since": "v1"}
+    app = {"name": "toolscout", "import_path": IMPORT_PATH, "args": args}
+    app["deployments"] = [{"name": "Detector", "user_config": serving}]
+    swapped = swap_artifact({"applications": [app]}, bm25_versions["lucene"])
+    deployments = {d["name"]: d["user_config"] for d in swapped["applications"][0]["deployments"]}
+    assert deployments["Detector"] == serving
+    assert deployments["Retriever"]["artifact"].endswith(bm25_versions["lucene"].rsplit("/", 1)[-1])
