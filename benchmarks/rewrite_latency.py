@@ -160,6 +160,7 @@ def main() -> None:
     offset = 0  # each rewriting load reads new queries: the rewrite cache (size 0 anyway) never answers
     for label, rewrite in graphs:
         flags = {"artifact": bm25, "catalog": os.path.abspath(args.data), "detector_file": detector_file}
+        flags["cache_size"] = 0  # the loads replay the test queries: answers must come from the models
         if rewrite:
             flags["rewriter"] = rewrite
         deploy_config(serve_config(app_args(base, flags, []), base))

@@ -64,6 +64,7 @@ def child(args: argparse.Namespace) -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = read_serve_config(None)
     flags = {"artifact": artifact, "catalog": os.path.abspath(args.data), "detector_file": detector_file}
+    flags["cache_size"] = 0  # repeated loads over the same test queries: answers from the models
     deploy_config(serve_config(app_args(base, flags, []), base))
     urls = doors(f"http://127.0.0.1:{port}")["direct ingress"]
     load(urls, bodies, 8, 3.0, rate=min(args.rates))  # warm-up, not reported

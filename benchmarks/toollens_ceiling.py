@@ -198,8 +198,8 @@ def main() -> None:
     rows = compare(dataset, tools, splits)
     notes = (
         f"Run: `python benchmarks/toollens_ceiling.py --masstool {args.masstool}`. `oracle_of_two` "
-        "takes, for every query, the better R@3 of the two models: no combination of their rankings "
-        f"beats it. {args.about}\n"
+        "takes, for every query, the better R@3 of the two models (not a bound on every mix of their "
+        f"rankings, which can combine tools from both lists). {args.about}\n"
     )
     table = markdown(rows)
     print(table)

@@ -77,7 +77,8 @@ def main() -> None:
     result = run_stage(method.stage_config(init, ray.put(data)), run)
     with_ray = time.perf_counter() - started
 
-    config = {"dataset": data.name, "epochs": args.epochs, "threads": 2, **PARAMS, "epochs_run": args.epochs}
+    # PARAMS first: its own "epochs" (1) must not overwrite the epochs this run trained.
+    config = {**PARAMS, "dataset": data.name, "epochs": args.epochs, "threads": 2, "epochs_run": args.epochs}
     rows = [
         {
             "method": "plain pytorch (in process)",

@@ -82,8 +82,22 @@ def test_paced_load_charges_queueing_to_latency(slow_server: str) -> None:
     # first measured one (k = 40) is already >= 1,050 ms behind its slot. A closed loop, or latency
     # counted from the send, would say about 50 ms.
     assert m["p50_ms"] >= 1050
-    # 40 completions, the last >= 4 s after the start, counted over >= 3 s: not the offered 40/s.
-    assert m["rps"] <= 40 / 3
+    # req/s is what completed inside the 1 s window: the server's 20/s at most, not the offered 40.
+    assert m["rps"] <= 21
+
+
+@pytest.fixture
+def slower_server() -> Iterator[str]:
+    yield from _server(0.8)
+
+
+def test_req_s_counts_what_completes_in_the_window_whenever_it_was_sent(slower_server: str) -> None:
+    # Four clients, 0.8 s a request, a 1 s warm-up and a 1 s window: each client's request sent at
+    # 0.8 s (warm-up) completes at 1.6 s, inside the window (0.4 s to spare); the next ends at 2.4 s.
+    # Counting only requests sent inside the window over the time until the last ended read 4 / 1.4.
+    m = load([slower_server], BODIES, clients=4, seconds=1.0)
+    assert m["errors"] == 0
+    assert m["rps"] == pytest.approx(4.0)
 
 
 def test_closed_loop_is_bounded_by_service_time(slow_server: str) -> None:
