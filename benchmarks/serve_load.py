@@ -365,11 +365,10 @@ async def _load(
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
         t0 = time.perf_counter()
         measure_from, stop_at = t0 + warmup, t0 + warmup + seconds
-        last_done = stop_at
         completed = 0  # successes that completed inside the window, whenever they were sent
 
         async def client(c: int) -> None:
-            nonlocal last_done, completed
+            nonlocal completed
             i, url = c, urls[c % len(urls)]
             while True:
                 if rate is None:
@@ -391,13 +390,12 @@ async def _load(
                 done = time.perf_counter()
                 completed += ok and measure_from <= done < stop_at
                 if now >= measure_from:
-                    last_done = time.perf_counter()
                     if ok:
-                        latencies.append(last_done - now)
+                        latencies.append(done - now)
                         versions.append(payload["model_version"])
                     else:
                         errors.append(str(payload)[:200])
-                        failed.append(last_done - now)
+                        failed.append(done - now)
 
         tasks = [asyncio.create_task(client(c)) for c in range(clients)]
         if on_start is not None:
@@ -410,7 +408,7 @@ async def _load(
     # the time until the last finished put the warm-up's backlog (up to a request per client) into
     # the time and not into the count: 8 clients at ~1 s a request read 0.58 req/s, not ~0.9.
     # A paced client that fell behind completes fewer inside the window: never more than offered.
-    out = summary(latencies, len(errors), max(seconds, last_done - measure_from), failed)
+    out = summary(latencies, len(errors), seconds, failed)
     return {**out, "rps": completed / seconds, "versions": sorted(set(versions))}
 
 

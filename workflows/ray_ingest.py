@@ -16,7 +16,7 @@ import pandas as pd
 import ray
 
 from components.data import io
-from components.data.loader import SourceFile
+from components.data.loader import SourceFile, refuse_directory
 from components.data.parse import Line
 from components.data.rejects import DatasetError, Reject, RejectLog
 from components.data.resolve import parse_lines
@@ -77,10 +77,8 @@ def ingest(
 ) -> tuple[dict[str, list], dict[str, dict]]:
     """Parse every source file in parallel; returns rows by relative path and per-file hashes."""
     by_rel = {s.rel: s for s in sources}
-    for rel in by_rel:
-        path = io.join(root, rel)
-        if io.filesystem(path, storage_options).isdir(path):  # Ray would read its parts as files
-            raise DatasetError(f"{path}: is a directory (parts written by Spark or Ray?); expected one file")
+    for rel in by_rel:  # Ray would read a directory's parts as files
+        refuse_directory(io.join(root, rel), storage_options)
     ds = ray.data.read_binary_files(
         [io.join(root, s.rel) for s in sources],
         include_paths=True,

@@ -17,6 +17,8 @@ from typing import Any
 import fsspec
 import pyarrow.fs as pafs
 
+from components.data.parse import split_lines
+
 
 def is_remote(path: str) -> bool:
     """True for URLs with a scheme other than ``file``."""
@@ -127,13 +129,13 @@ def read_jsonl(path: str, storage_options: dict[str, Any] | None = None) -> list
     """
     if not exists(path, storage_options):
         return []
-    rows = []
-    for number, line in enumerate(read_bytes(path, storage_options).decode("utf-8-sig").split("\n"), 1):
-        if line.strip():
+    rows = []  # by the loader's splitter: lines end at "\n" only, a byte-order mark dropped
+    for line in split_lines(read_bytes(path, storage_options)):
+        if line.text is None or line.text.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {number}: expected a JSON object: {e.msg}") from e
+                rows.append(json.loads(line.raw))
+            except ValueError as e:  # not JSON, or not UTF-8
+                raise ValueError(f"{path}, line {line.number}: expected a JSON object: {e}") from e
     return rows
 
 

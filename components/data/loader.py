@@ -90,13 +90,18 @@ def discover(
     return files
 
 
+def refuse_directory(path: str, storage_options: dict[str, Any] | None = None) -> None:
+    """A :class:`DatasetError` when the source "file" at ``path`` is a directory of parts."""
+    if io.filesystem(path, storage_options).isdir(path):
+        raise DatasetError(f"{path}: is a directory (parts written by Spark or Ray?); expected one file")
+
+
 def read_source(root: str, rel: str, storage_options: dict[str, Any] | None = None) -> bytes:
     """Bytes of one source file; an empty file is a :class:`DatasetError` naming it."""
     path = io.join(root, rel)
     data = io.read_bytes(path, storage_options)
     if not data.removeprefix(b"\xef\xbb\xbf").strip():  # a UTF-8 BOM alone is empty too (as on Ray)
-        if io.filesystem(path, storage_options).isdir(path):  # an object-store prefix reads as b""
-            raise DatasetError(f"{path}: is a directory (parts written by Spark or Ray?); expected one file")
+        refuse_directory(path, storage_options)  # an object-store prefix reads as b""
         raise DatasetError(f"{path}: file is empty; expected one record per line")
     return data
 
