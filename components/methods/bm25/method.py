@@ -12,11 +12,10 @@ from typing import Any, ClassVar
 
 import bm25s
 import numpy as np
-import torch
 
 from components.data.tooltext import tool_document
 from components.data.types import Corpus, Dataset, Queries, Results
-from components.encoders.vector_index import exact_top_k
+from components.encoders.ranking import exact_top_k_np
 from components.methods.base import read_config, write_config
 from components.methods.bm25.analyzers import PROFILES, Analyzer
 from components.training.spec import RunSpec
@@ -114,7 +113,7 @@ class BM25Method:
             scores = self.score_matrix([queries[q] for q in chunk])
             # Tools tied at the cut in catalog order: a request's top k is the first k of its top K
             # (argpartition kept an arbitrary one of the tied tools, so the answer moved with k).
-            top = exact_top_k(torch.from_numpy(scores), k)[1].numpy()
+            top = exact_top_k_np(scores, k)
             for row, qid in enumerate(chunk):
                 results[qid] = {
                     self.tool_ids[j]: float(scores[row, j]) for j in top[row] if scores[row, j] > 0
