@@ -153,7 +153,8 @@ def run(config: ConfigOpt = None, overrides: Overrides = None) -> None:
     Shows one progress bar per stage, then a results table; the full log goes to run.log in run.workdir.
     """
     cfg = build_config(config, overrides, base="quickstart")
-    from workflows.run import check_overrides, quickstart
+    from workflows.run import quickstart
+    from workflows.run_checks import check_overrides
 
     check_overrides(overrides, cfg)
     quickstart(cfg)  # resolves data.path first: a mistyped one fails before Ray starts

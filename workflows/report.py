@@ -80,6 +80,9 @@ def recall_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    splits = [r["split"] for r in report["results"]]
+    if split not in splits and splits:
+        split = splits[-1]  # test not evaluated (evaluate.splits: [valid]): plot what was
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in report["results"]:
         if r["split"] != split:
@@ -90,7 +93,8 @@ def recall_plot(
     ax.set_ylabel(f"Recall@K ({split})")
     ax.set_title(report["dataset"])
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     fig.tight_layout()
     buffer = io_bytes.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,19 @@ from rich.table import Table
 
 from components.config import ConfigError, as_list, merge
 from components.data import io
+from components.data.prepared import is_prepared, read_manifest
 from components.data.quickstart import QUICKSTART_VERSION, generate_quickstart
 from workflows.evaluate import evaluate
 from workflows.preprocess import preprocess
 from workflows.quiet import Stage, logged_stage, quiet_output, stage_bars
 from workflows.ray_env import init_ray, logs_dir
 from workflows.report import write_report
+from workflows.run_checks import method_params, resolve_artifacts, run_methods
 from workflows.train import train
 
 log = logging.getLogger("toolscout.run")
 LOG_NAME = "run.log"
 GENERATED_WITH = "quickstart.json"  # in a generated data dir: the settings it was generated with
-ARTIFACT_REF = re.compile(r"\{artifact:(\w+)\}")  # in run.params: a method trained earlier in the run
 # Columns of the closing table; the full set is in results.md and results.json.
 TABLE_COLUMNS = ("recall@3", "ndcg@3", "recall@5", "comp@3", "detect_auroc")
 
@@ -39,17 +39,23 @@ TABLE_COLUMNS = ("recall@3", "ndcg@3", "recall@5", "comp@3", "detect_auroc")
 def quickstart_data(cfg: dict[str, Any]) -> str:
     """The dataset directory to run on: ``data.path`` if set, else generated under the workdir.
 
+    ``data.path`` may be a raw dataset (``corpus.jsonl`` and the rest) or a directory that
+    ``toolscout preprocess`` wrote (its ``manifest.json``), local or ``s3://`` with
+    ``data.storage_options``.
+
     Raises:
-        FileNotFoundError: ``data.path`` is set but holds no ``corpus.jsonl``.
+        FileNotFoundError: ``data.path`` is set but is neither.
     """
     rcfg = cfg["run"]
     work = os.path.abspath(rcfg["workdir"])
     given = cfg["data"].get("path")
     data_dir = given or os.path.join(work, "data")
-    if given and not io.exists(io.join(given, "corpus.jsonl")):
+    options = cfg["data"].get("storage_options")
+    if given and not (io.exists(io.join(given, "corpus.jsonl"), options) or is_prepared(given, options)):
         # A mistyped path must not turn into a run on generated data reported as the user's.
         raise FileNotFoundError(
-            f"data.path {given!r} has no corpus.jsonl; leave data.path unset for quickstart data"
+            f"data.path {given!r} has no corpus.jsonl and is no prepared directory (no manifest.json); "
+            "leave data.path unset for quickstart data"
         )
     if given:
         return data_dir
@@ -71,95 +77,34 @@ def quickstart_data(cfg: dict[str, Any]) -> str:
     return data_dir
 
 
-# Settings `toolscout run` sets itself, under run.workdir: an override of one would be dropped.
-WORKDIR_KEYS = ("registry.root", "train.storage_path", "train.local_dir", "preprocess.output")
-
-
-def check_overrides(overrides: list[str] | None, cfg: dict[str, Any]) -> None:
-    """Refuse command-line overrides the quickstart would silently ignore.
-
-    Raises:
-        ConfigError: a ``method.*`` key while ``run.methods`` lists the methods (their params come
-            from ``run.params``), or a path ``run.workdir`` decides.
-    """
-    listed = cfg["run"].get("methods")
-    for item in overrides or []:
-        key = item.partition("=")[0].strip()
-        if key.startswith("method.") and listed:
-            raise ConfigError(
-                f"toolscout run: {key} is not used while run.methods lists the methods ({listed}); "
-                "give a method's params as run.params.<method>.<param>, e.g. run.params.dense.epochs=1"
-            )
-        if any(key == k or key.startswith(k + ".") for k in WORKDIR_KEYS):
-            raise ConfigError(f"toolscout run: {key} is set under run.workdir; set run.workdir instead")
-    from workflows.cli_config import packaged_config
-
-    shipped = merge(packaged_config("default"), packaged_config("quickstart"))
-    if listed and cfg["method"] != shipped["method"]:  # a config file's method section (train's)
-        raise ConfigError(
-            f"toolscout run: the config's method section ({cfg['method'].get('name')!r}) is not used "
-            f"while run.methods lists the methods ({listed}); set run.methods and run.params instead"
-        )
-    # Before any data is generated or Ray started: a misspelt method, params for a method not run
-    # (`run.params.desne.epochs=1`, never read) or an artifact reference to a later method.
-    from components.methods import method_class
-
-    names = [str(n) for n in as_list(listed or [cfg["method"]["name"]], "run.methods")]
-    for name in names:
-        try:
-            method_class(name)
-        except (KeyError, ValueError) as e:
-            raise ConfigError(f"toolscout run: run.methods: {e}") from None
-    # The shipped params of a method left out of run.methods are simply unused; any other is a typo.
-    stray = sorted(set(cfg["run"].get("params") or {}) - set(names) - set(shipped["run"]["params"]))
-    if stray:
-        raise ConfigError(f"toolscout run: run.params has {stray}, which run.methods ({names}) does not run")
-    for i, name in enumerate(names):
-        earlier = dict.fromkeys(names[:i], "")
-        try:
-            resolve_artifacts((cfg["run"].get("params") or {}).get(name, {}), earlier)
-        except ValueError as e:
-            raise ConfigError(f"toolscout run: run.params.{name}: {e}") from None
-
-
-def resolve_artifacts(params: Any, artifacts: dict[str, str]) -> Any:
-    """``params`` with each ``{artifact:NAME}`` in a string replaced by the artifact dir of NAME.
-
-    Raises:
-        ValueError: NAME is not among ``artifacts`` (the methods trained earlier in the run).
-    """
-    if isinstance(params, dict):
-        return {k: resolve_artifacts(v, artifacts) for k, v in params.items()}
-    if isinstance(params, list):
-        return [resolve_artifacts(v, artifacts) for v in params]
-    if not isinstance(params, str):
-        return params
-    for name in ARTIFACT_REF.findall(params):
-        if name not in artifacts:
-            raise ValueError(f"{params!r} names {name!r}, which run.methods does not train before it")
-    return ARTIFACT_REF.sub(lambda m: artifacts[m.group(1)], params)
-
-
 def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_stage) -> dict[str, Any]:
     """Run the whole pipeline under ``cfg["run"]["workdir"]``; returns the evaluation report.
 
     Trains every method in ``run.methods`` (BM25 indexes; dense and MassTool run Ray Train
     stages) and evaluates each on ``evaluate.splits``. A method's ``run.params`` may name the
-    artifact of one trained before it as ``{artifact:NAME}``.
+    artifact of one trained before it as ``{artifact:NAME}``. ``results.json`` (with ``.md`` and
+    ``.png``) is rewritten after each method, so a run that fails part-way keeps what it scored;
+    ``evaluate.output``, if set, gets the whole report at the end.
 
     Args:
         data_dir: What :func:`quickstart_data` returned, if the caller already resolved it.
         stage: Marks the stages (preprocessing; training and evaluating each method).
+
+    Raises:
+        ConfigError: ``evaluate.splits`` names a split the data does not have (before any training).
     """
     rcfg = cfg["run"]
     work = os.path.abspath(rcfg["workdir"])
     data_dir = data_dir or quickstart_data(cfg)
-    prepared = os.path.join(work, "prepared")
+    options = cfg["data"].get("storage_options")
+    results = os.path.join(work, "results.json")
+    for stale in (results, *(os.path.splitext(results)[0] + ext for ext in (".md", ".png"))):
+        Path(stale).unlink(missing_ok=True)  # an earlier run's results must not pass for this one's
     cfg = merge(
         cfg,
         {
             "data": {"path": data_dir},
-            "preprocess": {"output": prepared},
+            "preprocess": {"output": os.path.join(work, "prepared")},
             "registry": {"root": os.path.join(work, "registry")},
             "train": {
                 "storage_path": os.path.join(work, "train"),
@@ -167,16 +112,28 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
             },
         },
     )
-    with stage("preprocess (Ray Data)") as step:
-        manifest = preprocess(cfg)
-        step()
-    log.info(
-        "preprocessed: %s, rejects: %s -> %s", manifest["counts"], manifest["rejects"]["total"], prepared
-    )
-    cfg = merge(cfg, {"data": {"path": prepared}})
+    if is_prepared(data_dir, options):
+        manifest = read_manifest(data_dir, options)
+        log.info("data.path %s is a prepared directory: nothing to preprocess", data_dir)
+    else:
+        with stage("preprocess (Ray Data)") as step:
+            manifest = preprocess(cfg)
+            step()
+        log.info(
+            "preprocessed: %s, rejects: %s -> %s",
+            manifest["counts"],
+            manifest["rejects"]["total"],
+            cfg["preprocess"]["output"],
+        )
+        cfg = merge(cfg, {"data": {"path": cfg["preprocess"]["output"]}})
+    splits = [str(s) for s in as_list(cfg["evaluate"].get("splits", ["valid"]), "evaluate.splits")]
+    unknown = sorted(set(splits) - set(manifest.get("splits", splits)))
+    if unknown:
+        raise ConfigError(f"evaluate.splits: {unknown} not in the data's splits {manifest['splits']}")
     rows, artifacts = [], {}
-    for name in as_list(rcfg.get("methods") or [cfg["method"]["name"]], "run.methods"):
-        params = resolve_artifacts((rcfg.get("params") or {}).get(name, {}), artifacts)
+    report: dict[str, Any] = {"dataset": manifest["dataset"], "results": rows}
+    for name in run_methods(cfg):
+        params = resolve_artifacts(method_params(cfg, name), artifacts)
         # Replace (not merge) the method section: each method has its own parameters.
         mcfg = {**cfg, "method": {"name": name, "params": params}}
         mcfg = merge(mcfg, {"registry": {"model_name": f"quickstart-{name}"}})
@@ -187,12 +144,18 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
                 "trained %s in %.1fs: %s", name, trained["train_seconds"], json.dumps(trained, default=str)
             )
             step()
-            scored = evaluate(merge(mcfg, {"evaluate": {"artifact": trained["artifact"]}}))["results"]
+            # One report for the whole run (below), not one per method over the same file.
+            only = {"evaluate": {"artifact": trained["artifact"], "output": None}}
+            scored = evaluate(merge(mcfg, only))["results"]
             log.info("evaluated %s: %s", name, json.dumps(scored, default=str))
             rows += scored
+            write_report(report, results, title="toolscout quickstart")
             step()
-    report = {"dataset": manifest["dataset"], "results": rows}
-    write_report(report, os.path.join(work, "results.json"), title="toolscout quickstart")
+    if cfg["evaluate"].get("output"):
+        ecfg = cfg["evaluate"]
+        io.write_bytes(
+            ecfg["output"], json.dumps(report, indent=2).encode(), ecfg.get("storage_options") or options
+        )
     return report
 
 

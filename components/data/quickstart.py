@@ -213,7 +213,7 @@ def generate_quickstart(
         seed: Seed of the single random generator; equal seeds give byte-identical files.
         n_queries: Number of tool queries (60% single-tool, 40% multi-tool), 10% of them in
             ``qrels/test.tsv`` and, with held-out wording, 10% in ``qrels/valid.tsv``.
-        n_neg: Number of no-tool queries in ``tooldet/neg_queries.jsonl``.
+        n_neg: Number of no-tool queries in ``tooldet/neg_queries.jsonl`` (0: no such file).
         wording: ``"held_out"`` (what ``toolscout run`` generates): each split worded its own way,
             from all six templates of each API
             (:func:`~components.data.quickstart_phrasing.split_phrasing`), so that scores measure
@@ -282,6 +282,10 @@ def generate_quickstart(
         counts[f"{split}_queries"], counts[f"{split}_pairs"] = len(qids), len(qrels)
     scene_tool = [f"{sid}\t{t.tid}" for sid, scene in enumerate(scenes) for t in scene]
     _write_lines(os.path.join(out_dir, "scene_tool.txt"), scene_tool)
-    _write_lines(os.path.join(out_dir, "tooldet", "neg_queries.jsonl"), [json.dumps(q) for q in neg])
+    neg_file = os.path.join(out_dir, "tooldet", "neg_queries.jsonl")
+    if neg:
+        _write_lines(neg_file, [json.dumps(q) for q in neg])
+    elif os.path.exists(neg_file):  # no no-tool queries: no file (the loader refuses an empty one)
+        os.remove(neg_file)
     counts["neg_queries"] = len(neg)
     return counts

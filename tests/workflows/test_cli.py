@@ -29,10 +29,13 @@ def test_run_quickstart_end_to_end(ray_session, tmp_path):
             "run.params.dense.epochs=1",
             "run.params.masstool.epochs=1",
             "run.params.masstool.semantic.epochs=1",
+            f"evaluate.output={tmp_path / 'all.json'}",
         ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads((work / "results.json").read_text())
+    # evaluate.output holds the whole run's report (each method's evaluation overwrote it before).
+    assert json.loads((tmp_path / "all.json").read_text()) == report
     assert {r["split"] for r in report["results"]} == {"valid", "test"}
     assert {r["method"] for r in report["results"]} == {"bm25", "dense", "masstool"}
     masstool = next(r for r in report["results"] if r["split"] == "test" and r["method"] == "masstool")
@@ -50,6 +53,39 @@ def test_run_quickstart_end_to_end(ray_session, tmp_path):
         m: {"champion": 1} for m in ("bm25", "dense", "masstool")
     }
     assert (versions / "quickstart-bm25" / "v1" / "config.json").exists()
+
+    # The prepared directory as data.path: nothing is preprocessed again. A split the data lacks
+    # fails before any training, and the results of the run before are not left to pass for it.
+    again = ["run", f"run.workdir={work}", f"data.path={work / 'prepared'}", "run.methods=[bm25]"]
+    result = runner.invoke(app, [*again, "evaluate.splits=[valid,tset]"])
+    assert result.exit_code == 1 and "['tset'] not in the data's splits" in " ".join(result.output.split())
+    assert not (work / "results.json").exists() and not (work / "results.png").exists()
+    result = runner.invoke(app, [*again, "evaluate.splits=[valid]"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((work / "results.json").read_text())["results"]
+    assert [(r["method"], r["split"]) for r in rows] == [("bm25", "valid")]
+    assert rows[0]["metrics"] == next(r for r in report["results"] if r["split"] == "valid")["metrics"] | {
+        "eval_seconds": rows[0]["metrics"]["eval_seconds"]
+    }
+
+
+def test_a_run_that_fails_part_way_keeps_the_results_of_the_methods_done(ray_session, tmp_path, monkeypatch):
+    import workflows.run
+
+    trained = workflows.run.train
+
+    def train(cfg, promote=False):
+        if cfg["method"]["name"] == "dense":
+            raise RuntimeError("dense failed")
+        return trained(cfg, promote=promote)
+
+    monkeypatch.setattr(workflows.run, "train", train)
+    work = tmp_path / "qs"
+    args = ["run", f"run.workdir={work}", "run.n_queries=200", "run.n_neg=20", "run.methods=[bm25,dense]"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "dense failed" in str(result.exception)
+    rows = json.loads((work / "results.json").read_text())["results"]
+    assert {(r["method"], r["split"]) for r in rows} == {("bm25", "valid"), ("bm25", "test")}
 
 
 def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):
