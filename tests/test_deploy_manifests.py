@@ -75,3 +75,45 @@ def test_the_tune_job_s_overrides_reach_the_trials():
     assert trial["train"]["resources_per_worker"] == {"CPU": 4} and trial["train"]["use_gpu"] is True
     # Four at once, as the comment says, whatever the cluster holds when the driver starts.
     assert max_concurrent({"CPU": 4.0, "GPU": 1.0}, settings) == 4
+
+
+def cluster_specs() -> dict[str, dict]:
+    """Every RayCluster spec in deploy/: RayJobs', the RayService's."""
+    specs = {}
+    for name in ("rayjob_bench.yaml", "rayjob_tune.yaml", "rayservice.yaml"):
+        (doc,) = docs(name)
+        specs[name] = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
+    return specs
+
+
+def test_a_worker_group_that_scales_has_the_autoscaler_to_scale_it():
+    # KubeRay starts `replicas` pods; min/maxReplicas are the autoscaler's. Without it a group at
+    # replicas 0 (the GPU groups) never gets a pod, and GPU work waits forever.
+    for name, spec in cluster_specs().items():
+        for group in spec["workerGroupSpecs"]:
+            if group.get("maxReplicas", group["replicas"]) > group["replicas"]:
+                assert spec.get("enableInTreeAutoscaling") is True, (name, group["groupName"])
+
+
+def test_pods_that_run_drivers_and_workers_carry_the_service_account_and_the_project_dir():
+    # Jobs' drivers and Ray Train workers read and write s3:// on these pods, and `-c workflows/...`
+    # is relative to the project: not the submitting pod's business.
+    for name, spec in cluster_specs().items():
+        pods = [spec["headGroupSpec"]["template"]["spec"]]
+        pods += [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+        for pod in pods:
+            assert pod.get("serviceAccountName") == "toolscout", name
+            assert pod["containers"][0].get("workingDir") == "/app", name
+
+
+def test_the_retrain_schedules_use_no_volume_their_cluster_does_not_mount():
+    (service,) = docs("rayservice.yaml")
+    spec = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    mounted = {m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
+    (cron,) = docs("retrain_cronjob.yaml")
+    (ray_cron,) = docs("rayjob_retrain.yaml")
+    commands = [cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][0]]
+    commands.append(ray_cron["spec"]["jobTemplate"]["entrypoint"])
+    for command in commands:
+        paths = [w.split("=", 1)[1] for w in shlex.split(command) if "=/mnt/" in w]
+        assert all(any(p.startswith(m) for m in mounted) for p in paths), paths

@@ -36,6 +36,8 @@ def ingest_mcp(
     """List MCP servers' tools into a BEIR corpus: updated in place, vanished tools retired."""
     from workflows.ingest_mcp import ingest_mcp as run_ingest
 
+    if bearer_env and not os.environ.get(bearer_env):
+        raise typer.BadParameter(f"environment variable {bearer_env} is not set", param_hint="--bearer-env")
     headers = {"Authorization": f"Bearer {os.environ[bearer_env]}"} if bearer_env else None
     report = run_ingest(str(out), server, name, headers)
     console.print(

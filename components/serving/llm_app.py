@@ -153,10 +153,21 @@ def build_llm_app(args: dict[str, Any]) -> Any:
 
     parsed = LLMAppArgs.model_validate(args)
     config = LLMConfig(**llm_config_kwargs(parsed, resolve_lm(parsed.model)))
-    # The OpenAI ingress only forwards requests: with no CPU of its own it schedules beside the
-    # engine on a small node (on 2 cores a 1-CPU ingress waited forever for the engine's CPU).
-    ingress = {"ray_actor_options": {"num_cpus": 0}}
-    return build_openai_app({"llm_configs": [config], "ingress_deployment_config": ingress})
+    return build_openai_app({"llm_configs": [config], "ingress_deployment_config": ingress_options(parsed)})
+
+
+def ingress_options(args: LLMAppArgs) -> dict[str, Any]:
+    """Deployment options of the app's OpenAI ingress.
+
+    It only forwards requests: with no CPU of its own it schedules beside the engine on a small node
+    (on 2 cores a 1-CPU ingress waited forever for the engine's CPU). It reads the adapters' configs
+    from ``lora_dir`` itself, so ``env_vars`` (an S3 endpoint other than AWS) reach it as they reach
+    the engine: a Serve config that gives them under ``args`` only has no other way to it.
+    """
+    actor: dict[str, Any] = {"num_cpus": 0}
+    if args.env_vars:
+        actor["runtime_env"] = {"env_vars": dict(args.env_vars)}
+    return {"ray_actor_options": actor}
 
 
 def llm_application(

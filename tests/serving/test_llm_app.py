@@ -14,7 +14,13 @@ from serving_helpers import vllm_python
 
 from components.generative.chat_endpoint import post_chat_completion
 from components.serving.deploy import check_config, serve_config, swap_artifact
-from components.serving.llm_app import LLM_APP_NAME, endpoint_url, llm_application, llm_config_kwargs
+from components.serving.llm_app import (
+    LLM_APP_NAME,
+    endpoint_url,
+    ingress_options,
+    llm_application,
+    llm_config_kwargs,
+)
 from components.serving.llm_app import LLMAppArgs as Args
 
 
@@ -72,6 +78,12 @@ def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
     assert cpu_store["runtime_env"] == {"env_vars": {**store, "VLLM_CPU_KVCACHE_SPACE": "1"}}
     entry = llm_application({"lora_dir": "s3://a", "env_vars": store}, python="/envs/vllm/bin/python")
     assert entry["runtime_env"] == {"py_executable": "/envs/vllm/bin/python", "env_vars": store}
+    # The OpenAI ingress reads the adapters' configs from lora_dir itself: a config giving env_vars
+    # under args only (no entry runtime_env, as `serve deploy` of a hand-written file) reaches it too.
+    assert ingress_options(Args(lora_dir="s3://a", env_vars=store)) == {
+        "ray_actor_options": {"num_cpus": 0, "runtime_env": {"env_vars": store}}
+    }
+    assert ingress_options(Args()) == {"ray_actor_options": {"num_cpus": 0}}
 
 
 def test_an_llm_entry_is_checked_and_rides_along_every_redeploy_of_the_graph(bm25_versions, serving_data):

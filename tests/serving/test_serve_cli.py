@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -320,3 +321,37 @@ def test_a_swap_leaves_a_pinned_detector_as_it_serves(bm25_versions, serving_dat
     deployments = {d["name"]: d["user_config"] for d in swapped["applications"][0]["deployments"]}
     assert deployments["Detector"] == serving
     assert deployments["Retriever"]["artifact"].endswith(bm25_versions["lucene"].rsplit("/", 1)[-1])
+
+
+def documented_user_configs(text: str) -> dict[str, set[str]]:
+    """The key sets written as ``Retriever: {a, b}`` / ``Detector `{a, b}``` in a comment or doc."""
+    flat = " ".join(line.lstrip("#").strip() for line in text.splitlines())
+    found = {}
+    for name in ("Retriever", "Detector"):
+        match = re.search(name + r":?\s*`?\{([^}]*)\}", flat)
+        assert match, name
+        found[name] = {k.strip() for k in match.group(1).split(",")}
+    return found
+
+
+def test_the_documented_hot_swap_user_configs_are_the_ones_the_app_builds(bm25_versions, serving_data):
+    # Serve replaces a user_config whole: a hand-written one missing a key the replicas read drops it.
+    args = ServeArgs.model_validate(
+        {
+            "artifact": bm25_versions["default"],
+            "catalog": serving_data,
+            "detector_file": bm25_versions["detector_file"],
+            "batching": {
+                n: {"max_batch_size": 8, "batch_wait_timeout_s": 0.01} for n in ("Retriever", "Detector")
+            },
+        }
+    )
+    built = user_configs(args)
+    registry_version = {"source", "registry"}  # added for a models:/ artifact
+    for path in (
+        DEPLOY / "serve_config.yaml",
+        DEPLOY / "rayservice.yaml",
+        DEPLOY.parent / "docs" / "serving.md",
+    ):
+        for name, keys in documented_user_configs(path.read_text()).items():
+            assert keys == set(built[name]) | registry_version, (path.name, name)
