@@ -60,6 +60,49 @@ def test_bad_settings_fail_on_the_driver():
         methods.build("querygen", {"retriever": {}})
 
 
+class RecordingGenerator:
+    """Stands in for the generator LM where only which checkpoint it holds matters."""
+
+    trainable = True
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def load(self, path: str) -> None:
+        self.path = path
+
+    def model(self) -> tuple[None, None]:
+        return None, None
+
+
+def test_an_alignment_round_that_retrieves_worse_on_valid_is_undone(tiny, tmp_path, monkeypatch):
+    # Each round's checkpoint is chosen on the SFT targets' NLL, which alignment moves away from:
+    # the round is kept only if its rewrites retrieve at least as well on valid as before it.
+    import components.methods.querygen.method as querygen_method
+
+    method = methods.build("querygen", {"align": {"rounds": 3, "queries": 4}})
+    method.gen, method._generator_source = RecordingGenerator("sft-dir"), "sft-uri"
+    method.report["sft"] = {"generated_ndcg@3": 0.40, "rrf_ndcg@3": 0.50}  # valid check after SFT
+    valid = {"align1": 0.60, "align2": 0.55, "align3": 0.58}  # round 1 helps, 2 and 3 do not
+    started: list[str] = []
+
+    def train(stage, pairs, settings, run):
+        started.append(method._generator_source)
+        method.gen.load(f"{stage}-dir")
+        method._generator_source = f"{stage}-uri"
+        return {}
+
+    monkeypatch.setattr(method, "best_rewrites", lambda *args: ([("query", "rewrite")], {}))
+    monkeypatch.setattr(method, "_train", train)
+    monkeypatch.setattr(method, "valid_check", lambda data, stage: {"rrf_ndcg@3": valid[stage]})
+    monkeypatch.setattr(querygen_method, "pairs_nll", lambda *args: 0.0)
+    out = method._fit_align(tiny, RunSpec(name="qg", storage_path=str(tmp_path)))
+    assert [out[f"round{r}_accepted"] for r in (1, 2, 3)] == [1.0, 0.0, 0.0]
+    # Round 3 starts from round 1's generator, and the method ends with it.
+    assert started == ["sft-uri", "align1-uri", "align1-uri"]
+    assert (method.gen.path, method._generator_source) == ("align1-dir", "align1-uri")
+
+
 @pytest.fixture(scope="module")
 def aligned(ray_session, small_quickstart, tmp_path_factory):
     root = tmp_path_factory.mktemp("querygen")

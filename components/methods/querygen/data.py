@@ -73,6 +73,12 @@ def choose_fusion(valid: Mapping[str, float], metric: str) -> str:
     return "rrf" if valid.get(f"rrf_{metric}", 0.0) > valid.get(f"generated_{metric}", 0.0) else "generated"
 
 
+def retrieval_score(valid: Mapping[str, float], metric: str) -> float:
+    """A generator's score in a valid check (``{"<fusion>_<metric>": value}``): ``metric`` under
+    the better fusion, as :func:`choose_fusion` would serve it."""
+    return max(valid.get(f"{fusion}_{metric}", 0.0) for fusion in ("generated", "rrf"))
+
+
 def reciprocal_rank_fusion(rankings: Sequence[Results], k: int = 60, depth: int = 50) -> Results:
     """Cormack et al. (2009): each tool scores sum(1 / (k + rank)) over the rankings it appears in
     (rank from 1, each ranking read to ``depth``)."""

@@ -9,7 +9,13 @@ from typing import Any
 from components.generative.chat_endpoint import ChatEndpoint
 from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
 from components.generative.llamacpp import LlamaCppLM
-from components.generative.lm import lm_spec_from, load_causal_lm, save_causal_lm, to_inference_device
+from components.generative.lm import (
+    build_causal_lm,
+    lm_spec_from,
+    load_causal_lm,
+    save_causal_lm,
+    to_inference_device,
+)
 from components.methods.querygen.params import QueryGenParams
 
 
@@ -121,3 +127,11 @@ def make_generator(params: QueryGenParams, path: str | None = None) -> Generator
     if params.llamacpp_generator():
         return LlamaCppGenerator(LlamaCppLM.from_config(params.generator, "querygen.generator"), params)
     return LocalGenerator(path or lm_spec_from(params.generator).name_or_path, params)
+
+
+def scratch_generator(params: QueryGenParams, texts: list[str], path: str, seed: int) -> str:
+    """A small LM built from ``params.generator`` (offline, tests), its tokenizer trained on the
+    system prompt and ``texts`` (the SFT pairs), saved at ``path``; returns ``path``."""
+    lm, tokenizer = build_causal_lm(lm_spec_from(params.generator), [params.system_prompt, *texts], seed=seed)
+    save_causal_lm(lm, tokenizer, path)
+    return path

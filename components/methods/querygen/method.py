@@ -31,20 +31,19 @@ import ray
 from components import methods
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.encoders.text_encoder import TextEncoder
-from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
-from components.generative.targeted import TargetedLM
 from components.methods.base import Method, read_config, write_config
 from components.methods.querygen.align import choose_rewrites
 from components.methods.querygen.data import (
     RewritePairs,
     choose_fusion,
     reciprocal_rank_fusion,
+    retrieval_score,
     round_queries,
     sft_pairs,
 )
-from components.methods.querygen.generator import LocalGenerator, make_generator
+from components.methods.querygen.generator import LocalGenerator, make_generator, scratch_generator
 from components.methods.querygen.params import QueryGenParams
-from components.methods.querygen.task import mean_target_nll, rewrite_examples
+from components.methods.querygen.task import pairs_nll
 from components.metrics import evaluate_retrieval, ranked
 from components.training.inputs import share
 from components.training.spec import RunSpec, StageConfig, StageInputs
@@ -118,17 +117,12 @@ class QueryGenMethod:
         self.tool_ids = list(self.retriever.tool_ids)
         if isinstance(self.gen, LocalGenerator) and self.gen.path is None:
             # No pretrained LM named: a small one built here (offline, tests).
-            self.gen.path = self._scratch_generator(data, run)
+            path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-generator-init")
+            pairs = sft_pairs(data, "train", self.params.target_tools, self.params.description_words)
+            texts = [t for pair in pairs for t in pair]
+            self.gen.path = scratch_generator(self.params, texts, path, run.seed)
             self._generator_source = share(self.gen.path, run, f"{run.name}-generator-init")
         return out
-
-    def _scratch_generator(self, data: Dataset, run: RunSpec) -> str:
-        path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-generator-init")
-        pairs = sft_pairs(data, "train", self.params.target_tools, self.params.description_words)
-        texts = [self.params.system_prompt] + [t for pair in pairs for t in pair]
-        lm, tokenizer = build_causal_lm(lm_spec_from(self.params.generator), texts, seed=run.seed)
-        save_causal_lm(lm, tokenizer, path)
-        return path
 
     def _train(
         self, stage: str, pairs: RewritePairs, settings: dict[str, Any], run: RunSpec
@@ -167,14 +161,22 @@ class QueryGenMethod:
         return self._train("sft", pairs, settings, run)
 
     def _fit_align(self, data: Dataset, run: RunSpec) -> dict[str, float]:
-        """Rejection-sampling rounds: sample, reward by retrieval, fine-tune on each query's best."""
+        """Rejection-sampling rounds: sample, reward by retrieval, fine-tune on each query's best.
+
+        A round's checkpoint is chosen on the SFT targets' NLL (what the Ray Train stage can score
+        per epoch), which alignment moves away from by design; so each round is then kept only if
+        the rewrites retrieve at least as well on valid (``select_metric``, the better fusion) as
+        the generator before it, else the generator goes back to that one (``round<r>_accepted``).
+        """
         p, settings = self.params, self.params.align
         out: dict[str, float] = {}
         valid = sft_pairs(data, "valid", p.target_tools, p.description_words, p.valid_queries, p.seed)
+        best_score = retrieval_score(self.report.get("sft") or self.valid_check(data, "sft"), p.select_metric)
+        kept = (self.gen.path, self._generator_source)
         for r in range(1, int(settings["rounds"]) + 1):
             seed = p.seed * 1000 + r
             qids = round_queries(data, int(settings["queries"]), seed)
-            best, stats = self.best_rewrites(
+            chosen, stats = self.best_rewrites(
                 data,
                 qids,
                 int(settings["samples"]),
@@ -183,15 +185,24 @@ class QueryGenMethod:
                 seed,
             )
             out |= {f"round{r}_{k}": v for k, v in stats.items()}
-            if not best:
+            if not chosen:
                 out[f"round{r}_skipped"] = 1.0  # no sample earned any reward: nothing to learn from
                 continue
             # How much likelier the generator makes the chosen rewrites: the round's direct effect.
-            out[f"round{r}_chosen_nll_before"] = self.pairs_nll(best)
-            trained = self._train(f"align{r}", RewritePairs(train=best, valid=valid), settings, run)
-            out[f"round{r}_chosen_nll_after"] = self.pairs_nll(best)
+            out[f"round{r}_chosen_nll_before"] = pairs_nll(*self.gen.model(), p, chosen)
+            trained = self._train(f"align{r}", RewritePairs(train=chosen, valid=valid), settings, run)
+            out[f"round{r}_chosen_nll_after"] = pairs_nll(*self.gen.model(), p, chosen)
             out |= {f"round{r}_{k}": v for k, v in trained.items()}
-            out |= {f"round{r}_{k}": v for k, v in self.valid_check(data, f"align{r}").items()}
+            check = self.valid_check(data, f"align{r}")
+            out |= {f"round{r}_{k}": v for k, v in check.items()}
+            score = retrieval_score(check, p.select_metric)
+            out[f"round{r}_accepted"] = float(score >= best_score)
+            if score >= best_score:
+                best_score, kept = score, (self.gen.path, self._generator_source)
+            else:  # worse on valid: the next round (and the artifact) start from the kept generator
+                self.gen.load(kept[0])
+                self._generator_source = kept[1]
+                self._cache.clear()
         return out
 
     def best_rewrites(
@@ -209,12 +220,6 @@ class QueryGenMethod:
             data.qrels["train"],
             self.params.reward_metric,
         )
-
-    def pairs_nll(self, pairs: list[tuple[str, str]]) -> float:
-        """Mean per-token NLL of the rewrites in ``pairs`` given their queries, under the generator."""
-        lm, tokenizer = self.gen.model()
-        examples = rewrite_examples(tokenizer, self.params, pairs)
-        return mean_target_nll(TargetedLM(lm), examples, tokenizer.pad_token_id, self.params.eval_batch_size)
 
     def valid_check(self, data: Dataset, stage: str) -> dict[str, float]:
         """Retrieval on (a prefix of) valid with the current generator, for both fusions."""

@@ -94,3 +94,14 @@ class RewriteTask(StageTask):
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:
         save_causal_lm(save_adapter_beside(model.lm, path), self.tokenizer, path)
+
+
+def pairs_nll(
+    lm: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    params: QueryGenParams,
+    pairs: list[tuple[str, str]],
+) -> float:
+    """Mean per-token NLL of the rewrites in ``pairs`` given their queries, under ``lm``."""
+    examples = rewrite_examples(tokenizer, params, pairs)
+    return mean_target_nll(TargetedLM(lm), examples, tokenizer.pad_token_id, params.eval_batch_size)
