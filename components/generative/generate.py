@@ -55,11 +55,14 @@ def generate_texts(
     top_p: float = 1.0,
     batch_size: int = 32,
     seed: int = 0,
+    finished_only: bool = False,
 ) -> list[list[str]]:
     """``samples`` continuations of each prompt (first line only, special tokens dropped).
 
     ``temperature == 0`` decodes greedily (then ``samples`` must be 1); otherwise nucleus sampling
-    from a generator seeded per batch, so a call repeats exactly.
+    from a generator seeded per batch, so a call repeats exactly. ``finished_only``: a continuation
+    cut by ``max_new_tokens`` before it ended (no end-of-sequence, no line break) comes back as
+    ``""``; as a training target it would teach the LM to stop mid-phrase.
 
     Raises:
         DeadlinePassed: a :func:`components.generative.deadline.deadline` passed during decoding.
@@ -102,7 +105,11 @@ def generate_texts(
                 **kwargs,
             )
             deadline.check()  # cut short by max_time: not an answer
-            texts = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            new = ids[:, enc["input_ids"].shape[1] :]
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+            if finished_only:
+                cut = ~(new == tokenizer.eos_token_id).any(dim=1) & (new.shape[1] >= max_new_tokens)
+                texts = ["" if c and "\n" not in t else t for c, t in zip(cut.tolist(), texts, strict=True)]
             out += [[first_line(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     finally:
         tokenizer.padding_side, tokenizer.truncation_side = side, cut

@@ -34,3 +34,30 @@ def test_a_prompt_over_the_limit_keeps_its_end():
     side = tokenizer.truncation_side
     assert generate_texts(lm, tokenizer, [prompt], max_new_tokens=6, max_prompt_tokens=limit) == [[tail]]
     assert tokenizer.truncation_side == side  # put back, as the padding side is
+
+
+def test_finished_only_drops_continuations_cut_at_the_token_cap():
+    # Alignment's samples become training targets with an end-of-sequence appended: one cut at
+    # max_new_tokens would teach the generator to stop mid-phrase.
+    lm, tokenizer, _ = tiny_lm(seed=4, tools=False)
+    prompts, cap = TEXTS[:4], 3
+    every = generate_texts(lm, tokenizer, prompts, max_new_tokens=cap, batch_size=1)
+    kept = generate_texts(lm, tokenizer, prompts, max_new_tokens=cap, batch_size=1, finished_only=True)
+    cut = 0
+    for prompt, answer, kept_answer in zip(prompts, every, kept, strict=True):
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        prompt_ids = torch.tensor([ids])
+        new = lm.generate(
+            input_ids=prompt_ids,
+            attention_mask=torch.ones_like(prompt_ids),
+            max_new_tokens=cap,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )[0, len(ids) :]
+        ended = tokenizer.eos_token_id in new.tolist() or "\n" in tokenizer.decode(
+            new, skip_special_tokens=True
+        )
+        assert kept_answer == (answer if ended else [""])
+        cut += not ended
+    assert cut > 0  # the cap cut at least one continuation here, so the test tells the two apart

@@ -16,7 +16,7 @@ from components.data import open_dataset
 from components.generative.chat_endpoint import ChatEndpoint, ChatEndpointError
 from components.generative.generate import chat_prompt
 from components.methods.querygen.method import QueryGenMethod
-from components.methods.querygen.params import SYSTEM_PROMPT
+from components.methods.querygen.params import SYSTEM_PROMPT, QueryGenParams
 from components.serving.rewriter import QueryGenRewriter
 from components.training.spec import RunSpec
 
@@ -77,7 +77,8 @@ def test_endpoint_rewrites_and_rankings_equal_the_same_lm_in_process(smollm2_pai
     assert any(expected[q] != queries[q] for q in queries)  # the LM rewrote, not echoed
     assert remote.retrieve(queries, 3) == local.retrieve(queries, 3)
     body = server.requests[-1]["body"]
-    assert body["model"] == "smollm2" and body["temperature"] == 0.0 and body["max_tokens"] == 24
+    cap = QueryGenParams.max_new_tokens  # the artifact's cap on a rewrite, as in process
+    assert body["model"] == "smollm2" and body["temperature"] == 0.0 and body["max_tokens"] == cap
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert body["messages"][0]["content"] == SYSTEM_PROMPT
 

@@ -76,6 +76,7 @@ class LocalGenerator:
             top_p=top_p,
             batch_size=self.params.eval_batch_size,
             seed=seed,
+            finished_only=True,  # a sample cut at the cap earns no reward: it must not become a target
         )
 
     def save(self, path: str) -> None:

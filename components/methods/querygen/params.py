@@ -62,7 +62,7 @@ class QueryGenParams:
     rrf_k: int = 60
     fusion_depth: int = 50
     system_prompt: str = SYSTEM_PROMPT
-    max_new_tokens: int = 24
+    max_new_tokens: int = 48  # as long as a training target may be (target_max_length)
     query_max_length: int = 160
     target_max_length: int = 48
     target_tools: int = 3
