@@ -224,6 +224,15 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
     Artifacts are pinned (see :func:`pinned`), so every replica loads the same version.
     """
     retriever = pinned(args.artifact, args.registry)
+    if (args.rewriter or {}).get("backend") == "querygen" and artifact_method(retriever["artifact"])[
+        1
+    ] == "querygen":
+        # A query-generation artifact rewrites each query itself (with the fusion chosen on valid):
+        # a querygen rewriter in front of it would rewrite the rewrite.
+        raise ValueError(
+            f"artifact {args.artifact!r} is a querygen method, which rewrites queries itself: serve it "
+            "without rewriter.backend=querygen, or serve its retriever/ with the querygen rewriter"
+        )
     detector = {
         **(pinned(args.detector_artifact, args.registry) if args.detector_artifact else retriever),
         "detector_file": _local(args.detector_file),

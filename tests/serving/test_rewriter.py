@@ -58,6 +58,23 @@ def querygen_artifact(selector_lm, tmp_path) -> str:
     return str(path)
 
 
+def test_a_querygen_artifact_is_not_served_behind_a_querygen_rewriter(
+    querygen_artifact, bm25_versions, serving_data
+):
+    # It rewrites each query itself: the rewriter would rewrite the rewrite (and its RRF would fuse
+    # the rewrite, not the user's words, with the generated query).
+    from components.serving.app import ServeArgs, user_configs
+
+    rewriter = {"backend": "querygen", "path": querygen_artifact}
+    args = {"catalog": serving_data, "detector_file": bm25_versions["detector_file"], "rewriter": rewriter}
+    with pytest.raises(ValueError, match="is a querygen method, which rewrites queries itself"):
+        user_configs(ServeArgs.model_validate({**args, "artifact": querygen_artifact}))
+    # Its retriever with the rewriter in front is the way to rewrite in a deployment of its own.
+    assert user_configs(ServeArgs.model_validate({**args, "artifact": bm25_versions["default"]}))[
+        "QueryRewriter"
+    ]
+
+
 def test_querygen_rewriter_batches_and_matches_one_by_one(querygen_artifact):
     rewriter = build_rewriter({"backend": "querygen", "path": querygen_artifact})
     assert isinstance(rewriter, QueryGenRewriter)
