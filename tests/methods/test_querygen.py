@@ -58,6 +58,17 @@ def test_bad_settings_fail_on_the_driver():
         methods.build("querygen", {"align": {"round": 2}})
     with pytest.raises(ValueError, match="retriever needs one of"):
         methods.build("querygen", {"retriever": {}})
+    # Refused on the driver, not after the retriever and SFT stages have trained.
+    for given, says in [
+        ({"align": {"temperature": 0}}, r"align.temperature 0 decodes greedily, .* align.samples is 4"),
+        ({"align": {"epochs": 0}}, r"align.epochs must be >= 1, got 0"),
+        ({"align": {"lr": 0}}, r"align.lr must be > 0"),
+        ({"sft": {"batch_size": 0}}, r"sft.batch_size must be >= 1"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            methods.build("querygen", given)
+    # A stage that does not run is not checked: zero-shot with greedy settings is fine.
+    methods.build("querygen", {"align": {"rounds": 0, "temperature": 0}, "sft": {"epochs": 0, "lr": 0}})
 
 
 class RecordingGenerator:
@@ -239,3 +250,36 @@ def test_cold_start_and_text_encoders_are_the_wrapped_retrievers():
     assert {"cold_start", "text_encoders"} <= method.capabilities
     method._adopt(methods.build("bm25", {}))
     assert "cold_start" in method.capabilities and "text_encoders" not in method.capabilities
+
+
+def test_the_generator_loads_in_the_precision_its_settings_name(tiny, tmp_path):
+    # generator.dtype was accepted and never applied: a bf16 setting loaded float32 weights.
+    import torch
+
+    from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
+    from components.methods.querygen.generator import LocalGenerator
+    from components.methods.querygen.params import QueryGenParams
+
+    lm, tokenizer = build_causal_lm(lm_spec_from(TINY_LM), list(tiny.queries.values()), seed=0)
+    save_causal_lm(lm, tokenizer, str(tmp_path / "lm"))
+    for dtype, want in ((None, torch.float32), ("bfloat16", torch.bfloat16)):
+        generator = LocalGenerator(None, QueryGenParams(generator={**TINY_LM, "dtype": dtype}))
+        generator.load(str(tmp_path / "lm"))
+        assert next(generator.model()[0].parameters()).dtype == want, dtype
+
+
+def test_a_pretrained_generator_named_by_its_directory_is_shared_with_the_workers(tiny, tmp_path):
+    # Workers on other nodes cannot read the driver's directory: it goes to the run's storage, as
+    # the scratch LM does (a packaged or hub name is read by each node itself, unchanged).
+    from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
+
+    lm, tokenizer = build_causal_lm(lm_spec_from(TINY_LM), list(tiny.queries.values()), seed=0)
+    save_causal_lm(lm, tokenizer, str(tmp_path / "my-lm"))
+    method = methods.build("querygen", {"generator": {"name_or_path": str(tmp_path / "my-lm")}})
+    run = RunSpec(name="qg", storage_path=str(tmp_path / "store"), local_dir=str(tmp_path / "local"))
+    method._fit_retriever(tiny, run)  # the stage without its valid check (which generates)
+    assert method._generator_source == str(tmp_path / "store" / "inputs" / "qg-generator-init")
+    assert (tmp_path / "store" / "inputs" / "qg-generator-init" / "config.json").exists()
+    packaged = methods.build("querygen", {})
+    packaged._fit_retriever(tiny, run)
+    assert packaged._generator_source == "smollm2-135m"

@@ -31,7 +31,8 @@ class LocalGenerator:
         self._tokenizer: Any = None
 
     def load(self, path: str) -> None:
-        lm, self._tokenizer = load_causal_lm(path)
+        # In the precision the generator settings ask for (None: as saved), as training loads it.
+        lm, self._tokenizer = load_causal_lm(path, lm_spec_from(self.params.generator).dtype)
         # Rewrites and alignment's samples are generated here, on the driver or a replica: on the
         # process's GPU where it has one (training places its own copy in the Ray Train worker).
         self._lm = to_inference_device(lm).eval()

@@ -115,12 +115,12 @@ class QueryGenMethod:
                 out |= {f"retriever_{name}_{k}": v for k, v in metrics.items() if isinstance(v, float)}
         self.retriever.index(data.corpus)
         self.tool_ids = list(self.retriever.tool_ids)
-        if isinstance(self.gen, LocalGenerator) and self.gen.path is None:
-            # No pretrained LM named: a small one built here (offline, tests).
-            path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-generator-init")
-            pairs = sft_pairs(data, "train", self.params.target_tools, self.params.description_words)
-            texts = [t for pair in pairs for t in pair]
-            self.gen.path = scratch_generator(self.params, texts, path, run.seed)
+        if isinstance(self.gen, LocalGenerator):
+            if self.gen.path is None:  # no pretrained LM named: a small one built here (offline, tests)
+                path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-generator-init")
+                pairs = sft_pairs(data, "train", self.params.target_tools, self.params.description_words)
+                self.gen.path = scratch_generator(self.params, [t for p in pairs for t in p], path, run.seed)
+            # A directory (that LM, or a pretrained one named by its path) where every worker reads it.
             self._generator_source = share(self.gen.path, run, f"{run.name}-generator-init")
         return out
 

@@ -104,10 +104,34 @@ class QueryGenParams:
                     f"cannot be; leave {name}.{next(iter(off))} at 0 (zero-shot)"
                 )
             object.__setattr__(self, name, merged)
+        self._check_stage_settings()
         check_select_metric("querygen", self.select_metric)
         check_select_metric("querygen", self.reward_metric, EPOCH_METRICS)
         if self.lora:
             self.lora_spec()
+
+    def _check_stage_settings(self) -> None:
+        """Values a stage that runs would refuse only after the stages before it trained: here."""
+        stages = [
+            ("sft", self.sft, int(self.sft["epochs"]) > 0),
+            ("align", self.align, int(self.align["rounds"]) > 0),
+        ]
+        for name, given, runs in stages:
+            least = {"epochs": 1, "batch_size": 1} | ({"samples": 1, "queries": 1} if name == "align" else {})
+            for key, low in least.items():
+                if runs and int(given[key]) < low:
+                    raise ValueError(f"querygen: {name}.{key} must be >= {low}, got {given[key]}")
+            if runs and float(given["lr"]) <= 0:
+                raise ValueError(f"querygen: {name}.lr must be > 0, got {given['lr']}")
+        if (
+            int(self.align["rounds"]) > 0
+            and float(self.align["temperature"]) <= 0
+            and int(self.align["samples"]) > 1
+        ):
+            raise ValueError(
+                f"querygen: align.temperature {self.align['temperature']} decodes greedily, one rewrite per "
+                f"query, but align.samples is {self.align['samples']}: sample with temperature > 0"
+            )
 
     def endpoint_generator(self) -> bool:
         """Whether the generator is an OpenAI-compatible endpoint (not an LM loaded here)."""

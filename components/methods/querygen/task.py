@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from components.data import io
 from components.generative.generate import chat_prompt
-from components.generative.lm import load_causal_lm, save_causal_lm
+from components.generative.lm import lm_spec_from, load_causal_lm, save_causal_lm
 from components.generative.lora import add_lora, save_adapter_beside
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
 from components.methods.querygen.data import RewritePairs
@@ -68,7 +68,7 @@ class RewriteTask(StageTask):
     def build_model(self) -> TargetedLM:
         assert self.config.inputs.init_dir is not None, "a generator stage starts from a saved LM"
         source = io.fetch(self.config.inputs.init_dir, self.config.storage_options)
-        lm, self.tokenizer = load_causal_lm(source)
+        lm, self.tokenizer = load_causal_lm(source, lm_spec_from(self.params.generator).dtype)
         spec = self.params.lora_spec()
         if spec is not None:
             lm = add_lora(lm, spec)
