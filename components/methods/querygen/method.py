@@ -50,7 +50,7 @@ from components.training.spec import RunSpec, StageConfig, StageInputs
 
 TASK = "components.methods.querygen.task:RewriteTask"
 # Rewrites kept by query text: a test split is read once per fusion, a serving replica forever.
-REWRITE_CACHE = 50_000
+REWRITE_CACHE, REWRITE_CHUNK = 50_000, 256  # the chunk: texts per generator call in rewrite()
 
 
 class QueryGenMethod:
@@ -235,15 +235,15 @@ class QueryGenMethod:
 
     # -- generation and retrieval -------------------------------------------------------------
     def rewrite(self, queries: Queries) -> Queries:
-        """The greedy rewrite of each query (cached by text; an empty one falls back to the query)."""
+        """The greedy rewrite of each query (cached by text; an empty one falls back to the query).
+        New texts go a chunk at a time, each cached as it comes: a failure part-way loses one chunk."""
         todo = sorted({t for t in queries.values() if t not in self._cache})
-        fresh = dict(zip(todo, self.gen.rewrite(todo), strict=True)) if todo else {}
-        out = {q: fresh[t] if t in fresh else self._cache[t] for q, t in queries.items()}
+        for start in range(0, len(todo), REWRITE_CHUNK):
+            chunk = todo[start : start + REWRITE_CHUNK]
+            self._cache.update(zip(chunk, self.gen.rewrite(chunk), strict=True))
+        out = {q: self._cache[t] for q, t in queries.items()}
         for text in dict.fromkeys(queries.values()):  # the most recently asked last
-            if text in fresh:
-                self._cache[text] = fresh[text]
-            else:
-                self._cache.move_to_end(text)
+            self._cache.move_to_end(text)
         while len(self._cache) > REWRITE_CACHE:  # a serving replica sees texts without end
             self._cache.popitem(last=False)
         return out
