@@ -194,6 +194,12 @@ def test_candidates_narrow_retrieval(trained, quickstart_1200):
     narrowed = method.retrieve({qid: query}, 3, candidates={qid: ["5", "7", "9", "nope"]})[qid]
     assert set(narrowed) == {"5", "7", "9"}
     assert all(narrowed[t] == pytest.approx(full[t], abs=1e-5) for t in narrowed)
+    # Candidates narrow the indexed catalog, never widen it: a retired tool keeps its trained token.
+    try:
+        method.index({t: d for t, d in quickstart_1200.corpus.items() if t != "7"})
+        assert set(method.retrieve({qid: query}, 3, candidates={qid: ["5", "7", "9"]})[qid]) == {"5", "9"}
+    finally:
+        method.index(quickstart_1200.corpus)
 
 
 def test_save_load_round_trip(trained, quickstart_1200, tmp_path):

@@ -26,7 +26,9 @@ class ToolGenMethod(CodeLMMethod):
 
     name: ClassVar[str] = "toolgen"
     stages: ClassVar[tuple[str, ...]] = STAGES
-    # No cold_start: a tool needs its own token, learned in training, before it can be generated.
+    # cold_start not claimed: a tool indexed after training gets a token initialised from its name
+    # (retrievable, see index()), but nothing trained ranks it; ToolWeaver's quantizer codes a new
+    # tool from its text, which is that method's cold start (docs/toolweaver.md).
     capabilities: ClassVar[frozenset[str]] = frozenset({"train", "generate", "candidates"})
     params_class = ToolGenParams
     task = "components.methods.toolgen.task:ToolGenTask"
