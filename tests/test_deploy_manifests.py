@@ -107,6 +107,8 @@ def test_pods_that_run_drivers_and_workers_carry_the_service_account_and_the_pro
 
 
 def test_the_retrain_schedules_use_no_volume_their_cluster_does_not_mount():
+    from workflows.cli_config import build_config
+
     (service,) = docs("rayservice.yaml")
     spec = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     mounted = {m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
@@ -115,5 +117,30 @@ def test_the_retrain_schedules_use_no_volume_their_cluster_does_not_mount():
     commands = [cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][0]]
     commands.append(ray_cron["spec"]["jobTemplate"]["entrypoint"])
     for command in commands:
-        paths = [w.split("=", 1)[1] for w in shlex.split(command) if "=/mnt/" in w]
+        words = shlex.split(command)
+        # Every /mnt path the job reads: in its arguments (key=value or a flag's value) and in the
+        # config file it passes, after `extends:`.
+        paths = mount_paths(words, build_config(DEPLOY.parent / words[words.index("-c") + 1], []))
         assert all(any(p.startswith(m) for m in mounted) for p in paths), paths
+
+
+def mount_paths(words: list[str], config: dict) -> list[str]:
+    """The /mnt paths a job reads: in its arguments (key=value or a flag's value) and its config."""
+    paths = [w[w.index("/mnt/") :] for w in words if "/mnt/" in w]
+    return paths + [v for v in flat_values(config) if isinstance(v, str) and v.startswith("/mnt/")]
+
+
+def flat_values(tree: object) -> list[object]:
+    """Every leaf value of a nested config."""
+    if isinstance(tree, dict):
+        return [v for x in tree.values() for v in flat_values(x)]
+    if isinstance(tree, list):
+        return [v for x in tree for v in flat_values(x)]
+    return [tree]
+
+
+def test_the_volume_check_sees_a_mount_path_in_an_argument():
+    # The check above finds nothing to object to today: show it would see a /mnt path if one came back.
+    words = shlex.split("toolscout retrain --data /mnt/shared/data method.params.semantic_cache=/mnt/x")
+    config = {"method": {"params": {"semantic_cache": "/mnt/y", "epochs": 3}}, "data": {"path": "s3://b"}}
+    assert mount_paths(words, config) == ["/mnt/shared/data", "/mnt/x", "/mnt/y"]

@@ -60,9 +60,14 @@ def _check_cached_states(enc: TextEncoder, full: torch.Tensor) -> None:
 def test_freezing_stops_gradients_below_the_cut_only():
     enc = TextEncoder.from_spec(SPEC, TEXTS)
     freeze_lower(enc, 2)
+    layers = enc.backbone.encoder.layer
+    # Frozen for any path through the encoder, not only the cached one (whose lower part runs
+    # without a graph, so no gradient could reach it whatever freeze_lower did).
+    assert not any(p.requires_grad for p in enc.backbone.embeddings.parameters())
+    assert not any(p.requires_grad for layer in layers[:2] for p in layer.parameters())
+    assert all(p.requires_grad for p in layers[2].parameters())
     hidden, mask = pad_states(lower_states(enc, TEXTS[:4], 2))
     upper_forward(enc, hidden, mask, 2).sum().backward()
-    layers = enc.backbone.encoder.layer
     assert all(p.grad is None for p in enc.backbone.embeddings.parameters())
     assert all(p.grad is None for layer in layers[:2] for p in layer.parameters())
     assert all(p.grad is not None for p in layers[2].parameters())

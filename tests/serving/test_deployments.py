@@ -147,6 +147,12 @@ def test_a_failed_selector_swap_keeps_its_backend(serving_data):
     asyncio.run(selector.reconfigure({"backend": "none"}))  # no backend is a configuration too
     asyncio.run(selector.reconfigure({"backend": "nope"}))
     assert selector.configured and selector.backend is None
+    # A real backend (built without connecting) is kept, the same object, through a failed swap.
+    asyncio.run(selector.reconfigure({"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "m"}))
+    before = selector.backend
+    assert before is not None
+    asyncio.run(selector.reconfigure({"backend": "nope"}))
+    assert selector.backend is before
     with pytest.raises(ValueError, match="unknown selector backend"):
         asyncio.run(Selector(serving_data).reconfigure({"backend": "nope"}))
 
