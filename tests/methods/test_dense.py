@@ -216,3 +216,22 @@ def test_cached_lower_states_give_the_loss_of_the_full_forward(small_quickstart,
     assert ("tool_states" in batch) == (tool_vectors == "batch")
     with torch.no_grad():
         torch.testing.assert_close(cached.loss(model, batch), plain.loss(model, plain.collate(items)))
+
+
+def test_the_mix_is_the_one_that_scores_best_on_valid(trained, small_quickstart):
+    # select_mix's only check was 0 <= mix <= 1, which every grid value passes.
+    method, report, _ = trained
+    assert method.model.id_embeddings is not None  # an ID head, so the mix matters
+    queries, chosen = small_quickstart.split_queries("valid"), method.mix
+    scores = {}
+    try:
+        for mix in method.params.mix_grid:
+            method.mix = mix
+            retrieved = method.retrieve(queries, 10)
+            scores[mix] = evaluate_retrieval(small_quickstart.qrels["valid"], retrieved)[
+                method.params.select_metric
+            ]
+    finally:
+        method.mix = chosen
+    assert report["mix"] == chosen == max(scores, key=lambda m: (scores[m], m))  # ties: the larger mix
+    assert len(set(scores.values())) > 1  # the mixes score differently here, so the choice is tested

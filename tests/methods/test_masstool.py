@@ -154,6 +154,16 @@ def test_adakt_modes(mode):
         torch.testing.assert_close(out, torch.sigmoid(adakt.proj(h)) * e)
     if mode == "add":
         torch.testing.assert_close(out, e + adakt.proj(h))
+    if mode == "concat":
+        torch.testing.assert_close(out, adakt.proj(torch.cat([h, e], dim=-1)))
+    if mode == "attention":
+        # A convex mix of the search embedding and the transferred knowledge, the weights scored per
+        # candidate and normalised over the two (a softmax over the size-1 score axis gives 1 and 1).
+        t = adakt.proj(h)
+        scores = torch.cat([adakt.att_v(torch.tanh(adakt.att(x))) for x in (e, t)], dim=1)  # (3, 2)
+        w = torch.softmax(scores, dim=1)
+        torch.testing.assert_close(out, w[:, :1] * e + w[:, 1:] * t)
+        assert not torch.allclose(out, e + t)
 
 
 def test_unknown_adakt_mode_is_rejected():
