@@ -39,10 +39,24 @@ def adapted(ray_session, quickstart_1200, tmp_path_factory):
 
 
 def test_only_the_adapter_and_the_tool_rows_train(adapted):
-    _, report = adapted
+    method, report = adapted
     retrieval = report["stages"]["retrieval"]
     # 2 layers x 7 projections at r = 4 plus 100 tool rows, of a ~0.2M-parameter LM.
     assert 0 < retrieval["valid_trainable_fraction"] < 0.3, retrieval
+    # What the retrieval stage changed, merged LM against the one it started from: the tool-token
+    # rows and the adapted projections; every other embedding row and every norm stays as it was.
+    before, _, codebook = load_bundle(method.stage_dirs["memorization"])
+    after, _, _ = load_bundle(method.stage_dirs["retrieval"])
+    rows = torch.tensor(sorted({i for code in codebook.codes.values() for i in code}))
+    emb_before, emb_after = before.get_input_embeddings().weight, after.get_input_embeddings().weight
+    others = torch.ones(len(emb_before), dtype=torch.bool)
+    others[rows] = False
+    assert torch.equal(emb_after[others], emb_before[others])
+    assert not torch.equal(emb_after[rows], emb_before[rows])
+    start = dict(before.named_parameters())
+    changed = {n for n, p in after.named_parameters() if not torch.equal(p, start[n])}
+    assert not {n for n in changed if "norm" in n}
+    assert any("q_proj" in n for n in changed) and any("down_proj" in n for n in changed)
 
 
 def test_each_stage_saves_its_adapter_and_it_rebuilds_the_merged_lm(adapted):
