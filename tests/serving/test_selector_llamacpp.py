@@ -151,5 +151,19 @@ def test_more_candidates_than_the_context_holds_drop_the_lowest_ranked_not_the_r
     selector = build_selector(settings, many)
     tools = [many.tools[t] for t in many.tools]
     assert len(selector.lm.llm().tokenize(selector.prompt("rain", [], tools).encode())) > 512
-    call = selector.select("will it rain tomorrow", [], list(many.tools))  # raised past the context before
-    assert call is None or call["tool"] in many.tools
+    asked: list[str] = []
+    complete = selector.lm.complete
+
+    def spy(system, prompt, *args, **kwargs):
+        asked.append(prompt)
+        return complete(system, prompt, *args, **kwargs)
+
+    selector.lm.complete = spy
+    query = "will it rain tomorrow"
+    call = selector.select(query, [], list(many.tools))  # raised past the context before
+    # The prompt offered a prefix of the ranking (the lowest-ranked left out), and the call is one of
+    # those tools (they take no arguments, so the grammar always completes a call).
+    (prompt,) = asked
+    kept = next(n for n in range(1, len(tools) + 1) if selector.prompt(query, [], tools[:n]) == prompt)
+    assert 1 <= kept < len(tools)
+    assert call is not None and call["tool"] in [t.id for t in tools[:kept]]
