@@ -29,6 +29,7 @@ from typing import Any
 
 from components.registry.local import MODEL_PATH, materialise
 from components.registry.settings import ALIASES, RegistrySettings, Version, is_model_uri, parse_model_uri
+from components.registry.sqlite_template import create_from_template
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -52,6 +53,7 @@ class ModelRegistry:
         uri = self.settings.resolved_uri
         if self.settings.embedded:
             os.makedirs(self.settings.root, exist_ok=True)
+            create_from_template(uri.removeprefix("sqlite:///"))  # migrated once per process
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
 
     # -- writing ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +164,19 @@ def test_a_hand_move_of_the_champion_waits_for_a_running_retrain(registry, tmp_p
     assert CliRunner().invoke(app, ["registry", "promote", "m", "2", root]).exit_code == 0
     assert champion_moved(registry, "m", started_with)  # a round that read v1 now promotes nothing
     assert registry.alias("m", "challenger") is None  # an alias that is not set reads as none
+
+
+def test_new_stores_start_from_one_migrated_database_and_an_existing_one_is_never_replaced(tmp_path):
+    from components.registry.sqlite_template import _template, create_from_template
+
+    first = ModelRegistry(RegistrySettings(root=str(tmp_path / "a")))
+    assert (tmp_path / "a" / "mlflow.db").read_bytes() == Path(_template()).read_bytes()
+    first.client.create_registered_model("kept")
+    # Another process that made the database first (or this one, earlier) keeps it as it is.
+    create_from_template(str(tmp_path / "a" / "mlflow.db"))
+    again = ModelRegistry(RegistrySettings(root=str(tmp_path / "a")))
+    assert [m.name for m in again.client.search_registered_models()] == ["kept"]
+    assert sorted(os.listdir(tmp_path / "a")) == ["mlflow.db"]  # no staged copy left behind
+    # A store from the template is a working, empty MLflow store of its own.
+    other = ModelRegistry(RegistrySettings(root=str(tmp_path / "b")))
+    assert other.client.search_registered_models() == []
