@@ -16,7 +16,7 @@ from components.data import open_dataset
 from components.generative.chat_endpoint import ChatEndpoint, ChatEndpointError
 from components.generative.generate import chat_prompt
 from components.methods.querygen.method import QueryGenMethod
-from components.methods.querygen.params import SYSTEM_PROMPT, QueryGenParams
+from components.methods.querygen.params import SYSTEM_PROMPT
 from components.serving.rewriter import QueryGenRewriter
 from components.training.spec import RunSpec
 
@@ -55,7 +55,9 @@ def smollm2_pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("endpoint")
     data = open_dataset(str(write_tiny_dataset(root / "tiny")))
     # One request per generation on both sides: batched left-padded decoding may differ in the last bits.
+    # A 24-token cap (the default is 48) halves SmolLM2's CPU decoding here; both sides use it.
     common = {"sft": {"epochs": 0}, "align": {"rounds": 0}, "fusion": "rrf", "eval_batch_size": 1}
+    common["max_new_tokens"] = 24
     local = QueryGenMethod(generator={"name_or_path": "smollm2-135m"}, **common)
     run = RunSpec(name="qg", storage_path=str(root / "runs"), local_dir=str(root / "local"))
     for stage in local.stages:
@@ -77,7 +79,7 @@ def test_endpoint_rewrites_and_rankings_equal_the_same_lm_in_process(smollm2_pai
     assert any(expected[q] != queries[q] for q in queries)  # the LM rewrote, not echoed
     assert remote.retrieve(queries, 3) == local.retrieve(queries, 3)
     body = server.requests[-1]["body"]
-    cap = QueryGenParams.max_new_tokens  # the artifact's cap on a rewrite, as in process
+    cap = local.params.max_new_tokens  # the artifact's cap on a rewrite, as in process
     assert body["model"] == "smollm2" and body["temperature"] == 0.0 and body["max_tokens"] == cap
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert body["messages"][0]["content"] == SYSTEM_PROMPT
@@ -120,6 +122,7 @@ def test_a_llamacpp_generator_rewrites_as_the_same_weights_do_in_transformers(sm
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
     data, local, *_ = smollm2_pair
     common = {"sft": {"epochs": 0}, "align": {"rounds": 0}, "fusion": "rrf", "eval_batch_size": 1}
+    common["max_new_tokens"] = local.params.max_new_tokens  # the cap the local rewrites were made with
     fast = QueryGenMethod(generator={"engine": "llamacpp", "model": "smollm2-135m", "n_threads": 2}, **common)
     run = RunSpec(name="qg-llamacpp", storage_path=str(tmp_path / "runs"), local_dir=str(tmp_path / "run"))
     for stage in fast.stages:
