@@ -20,7 +20,8 @@ from components.metrics import check_select_metric
 # the three fine-tuning stages. Each is one Ray Train run.
 LM_STAGES = ("warmup", "memorization", "retrieval", "agent")
 
-# Per-stage loop settings; ``max_examples`` caps the stage's examples (a seeded sample).
+# Per-stage loop settings; ``max_examples`` caps the stage's training queries (a seeded sample):
+# the agent stage's trajectories, and the warm-up's queries, which come on top of every tool document.
 DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "warmup": {"epochs": 1, "lr": 1.0e-3, "batch_size": 64, "max_examples": 6000},
     # A 4-layer, 256-wide Llama (constant AdamW lr): at 1e-3 memorization stayed at chance on ToolLens
