@@ -108,8 +108,10 @@ def generate_texts(
             new = ids[:, enc["input_ids"].shape[1] :]
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             if finished_only:
-                cut = ~(new == tokenizer.eos_token_id).any(dim=1) & (new.shape[1] >= max_new_tokens)
-                texts = ["" if c and "\n" not in t else t for c, t in zip(cut.tolist(), texts, strict=True)]
+                capped = ~(new == tokenizer.eos_token_id).any(dim=1) & (new.shape[1] >= max_new_tokens)
+                texts = [
+                    "" if c and "\n" not in t else t for c, t in zip(capped.tolist(), texts, strict=True)
+                ]
             out += [[first_line(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     finally:
         tokenizer.padding_side, tokenizer.truncation_side = side, cut

@@ -42,7 +42,9 @@ def test_finished_only_drops_continuations_cut_at_the_token_cap():
     lm, tokenizer, _ = tiny_lm(seed=4, tools=False)
     prompts, cap = TEXTS[:4], 3
     every = generate_texts(lm, tokenizer, prompts, max_new_tokens=cap, batch_size=1)
+    side = tokenizer.truncation_side
     kept = generate_texts(lm, tokenizer, prompts, max_new_tokens=cap, batch_size=1, finished_only=True)
+    assert tokenizer.truncation_side == side  # put back as it was, as after any call
     cut = 0
     for prompt, answer, kept_answer in zip(prompts, every, kept, strict=True):
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
