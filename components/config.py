@@ -136,6 +136,14 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def dotted(cfg: dict[str, Any], key: str) -> Any:
+    """The value at ``a.b.c`` in ``cfg``, or None where a level is missing."""
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def apply_overrides(
     config: dict[str, Any], overrides: list[str], sections: set[str] | None = None
 ) -> dict[str, Any]:

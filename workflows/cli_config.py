@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from components.config import ConfigError, load_config, load_yaml, merge
+from components.config import ConfigError, dotted, load_config, load_yaml, merge
 
 
 def packaged_config(name: str) -> dict[str, Any]:
@@ -30,9 +30,9 @@ def build_config(
     unknown = sorted(set(cfg) - set(defaults) - {"run"})
     if unknown:  # a misspelt section (`trian:`) would be kept and never read
         raise ConfigError(f"{config}: unknown section(s) {unknown}; known: {sorted({*defaults, 'run'})}")
-    for dotted, value in flags.items():
+    for flag, value in flags.items():
         if value is not None:
-            *parents, leaf = dotted.split("__")
+            *parents, leaf = flag.split("__")
             node = cfg
             for p in parents:
                 node = node.setdefault(p, {})
@@ -70,13 +70,10 @@ def check_keys(cfg: dict[str, Any], defaults: dict[str, Any]) -> None:
             )
 
 
-def require(cfg: dict, dotted: str, flag: str) -> None:
+def require(cfg: dict, key: str, flag: str) -> None:
     """Fail early, naming the flag, when a required setting is missing."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    if node in (None, ""):
-        raise ConfigError(f"{dotted} is not set: pass {flag} or set it in the config")
+    if dotted(cfg, key) in (None, ""):
+        raise ConfigError(f"{key} is not set: pass {flag} or set it in the config")
 
 
 def start_ray(cfg: dict) -> None:

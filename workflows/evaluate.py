@@ -69,8 +69,14 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
             }
         )
     report = {"dataset": dataset.name, "artifact": artifact, "results": rows}
-    if ecfg.get("output"):  # a local path or an s3:// URL, like every other output
-        # The data's storage options unless the output has its own (an s3:// report beside s3 data).
+    write_output(cfg, report)
+    return report
+
+
+def write_output(cfg: dict[str, Any], report: dict[str, Any]) -> None:
+    """``report`` as JSON at ``evaluate.output`` if set: a local path or an ``s3://`` URL, reached
+    with the data's storage options unless the output has its own (an s3:// report beside s3 data)."""
+    ecfg = cfg.get("evaluate") or {}
+    if ecfg.get("output"):
         options = ecfg.get("storage_options") or (cfg.get("data") or {}).get("storage_options")
         io.write_bytes(ecfg["output"], json.dumps(report, indent=2).encode(), options)
-    return report

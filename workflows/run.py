@@ -21,7 +21,7 @@ from components.config import ConfigError, as_list, merge
 from components.data import io
 from components.data.prepared import is_prepared, read_manifest
 from components.data.quickstart import QUICKSTART_VERSION, generate_quickstart
-from workflows.evaluate import evaluate
+from workflows.evaluate import evaluate, write_output
 from workflows.preprocess import preprocess
 from workflows.quiet import Stage, logged_stage, quiet_output, stage_bars
 from workflows.ray_env import init_ray, logs_dir
@@ -151,11 +151,7 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
             rows += scored
             write_report(report, results, title="toolscout quickstart")
             step()
-    if cfg["evaluate"].get("output"):
-        ecfg = cfg["evaluate"]
-        io.write_bytes(
-            ecfg["output"], json.dumps(report, indent=2).encode(), ecfg.get("storage_options") or options
-        )
+    write_output(cfg, report)
     return report
 
 

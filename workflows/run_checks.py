@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from components.config import ConfigError, as_list, merge
+from components.config import ConfigError, as_list, dotted, merge
 from components.data.quickstart import WORDINGS
 
 ARTIFACT_REF = re.compile(r"\{artifact:(\w+)\}")  # in run.params: a method trained earlier in the run
@@ -32,14 +32,6 @@ def shipped_config() -> dict[str, Any]:
     from workflows.cli_config import packaged_config
 
     return merge(packaged_config("default"), packaged_config("quickstart"))
-
-
-def dotted(cfg: dict[str, Any], key: str) -> Any:
-    """The value at ``a.b.c`` in ``cfg``, or None where a level is missing."""
-    node: Any = cfg
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def run_methods(cfg: dict[str, Any]) -> list[str]:
@@ -89,8 +81,8 @@ def check_overrides(overrides: list[str] | None, cfg: dict[str, Any]) -> None:
     check_run_settings(cfg)
     listed = cfg["run"].get("methods")
     shipped = shipped_config()
-    for item in overrides or []:
-        key = item.partition("=")[0].strip()
+    keys = [item.partition("=")[0].strip() for item in overrides or []]
+    for key in keys:
         if key.startswith("method.") and listed:
             raise ConfigError(
                 f"toolscout run: {key} is not used while run.methods lists the methods ({listed}); "
@@ -119,8 +111,7 @@ def check_overrides(overrides: list[str] | None, cfg: dict[str, Any]) -> None:
             raise ConfigError(f"toolscout run: run.methods: {e}") from None
     # The shipped params of a method left out of run.methods are simply unused; any other is a typo,
     # and so is one given on the command line for a method the run leaves out.
-    keys = [item.partition("=")[0].strip().split(".") for item in overrides or []]
-    given = {key[2] for key in keys if len(key) > 2 and key[:2] == ["run", "params"]}
+    given = {key.split(".")[2] for key in keys if key.startswith("run.params.")}
     stray = sorted((set(cfg["run"].get("params") or {}) - set(shipped["run"]["params"]) | given) - set(names))
     if stray:
         raise ConfigError(f"toolscout run: run.params has {stray}, which run.methods ({names}) does not run")

@@ -189,13 +189,11 @@ class CodeLMMethod(CodeLMStages):
         qids = list(queries)
         if self.params.decoding == "unconstrained" and candidates is None:
             return outputs_to_results(qids, self.generate(queries, k, constrained=False), k)
-        # Candidates narrow the indexed catalog, never widen it: the codebook keeps every trained tool.
-        indexed = set(self.tool_ids)
-        tries = (
-            self._trie
-            if candidates is None
-            else [self.codebook.trie([t for t in candidates.get(q, []) if t in indexed]) for q in qids]
-        )
+        tries: TokenTrie | list[TokenTrie] = self._trie
+        if candidates is not None:
+            # Candidates narrow the indexed catalog, never widen it: the codebook keeps every trained tool.
+            indexed = set(self.tool_ids)
+            tries = [self.codebook.trie([t for t in candidates.get(q, []) if t in indexed]) for q in qids]
         hits = self._constrained(queries, tries, k)
         return {q: dict(h) for q, h in zip(qids, hits, strict=True)}
 

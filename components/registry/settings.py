@@ -42,8 +42,13 @@ class RegistrySettings:
     def resolved_uri(self) -> str:
         """The tracking URI in effect (the embedded sqlite store as an absolute path)."""
         if self.embedded:
-            return f"sqlite:///{os.path.abspath(os.path.join(self.root, 'mlflow.db'))}"
+            return f"sqlite:///{self.sqlite_path}"
         return self.tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
+
+    @property
+    def sqlite_path(self) -> str:
+        """The embedded store's database file (absolute)."""
+        return os.path.abspath(os.path.join(self.root, "mlflow.db"))
 
     @property
     def embedded(self) -> bool:

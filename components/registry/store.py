@@ -53,7 +53,7 @@ class ModelRegistry:
         uri = self.settings.resolved_uri
         if self.settings.embedded:
             os.makedirs(self.settings.root, exist_ok=True)
-            create_from_template(uri.removeprefix("sqlite:///"))  # migrated once per process
+            create_from_template(self.settings.sqlite_path)  # migrated once per process
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
 
     # -- writing ------------------------------------------------------------------------------

@@ -224,9 +224,8 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
     Artifacts are pinned (see :func:`pinned`), so every replica loads the same version.
     """
     retriever = pinned(args.artifact, args.registry)
-    if (args.rewriter or {}).get("backend") == "querygen" and artifact_method(retriever["artifact"])[
-        1
-    ] == "querygen":
+    rewrites = (args.rewriter or {}).get("backend") == "querygen"
+    if rewrites and artifact_method(retriever["artifact"])[1] == "querygen":
         # A query-generation artifact rewrites each query itself (with the fusion chosen on valid):
         # a querygen rewriter in front of it would rewrite the rewrite.
         raise ValueError(

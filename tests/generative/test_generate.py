@@ -8,7 +8,8 @@ from tiny_lm import TEXTS, tiny_lm
 from components.generative.generate import first_line, generate_texts
 
 
-def greedy(lm, tokenizer, ids: list[int], new: int) -> str:
+def continuation(lm, tokenizer, ids: list[int], new: int) -> torch.Tensor:
+    """The greedy continuation's token ids of one unpadded prompt."""
     prompt = torch.tensor([ids])
     out = lm.generate(
         input_ids=prompt,
@@ -18,7 +19,11 @@ def greedy(lm, tokenizer, ids: list[int], new: int) -> str:
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return first_line(tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True))
+    return out[0, len(ids) :]
+
+
+def greedy(lm, tokenizer, ids: list[int], new: int) -> str:
+    return first_line(tokenizer.decode(continuation(lm, tokenizer, ids, new), skip_special_tokens=True))
 
 
 def test_a_prompt_over_the_limit_keeps_its_end():
@@ -47,16 +52,7 @@ def test_finished_only_drops_continuations_cut_at_the_token_cap():
     assert tokenizer.truncation_side == side  # put back as it was, as after any call
     cut = 0
     for prompt, answer, kept_answer in zip(prompts, every, kept, strict=True):
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        prompt_ids = torch.tensor([ids])
-        new = lm.generate(
-            input_ids=prompt_ids,
-            attention_mask=torch.ones_like(prompt_ids),
-            max_new_tokens=cap,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )[0, len(ids) :]
+        new = continuation(lm, tokenizer, tokenizer(prompt, add_special_tokens=False)["input_ids"], cap)
         ended = tokenizer.eos_token_id in new.tolist() or "\n" in tokenizer.decode(
             new, skip_special_tokens=True
         )

@@ -23,6 +23,22 @@ def test_a_method_not_trained_before_is_a_clear_error() -> None:
         resolve_artifacts({"semantic_init": "{artifact:dense}/model"}, {"bm25": "/w/models/bm25/v0001"})
 
 
+def run_refused(monkeypatch, *args: str) -> tuple[int, str]:
+    """``toolscout run ARGS``'s exit code and output (on one line), its checks only: a setting
+    they let through must not start a run."""
+    from typer.testing import CliRunner
+
+    import workflows.run
+    from workflows.cli import app
+
+    def passed_the_checks(cfg):
+        raise AssertionError(f"{args} passed toolscout run's checks")
+
+    monkeypatch.setattr(workflows.run, "quickstart", passed_the_checks)
+    result = CliRunner().invoke(app, ["run", *args])
+    return result.exit_code, " ".join(result.output.split())
+
+
 @pytest.mark.parametrize(
     ("override", "says"),
     [
@@ -49,17 +65,8 @@ def test_a_method_not_trained_before_is_a_clear_error() -> None:
     ],
 )
 def test_run_refuses_overrides_it_would_ignore(override: str, says: str, monkeypatch) -> None:
-    from typer.testing import CliRunner
-
-    import workflows.run
-    from workflows.cli import app
-
-    def passed_the_checks(cfg):  # a check that lets the setting through must not start a run
-        raise AssertionError(f"{override} passed toolscout run's checks")
-
-    monkeypatch.setattr(workflows.run, "quickstart", passed_the_checks)
-    result = CliRunner().invoke(app, ["run", *override.split("|")])
-    assert result.exit_code == 1 and says in " ".join(result.output.split()), result.output
+    code, said = run_refused(monkeypatch, *override.split("|"))
+    assert code == 1 and says in said, said
 
 
 def test_data_half_written_by_an_interrupted_run_is_generated_again(tmp_path, monkeypatch) -> None:
@@ -96,32 +103,17 @@ def test_data_half_written_by_an_interrupted_run_is_generated_again(tmp_path, mo
 def test_a_config_files_method_section_is_refused_while_run_methods_lists_the_methods(
     tmp_path, monkeypatch
 ) -> None:
-    from typer.testing import CliRunner
-
-    import workflows.run
-    from workflows.cli import app
-
-    monkeypatch.setattr(workflows.run, "quickstart", lambda cfg: None)
-
     config = tmp_path / "c.yaml"
     config.write_text("method: {name: toolweaver}\n")
-    result = CliRunner().invoke(app, ["run", "-c", str(config)])
-    said = " ".join(result.output.split())
-    assert result.exit_code == 1 and "('toolweaver') is not used while run.methods" in said
+    code, said = run_refused(monkeypatch, "-c", str(config))
+    assert code == 1 and "('toolweaver') is not used while run.methods" in said
 
 
 def test_a_config_file_cannot_move_what_the_run_places_under_its_workdir(tmp_path, monkeypatch) -> None:
-    from typer.testing import CliRunner
-
-    import workflows.run
-    from workflows.cli import app
-
-    monkeypatch.setattr(workflows.run, "quickstart", lambda cfg: None)
     config = tmp_path / "c.yaml"
     config.write_text("train: {storage_path: s3://bucket/train}\n")
-    result = CliRunner().invoke(app, ["run", "-c", str(config)])
-    said = " ".join(result.output.split())
-    assert result.exit_code == 1 and "train.storage_path is decided by the run" in said
+    code, said = run_refused(monkeypatch, "-c", str(config))
+    assert code == 1 and "train.storage_path is decided by the run" in said
 
 
 def test_without_run_methods_the_config_method_section_runs_with_its_params() -> None:
