@@ -113,9 +113,12 @@ class ContrastiveTask:
             return batch | {"tool_states": states, "tool_mask": mask}
         tool_mask = self._tokens["attention_mask"][unique]
         width = int(tool_mask.sum(1).max())
+        # The corpus was padded to its longest tool; this batch needs only its own longest. The
+        # padding is cut where the tokenizer put it: on the right for BERT, on the left for some.
+        cut = slice(-width, None) if self._tokenizer.padding_side == "left" else slice(0, width)
         return batch | {
-            "tool_ids": self._tokens["input_ids"][unique, :width],
-            "tool_mask": tool_mask[:, :width],
+            "tool_ids": self._tokens["input_ids"][unique, cut],
+            "tool_mask": tool_mask[:, cut],
         }
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -71,14 +71,16 @@ def lower_states(
     encoder.eval()
     device = next(encoder.parameters()).device
     out: list[torch.Tensor] = []
-    for i in range(0, len(texts), batch_size):
-        tokens = encoder.tokenize(texts[i : i + batch_size], max_length)
-        ids, mask = tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
-        hidden = run_layers(encoder, layers[:n], encoder.backbone.embeddings(input_ids=ids), mask).cpu()
-        # The attended positions, wherever the tokenizer padded (right for BERT, left for some
-        # checkpoints): stored right-aligned, they are what pad_states right-pads again.
-        out += [h[m.bool()] for h, m in zip(hidden, mask.cpu(), strict=True)]
-    encoder.train(was_training)
+    try:
+        for i in range(0, len(texts), batch_size):
+            tokens = encoder.tokenize(texts[i : i + batch_size], max_length)
+            ids, mask = tokens["input_ids"].to(device), tokens["attention_mask"].to(device)
+            hidden = run_layers(encoder, layers[:n], encoder.backbone.embeddings(input_ids=ids), mask).cpu()
+            # The attended positions, wherever the tokenizer padded (right for BERT, left for some
+            # checkpoints): stored right-aligned, they are what pad_states right-pads again.
+            out += [h[m.bool()] for h, m in zip(hidden, mask.cpu(), strict=True)]
+    finally:
+        encoder.train(was_training)
     return out
 
 

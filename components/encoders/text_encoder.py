@@ -220,11 +220,13 @@ class TextEncoder(nn.Module):
         device = next(self.parameters()).device
         forward = self._compiled or self
         out = []
-        for i in range(0, len(texts), batch_size):
-            batch = self.tokenize(texts[i : i + batch_size], max_length)
-            out.append(forward(batch["input_ids"].to(device), batch["attention_mask"].to(device)))
-        if was_training:
-            self.train()
+        try:
+            for i in range(0, len(texts), batch_size):
+                batch = self.tokenize(texts[i : i + batch_size], max_length)
+                out.append(forward(batch["input_ids"].to(device), batch["attention_mask"].to(device)))
+        finally:  # a failed batch (too long a text) must not leave a training encoder in eval mode
+            if was_training:
+                self.train()
         return torch.cat(out) if out else torch.empty(0, self.dim)
 
     def save(self, path: str) -> None:

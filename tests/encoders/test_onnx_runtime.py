@@ -28,7 +28,13 @@ def scratch_encoder(**extra: int) -> TextEncoder:
     return TextEncoder.from_spec(spec, TEXTS * 5, seed=0)
 
 
-@pytest.mark.parametrize("extra", [{}, {"ngram_buckets": 512, "ngram_order": 3}], ids=["bert", "hybrid"])
+@pytest.mark.parametrize(
+    "extra",
+    # Order 12: longer than the export's sample text and than "x" or "" (3 and 2 tokens): the
+    # exported graph must not keep only the orders its sample had, nor misread the short texts.
+    [{}, {"ngram_buckets": 512, "ngram_order": 3}, {"ngram_buckets": 512, "ngram_order": 12}],
+    ids=["bert", "hybrid", "hybrid-long-ngrams"],
+)
 def test_onnx_gives_the_vectors_pytorch_gives_at_any_batch_and_length(extra):
     encoder = scratch_encoder(**extra)
     expected = encoder.encode(TEXTS, batch_size=3)  # batches of 3 and 1, padded to different lengths

@@ -42,6 +42,17 @@ def test_encoder_shapes_and_padding_invariance(pooling, ngram_buckets):
     torch.testing.assert_close(alone[0], padded[0], atol=1e-5, rtol=1e-4)
 
 
+def test_a_failed_encode_leaves_a_training_encoder_in_training_mode():
+    # encode() runs in eval mode and puts training back; a batch that fails (too long for the
+    # position table) must not leave dropout off for the rest of a training run.
+    enc = TextEncoder.from_spec(TINY, TEXTS).train()
+    with pytest.raises(ValueError, match="exceeds the backbone's"):
+        enc.encode(["weather"], max_length=enc.max_positions + 1)
+    assert enc.training and all(m.training for m in enc.modules())
+    enc.encode(["weather"])
+    assert enc.training
+
+
 @pytest.mark.parametrize("ngram_buckets", [0, 512])
 def test_save_load_round_trip_uses_safetensors(tmp_path, ngram_buckets):
     enc = TextEncoder.from_spec(EncoderSpec(**{**TINY.__dict__, "ngram_buckets": ngram_buckets}), TEXTS)

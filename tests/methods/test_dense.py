@@ -132,6 +132,8 @@ def test_the_ngram_bag_rides_in_the_checkpoint_and_the_artifact(trained, small_q
     loaded = load(str(tmp_path / "artifact"))
     assert loaded.model.encoder.ngrams is not None
     assert_same_rankings(method, loaded, small_quickstart)
+    # Loaded to be served: eval mode for good (a replica's calls never toggle dropout).
+    assert not any(m.training for m in loaded.model.modules())
 
 
 def test_zero_shot_needs_no_id_head():
@@ -216,6 +218,29 @@ def test_cached_lower_states_give_the_loss_of_the_full_forward(small_quickstart,
     assert ("tool_states" in batch) == (tool_vectors == "batch")
     with torch.no_grad():
         torch.testing.assert_close(cached.loss(model, batch), plain.loss(model, plain.collate(items)))
+
+
+def test_a_left_padding_tokenizer_keeps_every_tool_token_in_a_batch(small_quickstart, tmp_path):
+    # Tool texts are tokenized once, padded to the corpus's longest, and each batch cuts that
+    # padding down to its own longest: on the side the tokenizer padded, or real tokens go.
+    params = BiEncoderParams(encoder=TINY_ENCODER, tool_vectors="batch")
+    initial_bi_encoder(params, small_quickstart, str(tmp_path / "init"), seed=0)
+    inputs = StageInputs(small_quickstart, str(tmp_path / "init"))
+    items = None
+    for side in ("right", "left"):
+        task = ContrastiveTask(StageConfig.from_params(contrastive.TASK, "contrastive", params, inputs))
+        model = task.build_model()
+        model.encoder.tokenizer.padding_side = side
+        task._tokens = model.encoder.tokenize(task._tool_texts, params.tool_max_length)
+        lengths = task._tokens["attention_mask"].sum(1)
+        # A batch without the corpus's longest tool: its padding is cut, the case at stake.
+        items = items or [i for i in task.train_data() if lengths[i[1]] < lengths.max()][:24]
+        batch = task.collate(items)
+        assert batch["tool_mask"].shape[1] < task._tokens["attention_mask"].shape[1]
+        unique = torch.unique(torch.tensor([p for _, p, _ in items]))
+        kept = batch["tool_ids"][batch["tool_mask"].bool()]
+        whole = task._tokens["input_ids"][unique][task._tokens["attention_mask"][unique].bool()]
+        assert torch.equal(kept, whole), side  # the same real tokens, in order, none cut
 
 
 def test_the_mix_is_the_one_that_scores_best_on_valid(trained, small_quickstart):

@@ -109,7 +109,9 @@ class DenseMethod(BiEncoderRetriever):
         config.pop("method")
         config = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
         method = cls(**config)
-        method.model = BiEncoder.load(os.path.join(path, "model"))
+        # A loaded model is served: eval mode for good, so no call toggles dropout on and off (one
+        # thread's train() mid-way through another's forward would make its vectors random).
+        method.model = BiEncoder.load(os.path.join(path, "model")).eval()
         method.mix = mix
         method.tool_ids = tool_ids
         method._tools = torch.from_numpy(np.load(os.path.join(path, "tool_embeddings.npy")))
