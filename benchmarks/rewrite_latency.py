@@ -32,7 +32,7 @@ from components.data import open_dataset
 from components.methods.querygen.method import QueryGenMethod
 from components.serving.calibration import find_calibration
 from components.serving.deploy import apply_serve_env, deploy_config, serve_config
-from components.serving.models import calibrate_artifact
+from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
 from components.serving.rewriter import QueryGenRewriter
 from components.training.spec import RunSpec
 from workflows.ray_env import init_ray
@@ -131,8 +131,8 @@ def main() -> None:
     data = open_dataset(args.data)
     bm25 = train_artifacts(data, work, 1, keys=("bm25",))["bm25"]
     detector_file = os.path.join(work, "detector.json")
-    if find_calibration(detector_file, bm25) is None:
-        calibrate_artifact(bm25, args.data, detector_file)
+    if find_calibration(detector_file, bm25, DEFAULT_ENCODER_RUNTIME) is None:
+        calibrate_artifact(bm25, args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
     artifacts = {e: querygen_artifact(os.path.abspath(args.data), bm25, work, e) for e in args.engines}
     queries = list(data.split_queries("test").values())
     rows = []

@@ -120,8 +120,8 @@ def start(
     detector_file = os.path.join(work, "detector.json")
     artifacts = train_artifacts(data, work, dense_epochs=0, keys=keys, dense=MINILM)
     for path in artifacts.values():
-        if find_calibration(detector_file, path) is None:
-            calibrate_artifact(path, data_path, detector_file)
+        if find_calibration(detector_file, path, DEFAULT_ENCODER_RUNTIME) is None:
+            calibrate_artifact(path, data_path, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
     return settings, data, artifacts, detector_file
 
 

@@ -749,15 +749,17 @@ def main() -> None:
         artifacts["dense"] = os.path.abspath(resolve(args.dense)) if args.dense else artifacts["dense"]
         artifacts.setdefault("bm25_v2", artifacts["bm25"])
         for key in ("bm25", "bm25_v2", "dense"):
-            if find_calibration(detector_file, artifacts[key]) is None:
-                calibrate_artifact(artifacts[key], args.data, detector_file)
+            if find_calibration(detector_file, artifacts[key], DEFAULT_ENCODER_RUNTIME) is None:
+                calibrate_artifact(
+                    artifacts[key], args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME
+                )
     named = dict(entry.split("=", 1) for entry in args.artifact)
     artifacts.update(method_artifacts(data, work, [m for m in args.methods if m != "bm25"]))
     artifacts.update({name: os.path.abspath(resolve(path)) for name, path in named.items()})
     catalog = os.path.abspath(args.data)
     scenarios = [method_flags(name, artifacts, catalog, detector_file) for name in [*args.methods, *named]]
     for _, flags in scenarios:
-        if find_calibration(detector_file, flags["artifact"]) is None:
+        if find_calibration(detector_file, flags["artifact"], DEFAULT_ENCODER_RUNTIME) is None:
             calibrate_artifact(
                 flags["artifact"], args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME
             )

@@ -50,7 +50,8 @@ def main() -> None:
 
     rows, baselines = [], {}
     for runtime in RUNTIMES:
-        detector = DetectorModel(artifact, detector_file, encoder_runtime=runtime)
+        # Each runtime's own threshold, fitted on its own scores on valid (kept in the file).
+        detector = DetectorModel(artifact, detector_file, args.data, encoder_runtime=runtime)
         retriever = RetrieverModel(artifact, runtime)
         baselines[runtime] = in_process(detector, retriever, queries, args.seconds)
         rows.append(row("in-process: detect→retrieve", {"encoder_runtime": runtime}, baselines[runtime]))

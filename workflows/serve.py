@@ -59,14 +59,15 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
         args.setdefault("splits", splits)
     # A registry URI is calibrated for the version it names now: the one the app will pin.
     artifact = resolve(args.get("detector_artifact") or args["artifact"], args.get("registry"))
-    if find_calibration(args["detector_file"], artifact) is not None or has_detect(artifact):
+    runtime = args.get("encoder_runtime") or DEFAULT_ENCODER_RUNTIME  # what the replicas will run
+    found = find_calibration(args["detector_file"], artifact, runtime, args.get("lm_engine"))
+    if found is not None or has_detect(artifact):
         return args
     if not data:
         raise ValueError(
-            f"{artifact} has no detect() and {args['detector_file']} no threshold for it: "
-            "pass --data to calibrate one on its valid split"
+            f"{artifact} has no detect() and {args['detector_file']} no threshold for it on encoder "
+            f"runtime {runtime!r}: pass --data to calibrate one on its valid split"
         )
-    runtime = args.get("encoder_runtime") or DEFAULT_ENCODER_RUNTIME  # what the replicas will run
     detector = calibrate_artifact(
         artifact, data, args["detector_file"], splits, runtime, args.get("lm_engine"), args.get("lm_endpoint")
     )

@@ -140,26 +140,52 @@ def calibrate_scores(tool: np.ndarray, no_tool: np.ndarray, balanced: bool = Tru
 
 
 def read_calibrations(path: str) -> dict[str, dict[str, Any]]:
-    """Every calibration in a detector file, by artifact key (empty if the file does not exist)."""
+    """Every calibration in a detector file, by :func:`calibration_key` (empty if the file does not
+    exist)."""
     if not os.path.exists(path):
         return {}
     with open(path) as f:
         return json.load(f).get("calibrations", {})
 
 
-def find_calibration(path: str | None, artifact: str) -> ScoreThreshold | None:
-    """The calibration stored for ``artifact`` in ``path``, if any."""
+def calibration_key(artifact: str, encoder_runtime: str, lm_engine: str | None) -> str:
+    """The key of ``artifact``'s calibration when it is served on ``encoder_runtime`` and
+    ``lm_engine``, where those move its scores: int8 ONNX moves a dense model's cosines (by up to
+    ~0.05), another engine a generative model's scores, so a threshold fitted on one is not the
+    threshold of the other. A method without text encoders (BM25) or without an LM keeps one entry
+    whatever the setting (``-``); ``lm_engine`` None is the engine the artifact was saved with."""
+    from components.methods import artifact_method, method_class
+
+    capabilities = method_class(artifact_method(artifact)[1]).capabilities
+    runtime = encoder_runtime if "text_encoders" in capabilities else "-"
+    engine = (lm_engine or "saved") if "generate" in capabilities else "-"
+    return f"{artifact_key(artifact)}|{runtime}|{engine}"
+
+
+def find_calibration(
+    path: str | None, artifact: str, encoder_runtime: str, lm_engine: str | None = None
+) -> ScoreThreshold | None:
+    """The calibration stored for ``artifact`` scored on ``encoder_runtime`` / ``lm_engine``, if any."""
     if not path:
         return None
-    entry = read_calibrations(path).get(artifact_key(artifact))
+    entry = read_calibrations(path).get(calibration_key(artifact, encoder_runtime, lm_engine))
     return ScoreThreshold(**entry["detector"]) if entry else None
 
 
-def save_calibration(path: str, artifact: str, detector: ScoreThreshold) -> None:
-    """Add (or replace) ``artifact``'s calibration in ``path``; written atomically (replicas may read it)."""
+def save_calibration(
+    path: str,
+    artifact: str,
+    detector: ScoreThreshold,
+    encoder_runtime: str,
+    lm_engine: str | None = None,
+) -> None:
+    """Add (or replace) ``artifact``'s calibration for the given runtime and engine in ``path``;
+    written atomically (replicas may read it)."""
     calibrations = read_calibrations(path)
-    calibrations[artifact_key(artifact)] = {
+    calibrations[calibration_key(artifact, encoder_runtime, lm_engine)] = {
         "artifact": os.path.abspath(resolve(artifact)),
+        "encoder_runtime": encoder_runtime,
+        "lm_engine": lm_engine,
         "detector": asdict(detector),
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -139,17 +139,19 @@ class DetectorModel:
             self.kind = "method"
             return
         self.kind = "score_threshold"
-        self.threshold = find_calibration(detector_file, self.artifact)
+        scoring = (encoder_runtime, lm_engine)  # the calibration must be of the scores served here
+        self.threshold = find_calibration(detector_file, self.artifact, *scoring)
         if self.threshold is None:
             if not calibration_data:
                 raise ValueError(
                     f"{self.version} has no detect(); calibrate a threshold first (toolscout serve "
                     f"--calibrate-only) or give calibration_data; {detector_file or 'no detector file'} "
-                    "has no entry for it"
+                    f"has no entry for it scored on encoder runtime {encoder_runtime!r}, LM engine "
+                    f"{lm_engine or 'default'!r}"
                 )
             self.threshold = calibrate(self.method, open_dataset(calibration_data, splits))
             if detector_file:
-                save_calibration(detector_file, self.artifact, self.threshold)
+                save_calibration(detector_file, self.artifact, self.threshold, *scoring)
 
     @property
     def decision_threshold(self) -> float:
@@ -180,12 +182,12 @@ def calibrate_artifact(
     """Calibrate ``artifact``'s threshold detector on ``data`` and store it (``None``: it has ``detect``).
 
     The scores are those of the encoder runtime and LM engine the replicas will serve on (int8 moves
-    them a little); the file keys calibrations by artifact, so a changed runtime should be calibrated
-    afresh.
+    them a little); the file keys calibrations by artifact, runtime and engine, so a replica on
+    another runtime finds no threshold fitted on other scores.
     """
     method = load_method(resolve(artifact), encoder_runtime, lm_engine, lm_endpoint)
     if "detect" in method.capabilities:
         return None
     detector = calibrate(method, open_dataset(data, splits))
-    save_calibration(detector_file, artifact, detector)
+    save_calibration(detector_file, artifact, detector, encoder_runtime, lm_engine)
     return detector

@@ -83,7 +83,7 @@ def test_serving_moves_a_saved_decoder_to_the_engine_the_app_names(model_dir, tm
     from components.serving.app import ServeArgs, user_configs
     from components.serving.calibration import ScoreThreshold, save_calibration
     from components.serving.deployments import Detector
-    from components.serving.models import RetrieverModel
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME, RetrieverModel
 
     corpus = {t: {"text": x} for t, x in TOOLS.items()}
     saved = tmp_path / "artifact"
@@ -105,7 +105,12 @@ def test_serving_moves_a_saved_decoder_to_the_engine_the_app_names(model_dir, tm
     # The Detector's threshold scores with the same decoder: on the same engine, never a second one.
     assert configs["Detector"]["lm_engine"] == "llama.cpp"
     detector_file = str(tmp_path / "detector.json")
-    save_calibration(detector_file, str(saved), ScoreThreshold(0.5, 1.0, 0.0, 1.0, 1, 1))
+    fitted = ScoreThreshold(0.5, 1.0, 0.0, 1.0, 1, 1)
+    # Kept per LM engine: the threshold was fitted on scores of the engine the replica decodes on.
+    save_calibration(detector_file, str(saved), fitted, DEFAULT_ENCODER_RUNTIME, "transformers")
+    with pytest.raises(ValueError, match=r"LM engine 'llama\.cpp'"):
+        asyncio.run(Detector().reconfigure({**configs["Detector"], "detector_file": detector_file}))
+    save_calibration(detector_file, str(saved), fitted, DEFAULT_ENCODER_RUNTIME, "llama.cpp")
     detector = Detector()
     asyncio.run(detector.reconfigure({**configs["Detector"], "detector_file": detector_file}))
     assert detector.model.method.params.engine == "llama.cpp"

@@ -10,6 +10,7 @@ from components.methods import REGISTRY
 from components.methods.bm25.method import BM25Method
 from components.registry import resolve
 from components.serving.calibration import (
+    ScoreThreshold,
     artifact_key,
     best_threshold,
     calibrate,
@@ -58,7 +59,7 @@ def test_logistic_fit_is_monotone_and_calibrated_on_separable_data():
 
 def test_calibration_separates_tool_from_chitchat(bm25_versions, dataset):
     v1 = bm25_versions["default"]
-    stored = find_calibration(bm25_versions["detector_file"], v1)
+    stored = find_calibration(bm25_versions["detector_file"], v1, "torch")
     assert stored is not None and stored.accuracy > 0.7 and stored.balanced
     assert stored.n_tool == len(dataset.qrels["valid"]) and stored.n_no_tool == len(
         dataset.neg_split["valid"]
@@ -79,10 +80,30 @@ def test_each_version_has_its_own_entry(bm25_versions):
     champion = resolve("models:/bm25@champion", bm25_versions["registry"])
     assert model_version(champion) == "bm25/v2"  # a registry version's dir names its version
     a, b = (
-        find_calibration(bm25_versions["detector_file"], v1),
-        find_calibration(bm25_versions["detector_file"], v2),
+        find_calibration(bm25_versions["detector_file"], v1, "torch"),
+        find_calibration(bm25_versions["detector_file"], v2, "torch"),
     )
     assert a is not None and b is not None and a != b
+
+
+def test_a_threshold_is_kept_per_encoder_runtime_where_the_runtime_moves_the_scores(
+    bm25_versions, duplicated_dense, tmp_path
+):
+    # A dense model's cosines move with its runtime (int8 ONNX by up to ~0.05): a threshold fitted
+    # on one runtime's scores is not found for another, and a replica there refuses to guess.
+    file = str(tmp_path / "d.json")
+    dense = duplicated_dense["artifact"]
+    fitted = ScoreThreshold(0.5, 1.0, 0.0, 1.0, 1, 1)
+    save_calibration(file, dense, fitted, "onnx")
+    assert find_calibration(file, dense, "onnx") == fitted
+    assert (
+        find_calibration(file, dense, "onnx-int8") is None and find_calibration(file, dense, "torch") is None
+    )
+    with pytest.raises(ValueError, match="no entry for it scored on encoder runtime 'torch'"):
+        DetectorModel(dense, file, encoder_runtime="torch")
+    # BM25 has no text encoder: its one threshold serves on every runtime.
+    save_calibration(file, bm25_versions["default"], fitted, "torch")
+    assert find_calibration(file, bm25_versions["default"], "onnx-int8") == fitted
 
 
 def test_uncalibrated_artifact_without_data_is_a_clear_error(bm25_versions, tmp_path):
@@ -93,7 +114,7 @@ def test_uncalibrated_artifact_without_data_is_a_clear_error(bm25_versions, tmp_
 def test_calibrating_in_the_replica_writes_the_file(bm25_versions, serving_data, tmp_path):
     file = str(tmp_path / "d.json")
     detector = DetectorModel(bm25_versions["lucene"], file, calibration_data=serving_data)
-    assert find_calibration(file, bm25_versions["lucene"]) == detector.threshold
+    assert find_calibration(file, bm25_versions["lucene"], "torch") == detector.threshold
 
 
 class _BM25WithDetect(BM25Method):
@@ -136,7 +157,7 @@ def test_serving_decides_at_the_calibrated_cut_off_not_at_probability_one_half(b
     fitted = calibrate_scores(tool, no_tool)
     assert abs(fitted.intercept) > 0.3  # the case at hand: P(threshold) is not 0.5
     detector_file = str(tmp_path / "detector.json")
-    save_calibration(detector_file, bm25_versions["default"], fitted)
+    save_calibration(detector_file, bm25_versions["default"], fitted, "torch")
     detector = DetectorModel(bm25_versions["default"], detector_file)
     decided = fitted.probability(np.concatenate([tool, no_tool])) >= detector.decision_threshold
     assert (decided == (np.concatenate([tool, no_tool]) >= fitted.threshold)).all()

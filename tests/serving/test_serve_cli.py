@@ -53,8 +53,8 @@ def test_calibrate_only_writes_the_detector_file(bm25_versions, serving_data, tm
     )
     assert result.exit_code == 0, result.output
     champion = resolve("models:/bm25@champion", bm25_versions["registry"])
-    assert "calibrated" in result.output and find_calibration(str(file), champion) is not None
-    assert find_calibration(str(file), bm25_versions["default"]) is None  # only the version it serves
+    assert "calibrated" in result.output and find_calibration(str(file), champion, "onnx") is not None
+    assert find_calibration(str(file), bm25_versions["default"], "onnx") is None  # only the version it serves
 
 
 def test_uncalibrated_without_data_is_a_clear_error(bm25_versions, serving_data, tmp_path):
