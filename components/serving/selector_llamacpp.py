@@ -98,6 +98,8 @@ class LlamaCppSelector:
         model: ``smollm2-135m`` or a ``.gguf`` path (:class:`components.generative.llamacpp.LlamaCppLM`).
         n_threads: CPU threads (a replica given one CPU should say 1).
         max_tokens: Token budget of one call's JSON.
+        weights: How the GGUF's weights run: ``file`` (as stored) or a re-encoding such as ``q8_0``
+            (:data:`components.generative.llamacpp.WEIGHTS`).
     """
 
     # Decoding is compute-bound: a batch's requests are decoded one after the other.
@@ -110,9 +112,10 @@ class LlamaCppSelector:
         n_threads: int | None = None,
         n_ctx: int = 2048,
         max_tokens: int = 160,
+        weights: str = "file",
     ) -> None:
         self.catalog, self.max_tokens = catalog, max_tokens
-        self.lm = LlamaCppLM(model=model, n_ctx=n_ctx, n_threads=n_threads)
+        self.lm = LlamaCppLM(model=model, n_ctx=n_ctx, n_threads=n_threads, weights=weights)
         self.lm.llm()  # load in the replica's constructor, not on the first request
 
     def prompt(self, query: str, history: list[str], tools: list[Tool]) -> str:
