@@ -11,7 +11,7 @@ For 1 and 2 llama.cpp threads, in this process, nothing else running, all format
   and 20 single-token decode steps after it;
 - ``--queries`` ToolLens test queries rewritten one by one with query generation's system prompt,
   token cap and newline stop (arXiv 2412.03573's zero-shot rewriter, as ``LlamaCppLM.rewrite``
-  runs it), twice, the formats alternated so that a slow spell of the machine hits each;
+  prompts it), twice, the formats alternated so that a slow spell of the machine hits each;
 - the llama.cpp selector choosing among BM25's top 5 for ``--select`` of those queries under its
   call grammar (its prompt lists the 5 tools: prompt-heavy where a rewrite is decode-heavy);
   ``hit_rate``: the share whose chosen tool is a relevant one;
@@ -63,7 +63,8 @@ def token_costs(lm: LlamaCppLM) -> dict[str, float]:
 
 
 def rewrites(lm: LlamaCppLM, queries: list[str]) -> tuple[list[str], dict]:
-    """Each query rewritten once as the engine does (newline stop): the kept lines and figures."""
+    """Each query rewritten once with the engine's prompt, cap and newline stop (without
+    ``rewrite_line``'s retry of an answer that opens with a line break): the kept lines and figures."""
     system, cap = QueryGenParams.system_prompt, QueryGenParams.max_new_tokens
     llm, lines, seconds, prompt_tokens, completion_tokens = lm.llm(), [], [], [], []
     for query in queries:
@@ -183,7 +184,7 @@ def main() -> None:
             )
         if threads == max(args.threads):  # what the rewrites do to retrieval, once
             quality_rows(lms, bm25, qrels, {q: test[q] for q in ids[: args.quality]}, threads, add)
-        del lms  # one pair of models in memory at a time
+        del lms  # one set of models in memory at a time
         chosen = {
             w: selector_in_process(args.data, bm25, queries[: args.select], threads, weights=w)
             for w in WEIGHTS

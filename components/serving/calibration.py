@@ -153,7 +153,10 @@ def calibration_key(artifact: str, encoder_runtime: str, lm_engine: str | None) 
     ``lm_engine``, where those move its scores: int8 ONNX moves a dense model's cosines (by up to
     ~0.05), another engine a generative model's scores, so a threshold fitted on one is not the
     threshold of the other. A method without text encoders (BM25) or without an LM keeps one entry
-    whatever the setting (``-``); ``lm_engine`` None is the engine the artifact was saved with."""
+    whatever the setting (``-``); ``lm_engine`` None is the engine the artifact was saved with.
+    The method's class decides, not the loaded instance (the key is read before anything loads):
+    a query-generation artifact is keyed per runtime even over BM25, and an engine named
+    explicitly is its own entry even when it is the saved one. Both only cost a calibration."""
     from components.methods import artifact_method, method_class
 
     capabilities = method_class(artifact_method(artifact)[1]).capabilities
@@ -168,8 +171,21 @@ def find_calibration(
     """The calibration stored for ``artifact`` scored on ``encoder_runtime`` / ``lm_engine``, if any."""
     if not path:
         return None
-    entry = read_calibrations(path).get(calibration_key(artifact, encoder_runtime, lm_engine))
+    calibrations = read_calibrations(path)
+    key = calibration_key(artifact, encoder_runtime, lm_engine)
+    entry = calibrations.get(key)
+    if entry is None and key.endswith("|-|-"):
+        # A file written before calibrations were kept per runtime and engine keyed them by the
+        # artifact alone: for a method whose scores neither moves (BM25) that entry still holds.
+        entry = calibrations.get(artifact_key(artifact))
     return ScoreThreshold(**entry["detector"]) if entry else None
+
+
+def has_legacy_calibration(path: str | None, artifact: str) -> bool:
+    """Whether ``path`` holds ``artifact``'s calibration in the format keyed by artifact alone
+    (before runtimes and engines were part of the key), which a method with text encoders or an LM
+    cannot trust: it was fitted on scores of a runtime no one recorded."""
+    return bool(path) and artifact_key(artifact) in read_calibrations(str(path))
 
 
 def save_calibration(
@@ -180,16 +196,20 @@ def save_calibration(
     lm_engine: str | None = None,
 ) -> None:
     """Add (or replace) ``artifact``'s calibration for the given runtime and engine in ``path``;
-    written atomically (replicas may read it)."""
-    calibrations = read_calibrations(path)
-    calibrations[calibration_key(artifact, encoder_runtime, lm_engine)] = {
-        "artifact": os.path.abspath(resolve(artifact)),
-        "encoder_runtime": encoder_runtime,
-        "lm_engine": lm_engine,
-        "detector": asdict(detector),
-    }
+    written atomically (replicas may read it) and under a file lock (replicas calibrating at once
+    would each write the file they read, dropping one another's entries)."""
+    from filelock import FileLock
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"kind": "score_threshold", "calibrations": calibrations}, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    with FileLock(f"{path}.lock"):
+        calibrations = read_calibrations(path)
+        calibrations[calibration_key(artifact, encoder_runtime, lm_engine)] = {
+            "artifact": os.path.abspath(resolve(artifact)),
+            "encoder_runtime": encoder_runtime,
+            "lm_engine": lm_engine,
+            "detector": asdict(detector),
+        }
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"kind": "score_threshold", "calibrations": calibrations}, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)

@@ -18,6 +18,7 @@ from components.serving.calibration import (
     ScoreThreshold,
     calibrate,
     find_calibration,
+    has_legacy_calibration,
     model_version,
     save_calibration,
     top1_scores,
@@ -143,11 +144,17 @@ class DetectorModel:
         self.threshold = find_calibration(detector_file, self.artifact, *scoring)
         if self.threshold is None:
             if not calibration_data:
+                older = (
+                    " (its entry predates calibrations kept per encoder runtime and LM engine: "
+                    "calibrate again)"
+                    if has_legacy_calibration(detector_file, self.artifact)
+                    else ""
+                )
                 raise ValueError(
                     f"{self.version} has no detect(); calibrate a threshold first (toolscout serve "
                     f"--calibrate-only) or give calibration_data; {detector_file or 'no detector file'} "
                     f"has no entry for it scored on encoder runtime {encoder_runtime!r}, LM engine "
-                    f"{lm_engine or 'default'!r}"
+                    f"{lm_engine or 'as saved'!r}{older}"
                 )
             self.threshold = calibrate(self.method, open_dataset(calibration_data, splits))
             if detector_file:

@@ -4,6 +4,7 @@ same predictions as the shipped file, and clear errors for what cannot be re-enc
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +43,11 @@ def test_a_re_encoding_is_written_once_into_the_cache_and_the_file_runs_as_store
     assert (weights_file("smollm2-135m", "q8_0"), os.stat(q8).st_mtime_ns) == written
     # A user's own GGUF file is re-encoded the same way when asked.
     assert weights_file(shipped, "q8_0") == q8
+    # A writer killed mid-way leaves its temporary file: the next writer removes it.
+    stale = Path(q8).parent / f".{Path(q8).stem}-killed.gguf"
+    stale.write_bytes(b"half a file")
+    os.remove(q8)
+    assert weights_file("smollm2-135m", "q8_0") == q8 and os.path.exists(q8) and not stale.exists()
 
 
 def next_token_logits(path_weights: str, prompts: list[str]) -> np.ndarray:

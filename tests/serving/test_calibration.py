@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
@@ -104,6 +107,22 @@ def test_a_threshold_is_kept_per_encoder_runtime_where_the_runtime_moves_the_sco
     # BM25 has no text encoder: its one threshold serves on every runtime.
     save_calibration(file, bm25_versions["default"], fitted, "torch")
     assert find_calibration(file, bm25_versions["default"], "onnx-int8") == fitted
+
+
+def test_a_detector_file_from_before_runtime_keys_still_serves_bm25_only(
+    bm25_versions, duplicated_dense, tmp_path
+):
+    # The older format keyed entries by artifact alone: BM25's scores never moved with a runtime,
+    # so its entry holds; a dense entry was fitted on some runtime's cosines no one recorded.
+    bm25, dense = bm25_versions["default"], duplicated_dense["artifact"]
+    fitted = ScoreThreshold(0.5, 1.0, 0.0, 1.0, 1, 1)
+    old = {k: {"artifact": k, "detector": asdict(fitted)} for k in (artifact_key(bm25), artifact_key(dense))}
+    file = tmp_path / "old.json"
+    file.write_text(json.dumps({"kind": "score_threshold", "calibrations": old}))
+    assert find_calibration(str(file), bm25, "onnx") == fitted
+    assert find_calibration(str(file), dense, "onnx") is None
+    with pytest.raises(ValueError, match="predates calibrations kept per encoder runtime and LM engine"):
+        DetectorModel(dense, str(file), encoder_runtime="torch")
 
 
 def test_uncalibrated_artifact_without_data_is_a_clear_error(bm25_versions, tmp_path):

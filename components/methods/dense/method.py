@@ -84,13 +84,13 @@ class DenseMethod(BiEncoderRetriever):
             raise ValueError(f"dense has stages {self.stages}, not {stage!r}")
         if self.params.epochs == 0:
             # Zero-shot: a pretrained encoder as it ships (e.g. ``encoder: minilm``), no training.
-            self.model = build_bi_encoder(self.params, data, run.seed)
+            self.model = build_bi_encoder(self.params, data, run.seed).eval()
             return {"mix": self.mix, "stage_seconds": 0.0}
         init_dir = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
         self.initial_model(data, init_dir, run.seed)
         config = self.stage_config(share(init_dir, run, f"{run.name}-init"), ray.put(data))
         result = run_stage(config, run)
-        self.model = BiEncoder.load(result.model_dir)
+        self.model = BiEncoder.load(result.model_dir).eval()  # used from here on, as a loaded one is
         self.select_mix(data)
         return {**result.metrics, "mix": self.mix, "stage_seconds": result.seconds}
 
