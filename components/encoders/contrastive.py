@@ -47,6 +47,12 @@ class ContrastiveTask:
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
         self.tool_ids: list[str] = list(self.data.corpus)
         self.tool_index = {t: i for i, t in enumerate(self.tool_ids)}
+        # Tools no training query needs (in the cold-start split: the held-out ones, standing for
+        # tools added later) are not candidates in training: scored against every tool each epoch,
+        # they would be pushed down as negatives, a bias against exactly the tools cold start
+        # measures (MassTool's joint stage masks them the same way).
+        trained = {t for rel in self.data.qrels["train"].values() for t, s in rel.items() if s > 0}
+        self._untrained = torch.tensor([t not in trained for t in self.tool_ids])
         self._tool_texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
         self._tokens: dict[str, torch.Tensor] | None = None
         self._query_states: dict[str, torch.Tensor] = {}  # text -> states after the frozen layers
@@ -104,8 +110,9 @@ class ContrastiveTask:
         relevant_id[:, self._id_row[seen]] = relevant[:, seen]
         batch |= {"id_target": self._id_row[positives], "relevant_id": relevant_id}
         if self.params.tool_vectors == "epoch":
-            # Scored against every tool's vector of this epoch: the target is the corpus index.
-            return batch | {"target": positives, "relevant_batch": relevant}
+            # Scored against every tool's vector of this epoch: the target is the corpus index. The
+            # untrained tools join the masked keys (never a target, so never a negative either).
+            return batch | {"target": positives, "relevant_batch": relevant | self._untrained}
         unique, target = torch.unique(positives, return_inverse=True)
         batch |= {"target": target, "relevant_batch": relevant[:, unique]}
         if self._tool_states:

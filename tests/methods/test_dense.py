@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import LOCAL_MODE, TINY_ENCODER
 
 from components.encoders import contrastive
@@ -241,6 +242,33 @@ def test_a_left_padding_tokenizer_keeps_every_tool_token_in_a_batch(small_quicks
         kept = batch["tool_ids"][batch["tool_mask"].bool()]
         whole = task._tokens["input_ids"][unique][task._tokens["attention_mask"][unique].bool()]
         assert torch.equal(kept, whole), side  # the same real tokens, in order, none cut
+
+
+def test_tools_no_training_query_needs_are_not_negatives_when_scored_against_every_tool(
+    small_quickstart, tmp_path
+):
+    # Cold start holds tools out of training; with tool_vectors "epoch" every query is scored
+    # against every tool, and a held-out tool in that softmax is pushed down as a negative.
+    held_out = sorted(small_quickstart.corpus)[:5]
+    train = {q: rel for q, rel in small_quickstart.qrels["train"].items() if not set(rel) & set(held_out)}
+    data = replace(small_quickstart, qrels={**small_quickstart.qrels, "train": train})
+    params = BiEncoderParams(encoder=TINY_ENCODER, tool_vectors="epoch", id_head=False)
+    initial_bi_encoder(params, data, str(tmp_path / "init"), seed=0)
+    task = ContrastiveTask(
+        StageConfig.from_params(
+            contrastive.TASK, "contrastive", params, StageInputs(data, str(tmp_path / "init"))
+        )
+    )
+    model = task.build_model().eval()
+    task.start_epoch(model, 0)
+    batch = task.collate(task.train_data()[:24])
+    with torch.no_grad():
+        before = task.loss(model, batch)
+        rows = [task.tool_index[t] for t in held_out]
+        task._tool_vectors[rows] = F.normalize(torch.randn(len(rows), task._tool_vectors.shape[1]), dim=-1)
+        assert torch.equal(task.loss(model, batch), before)  # their vectors take no part
+        task._tool_vectors[task.tool_index[sorted(set(small_quickstart.corpus) - set(held_out))[0]]] *= -1
+        assert not torch.equal(task.loss(model, batch), before)  # a trained tool's vector does
 
 
 def test_the_mix_is_the_one_that_scores_best_on_valid(trained, small_quickstart):
