@@ -29,6 +29,8 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
     queries = dataset.split_queries(split)
     results = method.retrieve(queries, max(ks))
     metrics = evaluate_retrieval(dataset.qrels[split], results, ks)
+    if split == "test_unseen":
+        metrics |= {f"new_{k}": v for k, v in new_tool_metrics(dataset, results, ks).items()}
     negatives = dataset.neg_split.get(split, [])
     if "detect" in method.capabilities and negatives:
         qrels = dataset.qrels[split]
@@ -41,6 +43,25 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
         metrics |= {f"detect_{k}": v for k, v in det.items()}
     metrics["eval_seconds"] = time.perf_counter() - started
     return metrics
+
+
+def new_tool_metrics(
+    dataset: Dataset, results: dict[str, dict[str, float]], ks: tuple[int, ...]
+) -> dict[str, float]:
+    """``test_unseen``'s rankings scored on its new tools alone (the ``new_*`` metrics).
+
+    Each query there needs at least one tool no training query needs, and most of its other
+    judgements are of seen companions (on ToolLens, most of the split's relevant pairs): its plain
+    recall mixes finding the new tools with finding those. Here each query keeps only its
+    judgements of tools without a training edge, so the figure is about the new tools.
+    """
+    trained = {t for rel in dataset.qrels.get("train", {}).values() for t, s in rel.items() if s > 0}
+    new = {
+        q: {t: s for t, s in rel.items() if t not in trained}
+        for q, rel in dataset.qrels["test_unseen"].items()
+    }
+    new = {q: rel for q, rel in new.items() if any(s > 0 for s in rel.values())}
+    return evaluate_retrieval(new, results, ks) if new else {}
 
 
 def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
