@@ -33,9 +33,11 @@ import time
 
 from benchmarks.rewrite_latency import selector_in_process
 from benchmarks.serve_load import summary, train_artifacts
+from components import methods
 from components.data import open_dataset
 from components.generative.llamacpp import LlamaCppLM
 from components.generative.text import first_line
+from components.methods.base import Method
 from components.methods.querygen.params import QueryGenParams
 from components.metrics import evaluate_retrieval, paired_bootstrap, per_query
 from workflows.report import md_table, write_report
@@ -128,11 +130,9 @@ def table_row(result: dict) -> list[str]:
     ]
 
 
-def retrieval_quality(bm25: str, qrels: dict, texts: dict[str, str]) -> tuple[dict, dict]:
+def retrieval_quality(bm25: Method, qrels: dict, texts: dict[str, str]) -> tuple[dict, dict]:
     """BM25's recall@3 / ndcg@3 on ``texts`` (query id -> text), and its per-query recall@3."""
-    from components import methods
-
-    results = methods.load(bm25).retrieve(texts, 10)
+    results = bm25.retrieve(texts, 10)
     judged = {qid: qrels[qid] for qid in texts}
     scores = evaluate_retrieval(judged, results, ks=(3,))
     return {k: scores[k] for k in ("recall@3", "ndcg@3")}, per_query(judged, results, "recall@3")
@@ -209,11 +209,12 @@ def main() -> None:
 def quality_rows(lms: dict, bm25: str, qrels: dict, texts: dict[str, str], threads: int, add) -> None:
     """BM25 on the original queries and on each format's rewrites of them (the rewrite alone, no
     fusion), with the paired bootstrap interval of each re-encoding's recall@3 minus the file's."""
+    retriever = methods.load(bm25)  # once, for the original queries and every format's rewrites
     scores, per = {}, {}
-    scores["original"], per["original"] = retrieval_quality(bm25, qrels, texts)
+    scores["original"], per["original"] = retrieval_quality(retriever, qrels, texts)
     for w, lm in lms.items():
         lines = lm.rewrite(QueryGenParams.system_prompt, list(texts.values()), QueryGenParams.max_new_tokens)
-        scores[w], per[w] = retrieval_quality(bm25, qrels, dict(zip(texts, lines, strict=True)))
+        scores[w], per[w] = retrieval_quality(retriever, qrels, dict(zip(texts, lines, strict=True)))
     for w, metrics in scores.items():
         diff = paired_bootstrap(per["file"], per[w]) if w not in ("file", "original") else {}
         extra = {f"diff_{k}": v for k, v in diff.items()}

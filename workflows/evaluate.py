@@ -55,7 +55,7 @@ def new_tool_metrics(
     recall mixes finding the new tools with finding those. Here each query keeps only its
     judgements of tools without a training edge, so the figure is about the new tools.
     """
-    trained = {t for rel in dataset.qrels.get("train", {}).values() for t, s in rel.items() if s > 0}
+    trained = dataset.trained_tools()
     new = {
         q: {t: s for t, s in rel.items() if t not in trained}
         for q, rel in dataset.qrels["test_unseen"].items()

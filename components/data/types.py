@@ -50,6 +50,11 @@ class Dataset:
             raise KeyError(f"dataset {self.name!r} has no split {split!r}; it has {sorted(self.qrels)}")
         return {qid: self.queries[qid] for qid in self.qrels[split]}
 
+    def trained_tools(self) -> set[str]:
+        """Tools some training query needs (a positive ``train`` judgement); in the cold-start split
+        every other tool stands for one added after training. Empty without a train split."""
+        return {t for rel in self.qrels.get("train", {}).values() for t, s in rel.items() if s > 0}
+
     def summary(self) -> dict[str, int]:
         """Row counts for manifests and logs."""
         out = {"tools": len(self.corpus), "queries": len(self.queries), "neg_queries": len(self.neg_queries)}

@@ -51,7 +51,7 @@ class ContrastiveTask:
         # tools added later) are not candidates in training: scored against every tool each epoch,
         # they would be pushed down as negatives, a bias against exactly the tools cold start
         # measures (MassTool's joint stage masks them the same way).
-        trained = {t for rel in self.data.qrels["train"].values() for t, s in rel.items() if s > 0}
+        trained = self.data.trained_tools()
         self._untrained = torch.tensor([t not in trained for t in self.tool_ids])
         self._tool_texts = tool_texts(self.data.corpus, self.tool_ids, self.params.tool_fields)
         self._tokens: dict[str, torch.Tensor] | None = None

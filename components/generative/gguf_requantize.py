@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import io
 import logging
 import os
@@ -27,23 +26,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from components.generative.packaged import cache_root
+from components.generative.packaged import cache_root, file_digest
 
 # The types a GGUF may be re-encoded to, by config name -> llama.cpp's file-type constant name.
 TARGETS = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
-
-
-def file_digest(path: Path) -> str:
-    """A short digest of ``path``: name, size, modification time, first and last MiB (a 100 MB
-    file is not read whole; a file rewritten in place gets a new time, so a new re-encoding)."""
-    stat = path.stat()
-    size = stat.st_size
-    digest = hashlib.sha256(f"{path.name}:{size}:{stat.st_mtime_ns}".encode())
-    with open(path, "rb") as f:
-        digest.update(f.read(1 << 20))
-        f.seek(max(0, size - (1 << 20)))
-        digest.update(f.read())
-    return digest.hexdigest()[:12]
 
 
 def requantized(source: str | os.PathLike[str], target: str) -> Path:
@@ -59,7 +45,9 @@ def requantized(source: str | os.PathLike[str], target: str) -> Path:
     source = Path(source)
     if not source.is_file():
         raise FileNotFoundError(f"GGUF re-encoding: no file at {source}")
-    out = cache_root() / "gguf" / f"{source.stem}-{file_digest(source)}.{target}.gguf"
+    # The modification time too: a file rewritten in place gets a new re-encoding.
+    digest = file_digest(source, str(source.stat().st_mtime_ns))
+    out = cache_root() / "gguf" / f"{source.stem}-{digest}.{target}.gguf"
     if out.exists():
         return out
     from filelock import FileLock

@@ -82,18 +82,24 @@ def packaged_gguf(name: str, packaged: PackagedGGUF) -> Path:
     return gguf
 
 
-def cache_key(name: str, version: str, gguf: Path) -> str:
-    """The cache directory's name for ``gguf``: the LM, its package version, and a digest of the
-    file (name, size, first and last MiB) and of the transformers version that converts it."""
-    from importlib.metadata import version as installed
-
-    size = gguf.stat().st_size
-    digest = hashlib.sha256(f"{gguf.name}:{size}:{installed('transformers')}".encode())
-    with open(gguf, "rb") as f:
+def file_digest(path: Path, salt: str) -> str:
+    """A short digest of ``path`` and ``salt``: the file's name, size, first and last MiB (a 100 MB
+    file is not read whole)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{path.name}:{size}:{salt}".encode())
+    with open(path, "rb") as f:
         digest.update(f.read(1 << 20))
         f.seek(max(0, size - (1 << 20)))
         digest.update(f.read())
-    return f"{name}-{version}-{digest.hexdigest()[:12]}"
+    return digest.hexdigest()[:12]
+
+
+def cache_key(name: str, version: str, gguf: Path) -> str:
+    """The cache directory's name for ``gguf``: the LM, its package version, and a digest of the
+    file and of the transformers version that converts it."""
+    from importlib.metadata import version as installed
+
+    return f"{name}-{version}-{file_digest(gguf, installed('transformers'))}"
 
 
 def publish(tmp: Path, target: Path) -> None:

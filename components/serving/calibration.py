@@ -157,12 +157,17 @@ def calibration_key(artifact: str, encoder_runtime: str, lm_engine: str | None) 
     The method's class decides, not the loaded instance (the key is read before anything loads):
     a query-generation artifact is keyed per runtime even over BM25, and an engine named
     explicitly is its own entry even when it is the saved one. Both only cost a calibration."""
+    return "|".join((artifact_key(artifact), *scoring(artifact, encoder_runtime, lm_engine)))
+
+
+def scoring(artifact: str, encoder_runtime: str, lm_engine: str | None) -> tuple[str, str]:
+    """(runtime, engine) as far as they move ``artifact``'s scores (see :func:`calibration_key`)."""
     from components.methods import artifact_method, method_class
 
     capabilities = method_class(artifact_method(artifact)[1]).capabilities
     runtime = encoder_runtime if "text_encoders" in capabilities else "-"
     engine = (lm_engine or "saved") if "generate" in capabilities else "-"
-    return f"{artifact_key(artifact)}|{runtime}|{engine}"
+    return runtime, engine
 
 
 def find_calibration(
@@ -172,9 +177,8 @@ def find_calibration(
     if not path:
         return None
     calibrations = read_calibrations(path)
-    key = calibration_key(artifact, encoder_runtime, lm_engine)
-    entry = calibrations.get(key)
-    if entry is None and key.endswith("|-|-"):
+    entry = calibrations.get(calibration_key(artifact, encoder_runtime, lm_engine))
+    if entry is None and scoring(artifact, encoder_runtime, lm_engine) == ("-", "-"):
         # A file written before calibrations were kept per runtime and engine keyed them by the
         # artifact alone: for a method whose scores neither moves (BM25) that entry still holds.
         entry = calibrations.get(artifact_key(artifact))

@@ -140,8 +140,8 @@ class DetectorModel:
             self.kind = "method"
             return
         self.kind = "score_threshold"
-        scoring = (encoder_runtime, lm_engine)  # the calibration must be of the scores served here
-        self.threshold = find_calibration(detector_file, self.artifact, *scoring)
+        served_on = (encoder_runtime, lm_engine)  # the calibration must be of the scores served here
+        self.threshold = find_calibration(detector_file, self.artifact, *served_on)
         if self.threshold is None:
             if not calibration_data:
                 older = (
@@ -158,7 +158,7 @@ class DetectorModel:
                 )
             self.threshold = calibrate(self.method, open_dataset(calibration_data, splits))
             if detector_file:
-                save_calibration(detector_file, self.artifact, self.threshold, *scoring)
+                save_calibration(detector_file, self.artifact, self.threshold, *served_on)
 
     @property
     def decision_threshold(self) -> float:
