@@ -474,6 +474,22 @@ def test_sparse_propagation_gradient_is_the_dense_one(small_quickstart, graphs):
     assert not dense[0].any() and not dense[:, 2].any()
 
 
+def test_sparse_propagation_runs_in_fp32_under_cpu_bf16_autocast(small_quickstart, graphs):
+    # train.precision bf16 on a CPU run: autocast cast the product's operands to bf16, for which
+    # the CPU's sparse CSR product has no kernel, and the joint stage failed in its first step.
+    model = tiny_model(small_quickstart, graphs, layers=2, edge_dropout=0.0).eval()
+    gcn = model.gcn
+    n = graphs.n_queries + graphs.n_tools
+    x = torch.randn(n, 16, requires_grad=True)
+    with torch.no_grad():
+        expected = gcn.propagate(x, gcn.tool_edges, None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = gcn.propagate(x.bfloat16(), gcn.tool_edges, None)
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32
+    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.02)  # bf16 input, fp32 product
+
+
 def test_propagation_follows_edges_rewritten_in_place(small_quickstart, graphs):
     # load_state_dict copies a checkpoint's edges into the same buffer: the cached layout must not survive.
     model = tiny_model(small_quickstart, graphs, layers=1, edge_dropout=0.0).eval()

@@ -37,17 +37,21 @@ class SymmetricSpMM(torch.autograd.Function):
 
     The backward is ``adj @ grad`` (adjᵀ = adj). Torch's own backward of a CSR product builds the
     transpose every step, which made a LightGCN step on ToolLens's graph twice as slow on CPU.
-    The product runs in fp32 (under bf16 autocast the input may be bf16; the graph is small).
+    The product runs in fp32 (under bf16 autocast the input may be bf16; the graph is small), with
+    autocast off: CPU autocast would cast the operands back to bf16, and the CPU's sparse CSR
+    product has no bf16 kernel (``train.precision: bf16`` on a CPU run failed in its first step).
     """
 
     @staticmethod
     def forward(ctx: Any, adj: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         ctx.adj, ctx.dtype = adj, x.dtype
-        return adj @ x.float()
+        with torch.autocast(x.device.type, enabled=False):
+            return adj @ x.float()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        return None, (ctx.adj @ grad.float()).to(ctx.dtype)
+        with torch.autocast(grad.device.type, enabled=False):
+            return None, (ctx.adj @ grad.float()).to(ctx.dtype)
 
 
 def normalized_adjacency(
