@@ -7,7 +7,8 @@ about 5 minutes through MiniLM on 2 cores, against about 30 s for an epoch of th
 own training. With this cache a sweep pays for each embedding once.
 
 The key is content, not a name: a hash of every weight of the encoder (so a fine-tuned or
-different encoder never reads another's vectors), its pooling, and per call its runtime, n-gram
+different encoder never reads another's vectors), its tokenizer's vocabulary and settings (two
+tokenizers of one size split texts differently), its pooling, and per call its runtime, n-gram
 order and the sequence length texts are cut at (the encoder's own when the call names none: a
 sweep over ``max_length`` read the first trial's vectors), and the exact texts of the call. A hit
 returns exactly what :meth:`TextEncoder.encode` returned when the entry was written. Entries are
@@ -18,8 +19,10 @@ half-written file.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,16 +30,37 @@ import torch
 from components.encoders.text_encoder import TextEncoder
 
 
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The tokenizer as text: a fast tokenizer's definition (vocabulary, normaliser, pre-tokeniser,
+    special tokens) without the truncation and padding of its last call (the call's own settings
+    key each entry), else its sorted vocabulary and special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        definition = json.loads(backend.to_str())
+        return json.dumps(
+            {k: v for k, v in definition.items() if k not in ("truncation", "padding")}, sort_keys=True
+        )
+    return repr((sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens))
+
+
 def encoder_fingerprint(encoder: TextEncoder) -> str:
-    """A hash of the encoder's weights, tokenizer size, pooling and runtime (~0.1 s for MiniLM)."""
+    """A hash of the encoder's weights, tokenizer, pooling and runtime (~0.1 s for MiniLM)."""
     digest = hashlib.sha256()
-    about = (type(encoder.backbone).__name__, len(encoder.tokenizer), encoder.pooling, encoder.runtime)
+    about = (type(encoder.backbone).__name__, encoder.pooling, encoder.runtime)
     digest.update(repr(about).encode())
+    digest.update(tokenizer_fingerprint(encoder.tokenizer).encode())
     for name, tensor in sorted(encoder.state_dict().items()):
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(repr((name, str(flat.dtype), tuple(tensor.shape))).encode())
         digest.update(flat.view(torch.uint8).numpy().data)
     return digest.hexdigest()[:24]
+
+
+def weight_versions(encoder: TextEncoder) -> tuple[int, ...]:
+    """The version counters of the encoder's tensors: PyTorch bumps one at every in-place change
+    (an optimizer step, ``load_state_dict``'s copy, ``p.add_``), so a changed tuple means weights
+    that the fingerprint taken earlier no longer describes."""
+    return tuple(t._version for t in encoder.state_dict(keep_vars=True).values())
 
 
 def call_settings(encoder: TextEncoder, max_length: int | None) -> tuple:
@@ -59,17 +83,18 @@ def texts_key(texts: list[str], settings: tuple) -> str:
 class EmbeddingCache:
     """Embeddings of a frozen encoder under ``root/<encoder fingerprint>/<texts key>.npy``.
 
-    The fingerprint is taken once, when the cache is opened for an encoder; :meth:`encode` checks
-    that the encoder was not put back into training since (a stage that fine-tunes it must not
-    use a cache).
+    The fingerprint is taken when the cache is opened for an encoder and again when its weights
+    change in place (new weights loaded into the same modules: their own directory); :meth:`encode`
+    checks that the encoder was not put back into training since (a stage that fine-tunes it must
+    not use a cache).
     """
 
     def __init__(self, root: str, encoder: TextEncoder) -> None:
         if any(p.requires_grad for p in encoder.parameters()):
             raise ValueError("an embedding cache needs a frozen encoder (requires_grad False everywhere)")
         self.encoder = encoder
-        self.dir = os.path.join(os.path.abspath(root), encoder_fingerprint(encoder))
-        os.makedirs(self.dir, exist_ok=True)
+        self.root = os.path.abspath(root)
+        self._open()
         self.hits = 0
         self.misses = 0
 
@@ -77,6 +102,8 @@ class EmbeddingCache:
         """``encoder.encode(texts, max_length=max_length)`` on the CPU, read from disk when cached."""
         if any(p.requires_grad for p in self.encoder.parameters()):
             raise RuntimeError("the cached encoder was unfrozen after the cache was opened")
+        if weight_versions(self.encoder) != self._versions:
+            self._open()  # weights changed in place since the fingerprint: key them anew
         path = os.path.join(self.dir, texts_key(texts, call_settings(self.encoder, max_length)) + ".npy")
         if os.path.exists(path):
             self.hits += 1
@@ -88,3 +115,8 @@ class EmbeddingCache:
             np.save(f, out.numpy())
         os.replace(tmp, path)
         return out
+
+    def _open(self) -> None:
+        self._versions = weight_versions(self.encoder)
+        self.dir = os.path.join(self.root, encoder_fingerprint(self.encoder))
+        os.makedirs(self.dir, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -70,3 +71,38 @@ def test_an_encoder_that_trains_cannot_use_a_cache(tmp_path):
     enc.requires_grad_(True)
     with pytest.raises(RuntimeError, match="unfrozen"):
         cache.encode(TEXTS)
+
+
+def test_weights_changed_in_place_after_opening_are_keyed_anew(tmp_path):
+    # A cache opened before a checkpoint's weights are loaded into the same modules (or any other
+    # in-place change) must not serve the vectors of the weights it was opened with.
+    enc = frozen(0)
+    cache = EmbeddingCache(str(tmp_path), enc)
+    before = cache.encode(TEXTS, 8)
+    with torch.no_grad():
+        enc.load_state_dict(frozen(0.01).state_dict())
+    after = cache.encode(TEXTS, 8)
+    torch.testing.assert_close(after, enc.encode(TEXTS, max_length=8), atol=0, rtol=0)
+    assert not torch.equal(after, before) and cache.misses == 2
+    assert cache.dir == EmbeddingCache(str(tmp_path), enc).dir  # the directory of the new weights
+
+
+def test_a_tokenizer_of_the_same_size_with_another_vocabulary_is_another_encoder(tmp_path):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    enc = frozen(0)
+    definition = json.loads(enc.tokenizer.backend_tokenizer.to_str())
+    vocab = definition["model"]["vocab"]
+    a, b = [t for t in sorted(vocab) if not t.startswith(("[", "#"))][:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two tokens swap ids: same size, other splits' ids
+    swapped = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(definition)),
+        **{
+            k: getattr(enc.tokenizer, k)
+            for k in ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+        },
+    )
+    assert len(swapped) == len(enc.tokenizer)
+    other = TextEncoder(enc.backbone, swapped, enc.pooling, enc.max_length, enc.ngrams)
+    assert EmbeddingCache(str(tmp_path), other).dir != EmbeddingCache(str(tmp_path), enc).dir
