@@ -29,6 +29,7 @@ from components.data.types import Dataset
 from components.generative import sequences as td
 from components.generative.bundle import load_bundle, save_bundle
 from components.generative.constrained import Hits, constrained_top_k
+from components.generative.hallucination import OutputParser, generate_outputs, outputs_to_results
 from components.generative.lm import lm_spec_from
 from components.generative.lora import add_lora, is_adapted, save_adapter_beside
 from components.generative.params import CodeLMParams
@@ -176,12 +177,29 @@ class CodeLMTask:
         return sum(bool(h) and h[0][0] == t for t, h in zip(docs, hits, strict=True)) / max(len(docs), 1)
 
     def retrieval_metrics(self, model: TargetedLM) -> dict[str, float]:
-        """Constrained retrieval on (a prefix of) the valid queries: recall@3/5, ndcg@3."""
+        """Retrieval on (a prefix of) the valid queries, decoded as ``decoding`` serves them
+        (constrained beams, or free beams whose outputs name a tool or nothing): recall@3/5, ndcg@3."""
         qrels = dict(list(self.data.qrels["valid"].items())[: self.params.valid_queries])
         qids = list(qrels)
         prompts = [self.prompter.retrieval(self.data.queries[q], self.params.query_max_length) for q in qids]
-        hits = self.top_k(model, prompts, 5)
-        metrics = evaluate_retrieval(qrels, {q: dict(h) for q, h in zip(qids, hits, strict=True)}, (3, 5))
+        if self.params.decoding == "unconstrained":
+            # The model ``decoding: unconstrained`` serves is the one whose free beams rank best,
+            # invented tools and all; ranking checkpoints by the trie would choose another.
+            parser = OutputParser(self.codebook, self.tokenizer, td.tool_names(self.data.corpus, self.tools))
+            outputs = generate_outputs(
+                model.lm,
+                self.tokenizer,
+                prompts,
+                parser,
+                num_beams=max(self.params.num_beams, 5),
+                max_new_tokens=self.params.free_max_new_tokens,
+                batch_size=max(1, self.params.eval_batch_size // 2),
+            )
+            results = outputs_to_results(qids, outputs, 5)
+        else:
+            hits = self.top_k(model, prompts, 5)
+            results = {q: dict(h) for q, h in zip(qids, hits, strict=True)}
+        metrics = evaluate_retrieval(qrels, results, (3, 5))
         return {m: metrics[m] for m in EPOCH_METRICS}
 
     def agent_accuracy(self, model: TargetedLM) -> float:

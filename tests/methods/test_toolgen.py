@@ -187,6 +187,29 @@ def test_the_benchmarks_free_decoding_rows_score_the_tools_named(trained, quicks
     assert next(r for r in rows if r["split"] == "test")["metrics"] == expected
 
 
+def test_checkpoints_are_ranked_by_the_decoding_that_is_served(trained, quickstart_1200):
+    # decoding: unconstrained serves free beams; ranking that model's checkpoints by trie-constrained
+    # retrieval chose the checkpoint another decoder does best with.
+    method, _, _ = trained
+    data = quickstart_1200
+    # After memorization alone the LM's free beams often name no tool for a query; the trie's do.
+    stage_dir = method.stage_dirs["memorization"]
+    scores = {}
+    for decoding in ("constrained", "unconstrained"):
+        params = {**TINY_PARAMS, "decoding": decoding, "valid_queries": 80}
+        task = ToolGenTask(ToolGenMethod(**params).stage_config("retrieval", stage_dir, data))
+        scores[decoding] = task.retrieval_metrics(task.build_model().eval())
+        served = ToolGenMethod.from_dir(stage_dir, params)
+        served.index(data.corpus)
+        qrels = dict(list(data.qrels["valid"].items())[:80])
+        queries = {q: data.queries[q] for q in qrels}
+        expected = evaluate_retrieval(qrels, served.retrieve(queries, 5), (3, 5))
+        assert scores[decoding] == pytest.approx({m: expected[m] for m in scores[decoding]}, abs=1e-9), (
+            decoding
+        )
+    assert scores["constrained"] != scores["unconstrained"]  # else the two decoders could not disagree
+
+
 def test_candidates_narrow_retrieval(trained, quickstart_1200):
     method, _, _ = trained
     qid, query = next(iter(quickstart_1200.split_queries("test").items()))
