@@ -24,6 +24,7 @@ from safetensors.torch import load_model, save_model
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from components.training.batches import EvenBatches
 from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT, persist
 from components.training.parallel import (
     WholeModel,
@@ -109,27 +110,23 @@ def build_optimizer(model: torch.nn.Module, config: StageConfig, task: StageTask
 def make_loader(
     task: StageTask, config: StageConfig, world: int, generator: torch.Generator, rank: int = 0
 ) -> DataLoader:
-    """Shuffled batches of ``batch_size // world`` per worker (the global batch is ``batch_size``
-    when the worker count divides it).
+    """Shuffled batches of at most ``batch_size // world`` per worker (the global batch is
+    ``batch_size`` when the worker count divides it), as even as :class:`EvenBatches` makes them.
 
     With several workers each gets its own shard from a ``DistributedSampler`` seeded with the
-    run's seed (Ray's ``prepare_data_loader`` would add one seeded 0, ignoring ``seed``).
+    run's seed (Ray's ``prepare_data_loader`` would add one seeded 0, ignoring ``seed``). No
+    example is dropped: a one-epoch stage (a query-generation alignment round) never saw the up
+    to ``batch_size - 1`` examples that ``drop_last`` left out.
     """
     data = task.train_data()
-    sampler = None
     if world > 1:
-        sampler = torch.utils.data.DistributedSampler(
+        order: torch.utils.data.Sampler[int] = torch.utils.data.DistributedSampler(
             data, num_replicas=world, rank=rank, shuffle=True, seed=int(config.seed)
         )
-    return DataLoader(
-        data,
-        batch_size=max(1, int(config.batch_size) // world),
-        shuffle=sampler is None,
-        sampler=sampler,
-        drop_last=True,
-        collate_fn=task.collate,
-        generator=generator if sampler is None else None,
-    )
+    else:
+        order = torch.utils.data.RandomSampler(data, generator=generator)
+    batches = EvenBatches(order, max(1, int(config.batch_size) // world))
+    return DataLoader(data, batch_sampler=batches, collate_fn=task.collate)
 
 
 def run_epoch(
@@ -171,11 +168,8 @@ def run_epoch(
             optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     if not losses:
-        # drop_last with fewer examples than a batch: a silent no-op epoch would report loss 0.
-        raise ValueError(
-            f"{config.stage}: no full training batch (batch_size {config.batch_size}); "
-            "lower batch_size or add training data"
-        )
+        # No training example at all: a silent no-op epoch would report loss 0.
+        raise ValueError(f"{config.stage}: no training examples in this epoch; add training data")
     model.eval()
     metrics = {f"valid_{k}": float(v) for k, v in task.validate(whole(model)).items()}
     return metrics | {
@@ -263,7 +257,7 @@ def _train(config: StageConfig) -> None:
     for epoch in range(start, int(config.epochs)):
         generator.manual_seed(int(config.seed) * 1000 + epoch)
         if world > 1:
-            loader.sampler.set_epoch(epoch)
+            loader.batch_sampler.set_epoch(epoch)
         _chaos(config, epoch)
         metrics = run_epoch(
             task, model, optimizer, loader, config, epoch, rank == 0 and bool(config.progress), whole

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from components.encoders.retriever import BiEncoderParams
 from components.training.checkpoints import latest, persisted
-from components.training.loop import run_epoch
+from components.training.loop import make_loader, run_epoch
 from components.training.resume import check_resumable, settings_fingerprint
 from components.training.spec import StageConfig, StageInputs
 from components.training.task import StageTask
@@ -70,8 +70,38 @@ def test_stage_config_rejects_bad_settings():
 def test_an_epoch_without_a_batch_is_an_error_not_loss_zero():
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.AdamW(model.parameters())
-    with pytest.raises(ValueError, match="no full training batch"):
+    with pytest.raises(ValueError, match="no training examples"):
         run_epoch(_NoOpTask(), model, optimizer, [], stage(batch_size=64), 0, show_bar=False)
+
+
+class _CountingTask(StageTask):
+    """Ten examples; records every example a batch carries."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def train_data(self) -> list[int]:
+        return list(range(10))
+
+    def collate(self, items: list[int]) -> dict[str, torch.Tensor]:
+        return {"x": torch.tensor(items, dtype=torch.float32)}
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.seen += batch["x"].long().tolist()
+        return model(batch["x"][:, None]).sum()
+
+
+def test_an_epoch_trains_on_every_example_the_last_batch_smaller():
+    # A one-epoch stage (an alignment round) never sees what the loader drops: 10 examples in
+    # batches of 4 lost 2 to drop_last; kept as a last batch of 2, they would weigh as much as 4.
+    task = _CountingTask()
+    config = stage(batch_size=4, epochs=1)
+    loader = make_loader(task, config, world=1, generator=torch.Generator().manual_seed(0))
+    assert [len(b["x"]) for b in loader] == [4, 3, 3]  # all ten, no runt batch
+    model = torch.nn.Linear(1, 1)
+    task.validate = lambda m: {}
+    run_epoch(task, model, torch.optim.AdamW(model.parameters()), loader, config, 0, show_bar=False)
+    assert sorted(task.seen) == list(range(10))
 
 
 def write_checkpoint(root, name, epoch, state_text=None, model_files=("weights.safetensors",)):
