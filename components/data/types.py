@@ -55,6 +55,21 @@ class Dataset:
         every other tool stands for one added after training. Empty without a train split."""
         return {t for rel in self.qrels.get("train", {}).values() for t, s in rel.items() if s > 0}
 
+    def known_tools(self) -> list[str]:
+        """Tools that exist at training time, in corpus order: all but those only a ``test_unseen``
+        split mentions. In the cold-start split every query needing a held-out tool moved to
+        ``test_unseen``: those tools stand for tools added after training, so nothing trained
+        (a tokenizer's vocabulary, an LM's tool tokens, a code) may be built from them."""
+        seen = {
+            t
+            for name, split in self.qrels.items()
+            if name != "test_unseen"
+            for rel in split.values()
+            for t in rel
+        }
+        unseen = {t for rel in self.qrels.get("test_unseen", {}).values() for t in rel} - seen
+        return [t for t in self.corpus if t not in unseen]
+
     def summary(self) -> dict[str, int]:
         """Row counts for manifests and logs."""
         out = {"tools": len(self.corpus), "queries": len(self.queries), "neg_queries": len(self.neg_queries)}

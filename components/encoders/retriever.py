@@ -121,11 +121,13 @@ def initial_bi_encoder(params: BiEncoderParams, data: Dataset, path: str, seed: 
 
 
 def build_bi_encoder(params: BiEncoderParams, data: Dataset, seed: int) -> BiEncoder:
-    """Train the tokenizer on tools + training queries (or load the pretrained one) and build the
-    bi-encoder, with an ID row per training tool when ``params.id_head``. A zero-shot dataset (no
-    train split, e.g. LiveMCPBench) has no training queries and no training tools."""
+    """Train the tokenizer on the tools known at training time + training queries (or load the
+    pretrained one) and build the bi-encoder, with an ID row per training tool when
+    ``params.id_head``. A zero-shot dataset (no train split, e.g. LiveMCPBench) has no training
+    queries and no training tools. The cold-start split's held-out tools stand for tools added
+    later, so their words are not in a scratch tokenizer's vocabulary (they were, until 2026-11-30)."""
     train = data.qrels.get("train", {})
-    texts = tool_texts(data.corpus, list(data.corpus), params.tool_fields)
+    texts = tool_texts(data.corpus, data.known_tools(), params.tool_fields)
     texts += [data.queries[q] for q in train]
     torch.manual_seed(seed)  # the ID head is initialised here, also on top of a hub backbone
     encoder = TextEncoder.from_spec(spec_from(params.encoder), texts, seed=seed)

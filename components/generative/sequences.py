@@ -45,23 +45,6 @@ def tool_names(corpus: Corpus, ids: Iterable[str]) -> dict[str, str]:
     return {t: r.name for t, r in tool_records(corpus, ids).items()}
 
 
-def known_tools(data: Dataset) -> list[str]:
-    """Tools that exist at training time: all but those only a ``test_unseen`` split mentions.
-
-    In the cold-start split every query needing a held-out tool moved to ``test_unseen``, so those
-    tools get their tokens only when indexed after training (as a newly added tool would).
-    """
-    seen = {
-        t
-        for name, split in data.qrels.items()
-        if name != "test_unseen"
-        for rel in split.values()
-        for t in rel
-    }
-    unseen = {t for rel in data.qrels.get("test_unseen", {}).values() for t in rel} - seen
-    return [t for t in data.corpus if t not in unseen]
-
-
 class Prompter:
     """Token sequences for each format, bound to one tokenizer."""
 

@@ -55,7 +55,7 @@ class CodeLMTask:
         data = config.inputs.dataset
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
         self.seed = int(config.seed)
-        self.tools = td.known_tools(self.data)
+        self.tools = self.data.known_tools()
         self.examples: list[LMExample] = []
 
     def build_model(self) -> TargetedLM:

@@ -111,7 +111,7 @@ class CodeLMMethod(CodeLMStages):
             self._model = TargetedLM(self._lm)
         self._prompter = td.Prompter(self._tokenizer)
         if data is not None:
-            self._code(data.corpus, td.known_tools(data))
+            self._code(data.corpus, data.known_tools())
 
     def _code(self, corpus: Corpus, tools: list[str]) -> list[str]:
         """:meth:`add_codes`, unless that would grow the vocabulary of an LM a vLLM server holds."""

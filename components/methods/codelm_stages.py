@@ -63,7 +63,7 @@ class CodeLMStages:
         if spec.name_or_path:
             return spec.name_or_path
         path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-init")
-        texts = td.warmup_texts(data, td.known_tools(data), self.params.tool_fields, None, run.seed)
+        texts = td.warmup_texts(data, data.known_tools(), self.params.tool_fields, None, run.seed)
         lm, tokenizer = build_causal_lm(spec, texts, seed=run.seed)
         save_causal_lm(lm, tokenizer, path)
         return path

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from conftest import LOCAL_MODE, TINY_ENCODER
 
+from components.data.splits import prepare_splits
 from components.encoders import contrastive
 from components.encoders.bi_encoder import BiEncoder, contrastive_loss
 from components.encoders.contrastive import ContrastiveTask
-from components.encoders.retriever import BiEncoderParams, initial_bi_encoder, score_matrix
+from components.encoders.retriever import BiEncoderParams, build_bi_encoder, initial_bi_encoder, score_matrix
 from components.methods import load
 from components.methods.dense.method import DenseMethod
 from components.metrics import evaluate_retrieval
@@ -288,3 +289,25 @@ def test_the_mix_is_the_one_that_scores_best_on_valid(trained, small_quickstart)
         method.mix = chosen
     assert report["mix"] == chosen == max(scores, key=lambda m: (scores[m], m))  # ties: the larger mix
     assert len(set(scores.values())) > 1  # the mixes score differently here, so the choice is tested
+
+
+def test_a_scratch_tokenizer_learns_no_word_of_a_held_out_tool(small_quickstart):
+    # Cold start: held-out tools stand for tools added after training; a tokenizer whose vocabulary
+    # holds their words (it was trained on the whole corpus) makes them easier than a new tool is.
+    cold = prepare_splits(small_quickstart, mode="cold_start", unseen_fraction=0.2, seed=0)
+    held_out = sorted(set(cold.corpus) - set(cold.known_tools()))
+    assert held_out
+    corpus = dict(cold.corpus)
+    tool = corpus[held_out[0]]
+    # A word no other text has, in the description (a field the tool's text is built from).
+    text = tool["text"].replace("api_description:", "api_description:" + "qzxv " * 40, 1)
+    corpus[held_out[0]] = {**tool, "text": text}
+    params = BiEncoderParams(encoder={**TINY_ENCODER, "vocab_size": 2000}, id_head=False)
+    tokens = {}
+    for name, data in (
+        ("standard", replace(small_quickstart, corpus=corpus)),
+        ("cold", replace(cold, corpus=corpus)),
+    ):
+        tokens[name] = build_bi_encoder(params, data, seed=0).encoder.tokenizer.tokenize("qzxv")
+    assert tokens["standard"] == ["qzxv"]  # learnt where the tool is part of the catalogue
+    assert tokens["cold"] != ["qzxv"]  # only word pieces where it is held out

@@ -111,7 +111,7 @@ class ToolWeaverMethod(CodeLMMethod):
         from components.training.runner import run_stage
 
         p = self.params
-        tools = td.known_tools(data)
+        tools = data.known_tools()
         if p.codebook_size**p.levels < len(tools):
             raise ValueError(
                 f"toolweaver: {len(tools)} tools do not fit in codebook_size^levels = "
