@@ -59,7 +59,8 @@ class Dataset:
         """Tools that exist at training time, in corpus order: all but those only a ``test_unseen``
         split mentions. In the cold-start split every query needing a held-out tool moved to
         ``test_unseen``: those tools stand for tools added after training, so nothing trained
-        (a tokenizer's vocabulary, an LM's tool tokens, a code) may be built from them."""
+        (a tokenizer's vocabulary, an LM's tool tokens, a code) may be built from them. A seen
+        tool that only such queries use is left out with them: the judgements cannot tell it apart."""
         seen = {
             t
             for name, split in self.qrels.items()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from components.encoders.text_encoder import TextEncoder
+from components.encoders.text_encoder import TextEncoder, weight_versions
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -46,7 +46,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 def encoder_fingerprint(encoder: TextEncoder) -> str:
     """A hash of the encoder's weights, tokenizer, pooling and runtime (~0.1 s for MiniLM)."""
     digest = hashlib.sha256()
-    about = (type(encoder.backbone).__name__, encoder.pooling, encoder.runtime)
+    # The side padding goes on moves a BERT's absolute positions: another side, other vectors.
+    padding = encoder.tokenizer.padding_side
+    about = (type(encoder.backbone).__name__, encoder.pooling, encoder.runtime, padding)
     digest.update(repr(about).encode())
     digest.update(tokenizer_fingerprint(encoder.tokenizer).encode())
     for name, tensor in sorted(encoder.state_dict().items()):
@@ -54,13 +56,6 @@ def encoder_fingerprint(encoder: TextEncoder) -> str:
         digest.update(repr((name, str(flat.dtype), tuple(tensor.shape))).encode())
         digest.update(flat.view(torch.uint8).numpy().data)
     return digest.hexdigest()[:24]
-
-
-def weight_versions(encoder: TextEncoder) -> tuple[int, ...]:
-    """The version counters of the encoder's tensors: PyTorch bumps one at every in-place change
-    (an optimizer step, ``load_state_dict``'s copy, ``p.add_``), so a changed tuple means weights
-    that the fingerprint taken earlier no longer describes."""
-    return tuple(t._version for t in encoder.state_dict(keep_vars=True).values())
 
 
 def call_settings(encoder: TextEncoder, max_length: int | None) -> tuple:

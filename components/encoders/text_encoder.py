@@ -15,6 +15,7 @@ between two texts is close to the mean of the channels' similarities.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -77,6 +78,13 @@ class EncoderSpec:
             )
 
 
+def weight_versions(module: nn.Module) -> tuple[int, ...]:
+    """The version counters of ``module``'s parameters and buffers: PyTorch bumps one at each
+    in-place change (an optimizer step, ``load_state_dict``'s copy, ``p.add_``), so a changed
+    tuple means other weights. (A write through ``.data`` is not counted.)"""
+    return tuple(t._version for t in itertools.chain(module.parameters(), module.buffers()))
+
+
 class TextEncoder(nn.Module):
     """Backbone + pooling (+ an optional n-gram bag); ``forward`` maps token ids to one vector per text."""
 
@@ -101,6 +109,7 @@ class TextEncoder(nn.Module):
         # Where encode() runs (see use_runtime); forward, hence training, is always PyTorch.
         self.runtime = "torch"
         self._compiled: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self._exported_from: tuple[int, ...] = ()  # weight_versions() when the graph was exported
 
     @property
     def dim(self) -> int:
@@ -207,6 +216,7 @@ class TextEncoder(nn.Module):
         compiled = onnx_encoder(self, sample, runtime)
         self.eval()  # a served encoder; train() would drop the runtime again
         self._compiled, self.runtime = compiled, runtime
+        self._exported_from = weight_versions(self)
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 256, max_length: int | None = None) -> torch.Tensor:
@@ -217,6 +227,10 @@ class TextEncoder(nn.Module):
         was_training = self.training
         if was_training:
             self.eval()
+        if self._compiled is not None and weight_versions(self) != self._exported_from:
+            # Weights changed in place since the export (a checkpoint loaded into these modules):
+            # the graph holds the old ones, so it is exported again from the new.
+            self.use_runtime(self.runtime)
         device = next(self.parameters()).device
         forward = self._compiled or self
         out = []

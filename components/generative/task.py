@@ -185,7 +185,9 @@ class CodeLMTask:
         if self.params.decoding == "unconstrained":
             # The model ``decoding: unconstrained`` serves is the one whose free beams rank best,
             # invented tools and all; ranking checkpoints by the trie would choose another.
-            parser = OutputParser(self.codebook, self.tokenizer, td.tool_names(self.data.corpus, self.tools))
+            # Every catalog tool is real, as for the served method once it indexes the corpus.
+            names = td.tool_names(self.data.corpus, list(self.data.corpus))
+            parser = OutputParser(self.codebook, self.tokenizer, names)
             outputs = generate_outputs(
                 model.lm,
                 self.tokenizer,

@@ -119,6 +119,8 @@ def make_loader(
     to ``batch_size - 1`` examples that ``drop_last`` left out.
     """
     data = task.train_data()
+    if len(data) == 0:
+        raise ValueError(f"{config.stage}: no training examples; add training data")
     if world > 1:
         order: torch.utils.data.Sampler[int] = torch.utils.data.DistributedSampler(
             data, num_replicas=world, rank=rank, shuffle=True, seed=int(config.seed)

@@ -106,3 +106,11 @@ def test_a_tokenizer_of_the_same_size_with_another_vocabulary_is_another_encoder
     assert len(swapped) == len(enc.tokenizer)
     other = TextEncoder(enc.backbone, swapped, enc.pooling, enc.max_length, enc.ngrams)
     assert EmbeddingCache(str(tmp_path), other).dir != EmbeddingCache(str(tmp_path), enc).dir
+
+
+def test_the_side_padding_goes_on_is_part_of_the_key(tmp_path):
+    # A BERT's absolute positions move with left padding: other vectors for a batch of texts.
+    enc = frozen(0)
+    right = EmbeddingCache(str(tmp_path), enc).dir
+    enc.tokenizer.padding_side = "left"
+    assert EmbeddingCache(str(tmp_path), enc).dir != right

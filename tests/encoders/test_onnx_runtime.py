@@ -47,6 +47,20 @@ def test_onnx_gives_the_vectors_pytorch_gives_at_any_batch_and_length(extra):
     torch.testing.assert_close(encoder.encode(TEXTS[1:2]), expected[1:2], atol=1e-5, rtol=1e-4)
 
 
+def test_weights_loaded_in_place_after_the_export_are_the_ones_encoded():
+    # New weights copied into the same modules (a checkpoint's load_state_dict) while the graph
+    # was exported from the old ones: encode kept answering with the old weights.
+    encoder = scratch_encoder()
+    encoder.use_runtime("onnx")
+    before = encoder.encode(TEXTS)
+    other = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), TEXTS * 5, seed=1)
+    encoder.load_state_dict(other.state_dict())
+    got = encoder.encode(TEXTS)
+    assert encoder.runtime == "onnx"  # exported again, not dropped
+    torch.testing.assert_close(got, other.encode(TEXTS), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got, before, atol=1e-3)
+
+
 def test_training_drops_the_exported_graph_so_encode_follows_the_new_weights():
     encoder = scratch_encoder()
     encoder.use_runtime("onnx")

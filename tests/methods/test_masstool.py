@@ -367,6 +367,17 @@ def test_semantic_cache_key_follows_the_split_content(trained, with_negatives):
     key = method._semantic_key(with_negatives, run.seed)
     assert method._semantic_key(swapped, run.seed) != key
     assert method._semantic_key(with_negatives, run.seed + 1) != key
+    # Same train and valid, one tool held out (only a test_unseen query needs it): the scratch
+    # tokenizer no longer learns its text, so a cached encoder from the full catalogue must not do.
+    tool = sorted(with_negatives.corpus)[0]
+    unseen = {"held-out-query": {tool: 1}}
+    stripped = {
+        s: {q: r for q, r in split.items() if tool not in r} for s, split in with_negatives.qrels.items()
+    }
+    base = replace(with_negatives, qrels=stripped)
+    held = replace(base, qrels={**base.qrels, "test_unseen": unseen})
+    assert base.known_tools() != held.known_tools()
+    assert method._semantic_key(held, run.seed) != method._semantic_key(base, run.seed)
 
 
 def test_retrieval_loss_ignores_masked_non_candidates():
@@ -480,14 +491,18 @@ def test_sparse_propagation_runs_in_fp32_under_cpu_bf16_autocast(small_quickstar
     model = tiny_model(small_quickstart, graphs, layers=2, edge_dropout=0.0).eval()
     gcn = model.gcn
     n = graphs.n_queries + graphs.n_tools
-    x = torch.randn(n, 16, requires_grad=True)
-    with torch.no_grad():
-        expected = gcn.propagate(x, gcn.tool_edges, None)
+    x = torch.randn(n, 16).bfloat16().requires_grad_(True)  # a bf16 input, as autocast hands it
+    reference = x.detach().float().requires_grad_(True)
+    weights = torch.randn(n, 16)
+    (gcn.propagate(reference, gcn.tool_edges, None) * weights).sum().backward()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = gcn.propagate(x.bfloat16(), gcn.tool_edges, None)
-    out.float().sum().backward()
-    assert x.grad is not None and x.grad.dtype == torch.float32
-    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.02)  # bf16 input, fp32 product
+        out = gcn.propagate(x, gcn.tool_edges, None)
+    (out.float() * weights).sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.bfloat16  # the input's own dtype back
+    with torch.no_grad():
+        expected = gcn.propagate(reference, gcn.tool_edges, None)
+    torch.testing.assert_close(out.float(), expected, atol=0.02, rtol=0.02)  # the product in fp32
+    torch.testing.assert_close(x.grad.float(), reference.grad, atol=0.05, rtol=0.02)
 
 
 def test_propagation_follows_edges_rewritten_in_place(small_quickstart, graphs):

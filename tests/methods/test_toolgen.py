@@ -209,6 +209,18 @@ def test_checkpoints_are_ranked_by_the_decoding_that_is_served(trained, quicksta
             decoding
         )
     assert scores["constrained"] != scores["unconstrained"]  # else the two decoders could not disagree
+    # After the retrieval stage free beams name tools: the task's free-decoding score is the served one.
+    params = {**TINY_PARAMS, "decoding": "unconstrained"}
+    task = ToolGenTask(
+        ToolGenMethod(**params).stage_config("retrieval", method.stage_dirs["retrieval"], data)
+    )
+    free = task.retrieval_metrics(task.build_model().eval())
+    served = ToolGenMethod.from_dir(method.stage_dirs["retrieval"], params)
+    served.index(data.corpus)
+    expected = evaluate_retrieval(
+        data.qrels["valid"], served.retrieve(data.split_queries("valid"), 5), (3, 5)
+    )
+    assert free == pytest.approx({m: expected[m] for m in free}, abs=1e-9) and free["ndcg@3"] > 0.2
 
 
 def test_candidates_narrow_retrieval(trained, quickstart_1200):

@@ -91,6 +91,13 @@ class _CountingTask(StageTask):
         return model(batch["x"][:, None]).sum()
 
 
+def test_a_stage_without_training_examples_is_a_clear_error():
+    task = _CountingTask()
+    task.train_data = lambda: []
+    with pytest.raises(ValueError, match="contrastive: no training examples"):
+        make_loader(task, stage(batch_size=4), world=1, generator=torch.Generator())
+
+
 def test_an_epoch_trains_on_every_example_the_last_batch_smaller():
     # A one-epoch stage (an alignment round) never sees what the loader drops: 10 examples in
     # batches of 4 lost 2 to drop_last; kept as a last batch of 2, they would weigh as much as 4.

@@ -41,8 +41,9 @@ JOINT_TASK = "components.methods.masstool.task:MassToolTask"
 
 
 # Bumped when the semantic stage's code changes what it produces for equal settings and data, so
-# that no cached encoder from older code is reused (2: deterministic tokenizer learning).
-SEMANTIC_CACHE_VERSION = 2
+# that no cached encoder from older code is reused (2: deterministic tokenizer learning; 3: even
+# batches instead of drop_last, and a tokenizer learnt from the known tools only).
+SEMANTIC_CACHE_VERSION = 3
 
 TOOL_INDEX = "tool_embeddings.npy"
 QUERY_GRAPH = "query_graph.npy"
@@ -123,7 +124,8 @@ class MassToolMethod:
         """
         # How the tool vectors are searched does not change what the stage trains: index_* stay out.
         trained = {k: v for k, v in asdict(self.params.dense_params()).items() if not k.startswith("index_")}
-        settings = [SEMANTIC_CACHE_VERSION, trained, data.name, seed]
+        # The tools known at training time decide the scratch tokenizer's texts (cold start).
+        settings = [SEMANTIC_CACHE_VERSION, trained, data.name, seed, data.known_tools()]
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
         for split in ("train", "valid"):
             for qid, rel in sorted(data.qrels.get(split, {}).items()):

@@ -137,8 +137,7 @@ class QueryGenMethod:
             inputs=StageInputs(dataset=ray.put(pairs), init_dir=self._generator_source),
             epochs=int(settings["epochs"]),
             lr=float(settings["lr"]),
-            # A round keeps only the queries whose best sample earned a reward, maybe fewer than a batch.
-            batch_size=min(int(settings["batch_size"]), len(pairs.train)),
+            batch_size=int(settings["batch_size"]),  # a round smaller than a batch is one batch
             score="valid_score",
             progress=self.params.progress,
         )
