@@ -125,14 +125,15 @@ def build_bi_encoder(params: BiEncoderParams, data: Dataset, seed: int) -> BiEnc
     pretrained one) and build the bi-encoder, with an ID row per training tool when
     ``params.id_head``. A zero-shot dataset (no train split, e.g. LiveMCPBench) has no training
     queries and no training tools. The cold-start split's held-out tools stand for tools added
-    later, so their words are not in a scratch tokenizer's vocabulary (they were, until 2026-11-30)."""
+    later, so their words are not in a scratch tokenizer's vocabulary. A tool judged 0 by every
+    training query it appears with is no training tool: its ID row would never be a target."""
     train = data.qrels.get("train", {})
     texts = tool_texts(data.corpus, data.known_tools(), params.tool_fields)
     texts += [data.queries[q] for q in train]
     torch.manual_seed(seed)  # the ID head is initialised here, also on top of a hub backbone
     encoder = TextEncoder.from_spec(spec_from(params.encoder), texts, seed=seed)
-    position = {t: i for i, t in enumerate(data.corpus)}
-    train_tools = sorted({t for rel in train.values() for t in rel}, key=position.__getitem__)
+    trained = data.trained_tools()
+    train_tools = [t for t in data.corpus if t in trained]  # corpus order
     return BiEncoder(encoder, train_tools if params.id_head else None)
 
 

@@ -311,3 +311,15 @@ def test_a_scratch_tokenizer_learns_no_word_of_a_held_out_tool(small_quickstart)
         tokens[name] = build_bi_encoder(params, data, seed=0).encoder.tokenizer.tokenize("qzxv")
     assert tokens["standard"] == ["qzxv"]  # learnt where the tool is part of the catalogue
     assert tokens["cold"] != ["qzxv"]  # only word pieces where it is held out
+
+
+def test_a_tool_judged_zero_by_every_training_query_gets_no_id_row(small_quickstart):
+    # An untrained ID row is a random vector that the id and mixed scorings would rank by.
+    qid, rel = next(iter(small_quickstart.qrels["train"].items()))
+    trained = small_quickstart.trained_tools()
+    unused = next(t for t in small_quickstart.corpus if t not in trained)
+    train = {**small_quickstart.qrels["train"], qid: {**rel, unused: 0}}
+    data = replace(small_quickstart, qrels={**small_quickstart.qrels, "train": train})
+    model = build_bi_encoder(BiEncoderParams(encoder=TINY_ENCODER), data, seed=0)
+    assert unused not in model.id_tool_ids
+    assert model.id_tool_ids == [t for t in data.corpus if t in trained]
