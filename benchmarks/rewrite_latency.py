@@ -30,9 +30,8 @@ from ray import serve
 from benchmarks.serve_load import doors, load, row, summary, train_artifacts
 from components.data import open_dataset
 from components.methods.querygen.method import QueryGenMethod
-from components.serving.calibration import find_calibration
 from components.serving.deploy import apply_serve_env, deploy_config, serve_config
-from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
+from components.serving.models import ensure_calibration
 from components.serving.rewriter import QueryGenRewriter
 from components.training.spec import RunSpec
 from workflows.ray_env import init_ray
@@ -134,8 +133,7 @@ def main() -> None:
     data = open_dataset(args.data)
     bm25 = train_artifacts(data, work, 1, keys=("bm25",))["bm25"]
     detector_file = os.path.join(work, "detector.json")
-    if find_calibration(detector_file, bm25, DEFAULT_ENCODER_RUNTIME) is None:
-        calibrate_artifact(bm25, args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
+    ensure_calibration(bm25, args.data, detector_file)
     artifacts = {e: querygen_artifact(os.path.abspath(args.data), bm25, work, e) for e in args.engines}
     queries = list(data.split_queries("test").values())
     rows = []

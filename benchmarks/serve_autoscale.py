@@ -33,9 +33,8 @@ from ray import serve
 
 from benchmarks.serve_load import doors, train_artifacts
 from components.data import open_dataset
-from components.serving.calibration import find_calibration
 from components.serving.deploy import apply_serve_env, deploy_config, serve_config
-from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
+from components.serving.models import ensure_calibration
 from components.serving.replicas import replica_names
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
@@ -217,8 +216,7 @@ def main() -> None:
     work = os.path.abspath(args.work)
     bm25 = train_artifacts(data, work, 1, keys=("bm25",))["bm25"]
     detector_file = os.path.join(work, "detector.json")
-    if find_calibration(detector_file, bm25, DEFAULT_ENCODER_RUNTIME) is None:
-        calibrate_artifact(bm25, args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
+    ensure_calibration(bm25, args.data, detector_file)
     bodies = [
         {"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in data.split_queries("test").values()
     ]

@@ -37,13 +37,12 @@ from ray import serve
 from benchmarks import serve_load
 from benchmarks.serve_load import doors, load, row, train_artifacts
 from components.data import Dataset, open_dataset
-from components.serving.calibration import find_calibration
 from components.serving.deploy import APP_NAME, apply_serve_env, deploy_config, serve_config
 from components.serving.models import (
     DEFAULT_ENCODER_RUNTIME,
     DetectorModel,
     RetrieverModel,
-    calibrate_artifact,
+    ensure_calibration,
 )
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
@@ -120,8 +119,7 @@ def start(
     detector_file = os.path.join(work, "detector.json")
     artifacts = train_artifacts(data, work, dense_epochs=0, keys=keys, dense=MINILM)
     for path in artifacts.values():
-        if find_calibration(detector_file, path, DEFAULT_ENCODER_RUNTIME) is None:
-            calibrate_artifact(path, data_path, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
+        ensure_calibration(path, data_path, detector_file)
     return settings, data, artifacts, detector_file
 
 

@@ -42,9 +42,8 @@ def child(args: argparse.Namespace) -> None:
 
     from benchmarks.serve_load import doors, load, train_artifacts
     from components.data import open_dataset
-    from components.serving.calibration import find_calibration
     from components.serving.deploy import apply_serve_env, deploy_config, serve_config
-    from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
+    from components.serving.models import ensure_calibration
     from workflows.ray_env import init_ray
     from workflows.serve import app_args, read_serve_config
 
@@ -55,8 +54,7 @@ def child(args: argparse.Namespace) -> None:
     work = os.path.abspath(args.work)
     artifact = train_artifacts(data, work, dense_epochs=1, keys=("bm25",))["bm25"]
     detector_file = os.path.join(work, "detector.json")
-    if find_calibration(detector_file, artifact, DEFAULT_ENCODER_RUNTIME) is None:
-        calibrate_artifact(artifact, args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
+    ensure_calibration(artifact, args.data, detector_file)
     bodies = [
         {"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in data.split_queries("test").values()
     ]

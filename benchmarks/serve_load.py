@@ -62,7 +62,6 @@ from ray import serve
 from components import methods
 from components.data import Dataset, open_dataset
 from components.registry import resolve
-from components.serving.calibration import find_calibration
 from components.serving.catalog import load_catalog
 from components.serving.deploy import (
     APP_NAME,
@@ -76,7 +75,7 @@ from components.serving.models import (
     DEFAULT_ENCODER_RUNTIME,
     DetectorModel,
     RetrieverModel,
-    calibrate_artifact,
+    ensure_calibration,
 )
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 from components.serving.rewriter import Rewriter, build_rewriter, rewriter_settings
@@ -749,20 +748,14 @@ def main() -> None:
         artifacts["dense"] = os.path.abspath(resolve(args.dense)) if args.dense else artifacts["dense"]
         artifacts.setdefault("bm25_v2", artifacts["bm25"])
         for key in ("bm25", "bm25_v2", "dense"):
-            if find_calibration(detector_file, artifacts[key], DEFAULT_ENCODER_RUNTIME) is None:
-                calibrate_artifact(
-                    artifacts[key], args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME
-                )
+            ensure_calibration(artifacts[key], args.data, detector_file)
     named = dict(entry.split("=", 1) for entry in args.artifact)
     artifacts.update(method_artifacts(data, work, [m for m in args.methods if m != "bm25"]))
     artifacts.update({name: os.path.abspath(resolve(path)) for name, path in named.items()})
     catalog = os.path.abspath(args.data)
     scenarios = [method_flags(name, artifacts, catalog, detector_file) for name in [*args.methods, *named]]
     for _, flags in scenarios:
-        if find_calibration(detector_file, flags["artifact"], DEFAULT_ENCODER_RUNTIME) is None:
-            calibrate_artifact(
-                flags["artifact"], args.data, detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME
-            )
+        ensure_calibration(flags["artifact"], args.data, detector_file)
     queries = list(data.split_queries("test").values())
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
 

@@ -157,7 +157,11 @@ def calibration_key(artifact: str, encoder_runtime: str, lm_engine: str | None) 
     The method's class decides, not the loaded instance (the key is read before anything loads):
     a query-generation artifact is keyed per runtime even over BM25, and an engine named
     explicitly is its own entry even when it is the saved one. Both only cost a calibration."""
-    return "|".join((artifact_key(artifact), *scoring(artifact, encoder_runtime, lm_engine)))
+    return _key(artifact, scoring(artifact, encoder_runtime, lm_engine))
+
+
+def _key(artifact: str, scored_on: tuple[str, str]) -> str:
+    return "|".join((artifact_key(artifact), *scored_on))
 
 
 def scoring(artifact: str, encoder_runtime: str, lm_engine: str | None) -> tuple[str, str]:
@@ -177,8 +181,9 @@ def find_calibration(
     if not path:
         return None
     calibrations = read_calibrations(path)
-    entry = calibrations.get(calibration_key(artifact, encoder_runtime, lm_engine))
-    if entry is None and scoring(artifact, encoder_runtime, lm_engine) == ("-", "-"):
+    scored_on = scoring(artifact, encoder_runtime, lm_engine)
+    entry = calibrations.get(_key(artifact, scored_on))
+    if entry is None and scored_on == ("-", "-"):
         # A file written before calibrations were kept per runtime and engine keyed them by the
         # artifact alone: for a method whose scores neither moves (BM25) that entry still holds.
         entry = calibrations.get(artifact_key(artifact))

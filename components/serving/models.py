@@ -198,3 +198,12 @@ def calibrate_artifact(
     detector = calibrate(method, open_dataset(data, splits))
     save_calibration(detector_file, artifact, detector, encoder_runtime, lm_engine)
     return detector
+
+
+def ensure_calibration(
+    artifact: str, data: str, detector_file: str, encoder_runtime: str = DEFAULT_ENCODER_RUNTIME
+) -> ScoreThreshold | None:
+    """``artifact``'s stored threshold for ``encoder_runtime``, calibrated on ``data`` first if the
+    file has none (:func:`calibrate_artifact`; ``None``: it has ``detect``)."""
+    found = find_calibration(detector_file, artifact, encoder_runtime)
+    return found or calibrate_artifact(artifact, data, detector_file, encoder_runtime=encoder_runtime)

@@ -8,10 +8,12 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+from serving_fixtures import _data
 
 from components.methods import REGISTRY
 from components.methods.bm25.method import BM25Method
 from components.registry import resolve
+from components.serving import models
 from components.serving.calibration import (
     ScoreThreshold,
     artifact_key,
@@ -23,7 +25,7 @@ from components.serving.calibration import (
     model_version,
     save_calibration,
 )
-from components.serving.models import DetectorModel
+from components.serving.models import DetectorModel, ensure_calibration
 
 
 def acc(tool: np.ndarray, no_tool: np.ndarray, t: float, balanced: bool) -> float:
@@ -181,3 +183,11 @@ def test_serving_decides_at_the_calibrated_cut_off_not_at_probability_one_half(b
     decided = fitted.probability(np.concatenate([tool, no_tool])) >= detector.decision_threshold
     assert (decided == (np.concatenate([tool, no_tool]) >= fitted.threshold)).all()
     assert acc(tool, no_tool, fitted.threshold, True) == pytest.approx(fitted.accuracy)
+
+
+def test_ensure_calibration_fits_a_missing_threshold_once(bm25_versions, tmp_path, monkeypatch):
+    file, artifact = str(tmp_path / "d.json"), bm25_versions["default"]
+    fitted = ensure_calibration(artifact, _data(), file, "onnx")
+    assert fitted is not None and find_calibration(file, artifact, "onnx") == fitted
+    monkeypatch.setattr(models, "calibrate_artifact", lambda *a, **k: pytest.fail("calibrated again"))
+    assert ensure_calibration(artifact, _data(), file, "onnx") == fitted  # read from the file
