@@ -35,9 +35,8 @@ from components.generative.packaged import PACKAGED_LMS, packaged_gguf
 from components.generative.text import rewrite_line
 
 LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed", "weights"})
-# ``weights``: ``file`` runs the GGUF's matrices as stored; a re-encoding (``q8_0``, ``f16``: see
-# :mod:`.gguf_requantize`) reads prompts faster, but changes greedy answers on near-ties, so it is
-# opt-in (benchmarks/results/llamacpp_rewrite.md has the speed and the retrieval change).
+# ``weights``: ``file`` runs the GGUF as stored; a re-encoding (:mod:`.gguf_requantize`) reads prompts
+# faster but changes greedy answers on near-ties, so it is opt-in (benchmarks/results/llamacpp_rewrite.md).
 WEIGHTS = ("file", *TARGETS)
 
 
@@ -70,10 +69,15 @@ def gbnf_literal(text: str) -> str:
     return f'"{escaped}"'
 
 
+def check_weights(weights: str, owner: str = "llama.cpp engine") -> None:
+    """Refuse a ``weights`` setting that is not one of :data:`WEIGHTS`."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"{owner}: llama.cpp weights must be one of {list(WEIGHTS)}, got {weights!r}")
+
+
 def weights_file(model: str, weights: str = "file") -> str:
     """The GGUF file to run for ``model`` under the ``weights`` setting (see :data:`WEIGHTS`)."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"llama.cpp engine: weights must be one of {list(WEIGHTS)}, got {weights!r}")
+    check_weights(weights)
     path = gguf_file(model)
     return path if weights == "file" else str(requantized(path, weights))
 
@@ -159,8 +163,7 @@ class LlamaCppLM(_OneCallAtATime):
             )
         settings = {k: v for k, v in cfg.items() if k != "engine"}
         gguf_file(settings.get("model", cls.model))  # a bad model fails here, on the driver
-        if settings.get("weights", cls.weights) not in WEIGHTS:
-            raise ValueError(f"{owner}: llama.cpp weights must be one of {list(WEIGHTS)}")
+        check_weights(settings.get("weights", cls.weights), owner)  # here too, not on first use
         return cls(**settings)
 
     def llm(self) -> Any:

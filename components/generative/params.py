@@ -118,6 +118,15 @@ class CodeLMParams:
             raise ValueError(f"{self.method}: engine_dtype must be f32 or f16, got {self.engine_dtype!r}")
         check_engine_endpoint(self.engine, self.engine_endpoint, self.method)
 
+    def free_decoding(self, k: int) -> dict[str, int]:
+        """``generate_outputs``' settings for ``k`` free beams per prompt, as retrieval and the
+        checkpoint ranking of ``decoding: unconstrained`` both decode."""
+        return {
+            "num_beams": max(self.num_beams, k),
+            "max_new_tokens": self.free_max_new_tokens,
+            "batch_size": max(1, self.eval_batch_size // 2),
+        }
+
     def lora_spec(self) -> LoraSpec | None:
         """The adapter of the tool stages, or None for full fine-tuning."""
         return lora_spec_from(self.method, self.lora)

@@ -189,13 +189,7 @@ class CodeLMTask:
             names = td.tool_names(self.data.corpus, list(self.data.corpus))
             parser = OutputParser(self.codebook, self.tokenizer, names)
             outputs = generate_outputs(
-                model.lm,
-                self.tokenizer,
-                prompts,
-                parser,
-                num_beams=max(self.params.num_beams, 5),
-                max_new_tokens=self.params.free_max_new_tokens,
-                batch_size=max(1, self.params.eval_batch_size // 2),
+                model.lm, self.tokenizer, prompts, parser, **self.params.free_decoding(5)
             )
             results = outputs_to_results(qids, outputs, 5)
         else:

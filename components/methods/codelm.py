@@ -224,15 +224,8 @@ class CodeLMMethod(CodeLMStages):
         if self._lm is None:
             raise RuntimeError(f"{self.name}: free generation runs in process; engine vllm keeps no LM here")
         parser = OutputParser(self.codebook, self._tokenizer, {t: self._names[t] for t in self.tool_ids})
-        return generate_outputs(
-            self._lm,
-            self._tokenizer,
-            self._prompts(queries),
-            parser,
-            num_beams=max(self.params.num_beams, k),
-            max_new_tokens=self.params.free_max_new_tokens,
-            batch_size=max(1, self.params.eval_batch_size // 2),
-        )
+        prompts = self._prompts(queries)
+        return generate_outputs(self._lm, self._tokenizer, prompts, parser, **self.params.free_decoding(k))
 
     # --- artifacts ------------------------------------------------------------------------
 
