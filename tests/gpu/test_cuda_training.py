@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TINY_ENCODER, TINY_LM, TOOLGEN_TINY
+from conftest import DENSE_TINY, MASSTOOL_TINY, TINY_LM, TOOLGEN_TINY, TOOLWEAVER_TINY
 
 from components.encoders import contrastive
 from components.encoders.contrastive import ContrastiveTask
@@ -60,13 +60,7 @@ def test_dense_trains_on_a_gpu_worker_and_scores_alike_on_the_cpu(
     held_out = set(sorted(small_quickstart.corpus)[:5])
     train = {q: r for q, r in small_quickstart.qrels["train"].items() if not set(r) & held_out}
     data = replace(small_quickstart, qrels={**small_quickstart.qrels, "train": train})
-    method = DenseMethod(
-        encoder={**TINY_ENCODER, "ngram_buckets": 4096},
-        tool_vectors=tool_vectors,
-        epochs=4,
-        batch_size=32,
-        lr=3e-3,
-    )
+    method = DenseMethod(**DENSE_TINY, tool_vectors=tool_vectors)
     report = method.fit("contrastive", data, gpu_run(tmp_path, f"dense-gpu-{tool_vectors}"))
     assert report["peak_memory_mb"] > 0  # the worker's CUDA allocator held the model
     # The worker chose its checkpoint on a valid score it computed on the GPU; the same task's
@@ -82,21 +76,7 @@ def test_dense_trains_on_a_gpu_worker_and_scores_alike_on_the_cpu(
 def test_masstool_trains_both_stages_on_a_gpu_worker_and_scores_alike_on_the_cpu(
     ray_session, with_negatives, tmp_path
 ):
-    method = MassToolMethod(
-        encoder=TINY_ENCODER,
-        semantic={"epochs": 3, "batch_size": 32, "lr": 3e-3},
-        semantic_cache=str(tmp_path / "cache"),
-        epochs=6,
-        batch_size=32,
-        lr=1e-2,
-        encoder_lr=1e-3,
-        detection_weight=5.0,
-        select_metric="joint",
-        dim=32,
-        detection_hidden=16,
-        neighbours=5,
-        epsilon=0.3,
-    )
+    method = MassToolMethod(**{**MASSTOOL_TINY, "epochs": 6}, semantic_cache=str(tmp_path / "cache"))
     run = gpu_run(tmp_path, "masstool-gpu")
     reports = {stage: method.fit(stage, with_negatives, run) for stage in method.stages}
     assert all(r["peak_memory_mb"] > 0 for r in reports.values())
@@ -155,20 +135,7 @@ def test_toolgen_trains_on_a_gpu_worker_and_decodes_alike_on_gpu_and_cpu(
 
 def test_toolweaver_trains_its_codes_and_lm_on_a_gpu_worker(toolgen_gpu, quickstart_1200, tmp_path):
     warmed = toolgen_gpu[0].stage_dirs["warmup"]
-    params = {
-        "lm": {**TINY_LM, "name_or_path": warmed},
-        "levels": 2,
-        "codebook_size": 16,
-        "passes_per_epoch": 20,
-        "stages": {
-            "codes": {"epochs": 2, "batch_size": 64},
-            "memorization": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
-            "retrieval": {"epochs": 3, "batch_size": 16, "lr": 2.0e-3},
-            "agent": {"epochs": 0},
-        },
-        "agent_valid_queries": 60,
-        "perplexity_texts": 0,
-    }
+    params = {**TOOLWEAVER_TINY, "lm": {**TINY_LM, "name_or_path": warmed}}
     method = ToolWeaverMethod(**params)
     report = fit_method(method, quickstart_1200, gpu_run(tmp_path, "toolweaver-gpu"))
     codes = report["stages"]["codes"]

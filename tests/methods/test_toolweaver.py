@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from conftest import LOCAL_MODE, TINY_LM
+from conftest import LOCAL_MODE, TINY_LM, TOOLWEAVER_TINY
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from components.encoders.batch_embed import embed_local, load_encoder
@@ -213,23 +213,7 @@ def test_code_tokens_are_added_once_and_decoding_stays_in_the_trie():
 
 # --- the method end to end through Ray Train ----------------------------------------------------
 
-TINY_PARAMS = {
-    "lm": TINY_LM,
-    "levels": 2,
-    "codebook_size": 16,  # 100 tools on 256 addresses, 32 new tokens
-    "passes_per_epoch": 20,
-    "stages": {
-        "codes": {"epochs": 2, "batch_size": 64},
-        "warmup": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},  # skipped when starting warm
-        # 1 + 3 epochs: test N@3 0.44 against 0.01 untrained, where the test asks for +0.2 (with
-        # 1 + 2 it was 0.25, too near; 2 + 4 gave 0.52 for 8 s more).
-        "memorization": {"epochs": 1, "batch_size": 16, "lr": 3.0e-3},
-        "retrieval": {"epochs": 3, "batch_size": 16, "lr": 2.0e-3},
-        "agent": {"epochs": 0},
-    },
-    "agent_valid_queries": 60,
-    "perplexity_texts": 0,
-}
+TINY_PARAMS = TOOLWEAVER_TINY
 
 
 @pytest.fixture(scope="module")
