@@ -20,8 +20,7 @@ class EvenBatches(torch.utils.data.Sampler[list[int]]):
         return -(-len(self.sampler) // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = list(self.sampler)
-        count = -(-len(order) // self.batch_size)
+        order, count = list(self.sampler), len(self)
         size, extra = divmod(len(order), max(count, 1))
         start = 0
         for i in range(count):
