@@ -291,6 +291,13 @@ def summary(
     }
 
 
+def shares_ranking(detector: DetectorModel, retriever: RetrieverModel, rewriter: Rewriter | None) -> bool:
+    """Whether the ingress would let ``detector`` read ``retriever``'s top score (app arg
+    ``share_ranking``, components/serving/ingress.py): a score threshold of the same artifact, no
+    rewriter in between."""
+    return rewriter is None and detector.score_of is not None and detector.score_of == retriever.artifact
+
+
 def in_process(
     detector: DetectorModel,
     retriever: RetrieverModel,
@@ -298,8 +305,12 @@ def in_process(
     queries: list[str],
     seconds: float,
     rewriter: Rewriter | None = None,
+    shared: bool = False,
 ):
-    """The same chain called directly, one query after another, for ``seconds``."""
+    """The same chain called directly, one query after another, for ``seconds``; ``shared``: as the
+    ingress with ``share_ranking`` (one ranking answers detection and retrieval, see
+    :func:`shares_ranking`)."""
+    shared = shared and shares_ranking(detector, retriever, rewriter)
     latencies = []
     began = time.perf_counter()
     end = began + seconds
@@ -308,9 +319,13 @@ def in_process(
         q = queries[i % len(queries)]
         i += 1
         start = time.perf_counter()
-        detector.probabilities([q])
-        text = rewriter.rewrite_many([(q, [])])[0] if rewriter is not None else q
-        ranking = retriever.retrieve([text], 5)[0]
+        if shared:
+            ranking = retriever.retrieve([q], 5)[0]
+            detector.probability_of_top(ranking[0][1] if ranking else 0.0)
+        else:
+            detector.probabilities([q])
+            text = rewriter.rewrite_many([(q, [])])[0] if rewriter is not None else q
+            ranking = retriever.retrieve([text], 5)[0]
         if selector is not None and ranking:
             selector.select(q, [], [t for t, _ in ranking])
         latencies.append(time.perf_counter() - start)
@@ -326,13 +341,20 @@ def in_process_batched(
     seconds: float,
     rewriter: Rewriter | None = None,
     batch: int = 8,
+    shared: bool = False,
 ) -> float:
     """Requests per second of detect (→ rewrite) → retrieve called on batches of ``batch`` queries,
     as ``@serve.batch`` hands them to the replicas (8 at most, see components/serving/deployments.py):
     what the same models can do in this process when a batch is full."""
+    shared = shared and shares_ranking(detector, retriever, rewriter)
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         texts = [queries[(done + j) % len(queries)] for j in range(batch)]
+        if shared:
+            rankings = retriever.retrieve(texts, 5)
+            [detector.probability_of_top(r[0][1] if r else 0.0) for r in rankings]
+            done += batch
+            continue
         detector.probabilities(texts)
         if rewriter is not None:
             texts = rewriter.rewrite_many([(t, []) for t in texts])
@@ -516,8 +538,9 @@ def method_scenario(
     detector = DetectorModel(flags["artifact"], flags["detector_file"], encoder_runtime=runtime)
     retriever = RetrieverModel(flags["artifact"], runtime)
     rewriter = build_rewriter(rewriter_settings(flags["rewriter"])) if flags.get("rewriter") else None
-    single = in_process(detector, retriever, None, queries, args.seconds, rewriter)
-    batched = in_process_batched(detector, retriever, queries, args.seconds, rewriter)
+    shared = flags.get("share_ranking", True)
+    single = in_process(detector, retriever, None, queries, args.seconds, rewriter, shared=shared)
+    batched = in_process_batched(detector, retriever, queries, args.seconds, rewriter, shared=shared)
     baseline = {"p50_ms": single["p50_ms"], "rps": batched}
     version = retriever.version
     rows = [
@@ -730,6 +753,12 @@ def main() -> None:
         help="only the no-op floor and the --methods / --artifact scenarios (no BM25 / tiny dense / LM "
         "selector rows, no fault drills)",
     )
+    parser.add_argument(
+        "--ranked-twice",
+        action="store_true",
+        help="run each --methods / --artifact scenario first with share_ranking off (Detector and "
+        "Retriever each rank the query), then as deployed by default (one shared ranking)",
+    )
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     short = args.seconds < 10
@@ -770,6 +799,9 @@ def main() -> None:
             proxy, base, artifacts, catalog, detector_file, selector_path, queries, bodies, args
         )
     for label, flags in scenarios:
+        if args.ranked_twice:
+            twice = {**flags, "share_ranking": False}
+            rows += method_scenario(proxy, base, f"{label}, ranked twice", twice, queries, bodies, args)
         rows += method_scenario(proxy, base, label, flags, queries, bodies, args)
     serve.shutdown()
     machine = f"1-min load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. "

@@ -102,6 +102,11 @@ class ServeArgs(BaseModel):
         description="Default decision threshold; null: the detector's own (a MassTool artifact's "
         "detect_threshold, 0.5 for a calibrated score threshold).",
     )
+    share_ranking: bool = Field(
+        True,
+        description="A score-threshold detector of the retriever's own artifact reads the top score of "
+        "the retriever's ranking instead of ranking the query again (no rewriter); false: rank twice.",
+    )
     api_key: str | None = Field(None, description=f"Sets ${API_KEY_ENV} in the ingress replicas.")
     deployments: list[dict[str, Any]] = Field(default_factory=list, description="Serve deployment options.")
     registry: dict[str, Any] | None = Field(
@@ -282,4 +287,5 @@ def build_app(args: dict[str, Any]) -> Application:
     # The API key travels as a constructor argument: a config file's ray_actor_options for the
     # Ingress replace the ones set here wholesale, so an env var put there could be dropped.
     ingress = serve.deployment(IngressDeployment, name="Ingress").options(**deployment_options(a, "Ingress"))
-    return ingress.bind(detector, retriever, rewriter, selector, a.needs_tool_threshold, api_key=a.api_key)
+    options = {"api_key": a.api_key, "share_ranking": a.share_ranking}
+    return ingress.bind(detector, retriever, rewriter, selector, a.needs_tool_threshold, **options)

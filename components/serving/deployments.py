@@ -92,8 +92,8 @@ class Detector:
             apply_batching(self._detect_batch, config)
 
     async def detect(self, query: str) -> dict[str, Any]:
-        """``{"probability", "threshold", "version"}`` for one query (batched with concurrent ones;
-        a repeat of a recent query is answered from the cache)."""
+        """``{"probability", "threshold", "version", "score_of"}`` for one query (batched with
+        concurrent ones; a repeat of a recent query is answered from the cache)."""
         model = self.model
         assert model is not None, "reconfigure() loads the model before any request"
         query = normalise_query(query)  # what the model sees, cached or not
@@ -105,6 +105,18 @@ class Detector:
         # Stored only if no swap cleared the cache meanwhile: the answer may be the old model's.
         self.cache.put((answer["version"], query), answer, generation)
         return answer
+
+    async def detect_scored(self, query: str, top_score: float, artifact: str) -> dict[str, Any]:
+        """As :meth:`detect`, from the top score the Retriever ranked ``query`` with under
+        ``artifact``: when this replica thresholds that very score (``score_of``, see
+        :attr:`DetectorModel.score_of`) the query is not encoded again; otherwise (a swap landed in
+        between, another artifact, a detector of its own) it is detected as by :meth:`detect`."""
+        model = self.model
+        assert model is not None, "reconfigure() loads the model before any request"
+        if model.score_of is None or model.score_of != artifact:
+            return await self.detect(query)
+        found = {"threshold": model.decision_threshold, "version": model.version, "score_of": model.score_of}
+        return {"probability": model.probability_of_top(top_score), **found}
 
     async def cache_stats(self) -> dict[str, int]:
         """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
@@ -121,7 +133,7 @@ class Detector:
         model = self.model  # one version for the whole batch, even if a swap lands meanwhile
         assert model is not None, "reconfigure() loads the model before any request"
         probs = await asyncio.to_thread(call_each, model.probabilities, queries)
-        found = {"version": model.version, "threshold": model.decision_threshold}
+        found = {"version": model.version, "threshold": model.decision_threshold, "score_of": model.score_of}
         return [p if isinstance(p, Exception) else {"probability": p, **found} for p in probs]
 
 

@@ -2,9 +2,12 @@
 
 ``POST /v1/select`` runs detection; when no tool is needed it answers at once (retrieval skipped),
 otherwise it rewrites (if a rewriter is deployed), retrieves, and selects (if a selector is
-deployed). Calls to replicas that die mid-request (a node loss, a killed actor) are retried on
-another replica; they are all idempotent reads. The response names the version of each model that
-answered (``versions``): Detector and Retriever reconfigure independently during a hot-swap.
+deployed). A detector that thresholds the top score of the artifact the Retriever serves (dense,
+BM25) reads that score from the Retriever's ranking instead of ranking the query a second time
+(:meth:`Ingress._detect_and_retrieve`). Calls to replicas that die mid-request (a node loss, a
+killed actor) are retried on another replica; they are all idempotent reads. The response names
+the version of each model that answered (``versions``): Detector and Retriever reconfigure
+independently during a hot-swap.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ class Ingress:
             replica, which :class:`~components.serving.errors.ApiKeyMiddleware` reads when Serve
             builds the app after this constructor. ``None`` keeps the replica's own (e.g. from a
             Kubernetes Secret).
+        share_ranking: Let a score-threshold detector of the retriever's artifact read the
+            retriever's top score (see :meth:`_detect_and_retrieve`); False ranks each query twice.
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class Ingress:
         needs_tool_threshold: float | None = None,
         retries: int = 3,
         api_key: str | None = None,
+        share_ranking: bool = True,
     ) -> None:
         if api_key:
             os.environ[API_KEY_ENV] = api_key
@@ -111,6 +117,12 @@ class Ingress:
         self.rewriter, self.selector = rewriter, selector
         self.threshold = needs_tool_threshold
         self.retries = retries
+        # What the last answers said: the artifact whose top score the detector thresholds, and the
+        # one the retriever ranks with. When they are the same (and no rewriter changes the text
+        # retrieved), one ranking answers both stages (see _select).
+        self.score_of: str | None = None
+        self.retrieved_with: str | None = None
+        self.share_ranking = share_ranking and rewriter is None
         mcp.bind(self._mcp_select, self._describe, self._lookup)
 
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
@@ -136,8 +148,35 @@ class Ingress:
         finally:
             timings[stage] = round((time.perf_counter() - start) * 1000, 3)
 
+    async def _detect_and_retrieve(
+        self, req: SelectRequest, timings: dict[str, float]
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The detector's answer and, when the query was ranked on the way, the retriever's.
+
+        A score-threshold detector (dense, BM25) ranks the query to read its top score, which the
+        Retriever computes anyway: when both serve the same artifact and the query is retrieved as
+        sent (no rewriter), the query is ranked once, by the Retriever, and the Detector reads the
+        score it returns. That halves the encoder work per request for a dense model (a MiniLM query
+        costs 12-20 ms a pass on one core, benchmarks/results/encoder_runtime.md). Otherwise
+        (MassTool's own detector, a pinned detector of another artifact, a generated ranking) the
+        detector runs first and a query that needs no tool is never ranked. A swap that lands
+        between the two calls is safe: the Detector reads the score only if it is of its artifact.
+        """
+        fuse = self.share_ranking and self.score_of is not None and self.score_of == self.retrieved_with
+        if not fuse:
+            detected = await self._timed(timings, "detect", self._call(self.detector.detect, req.query))
+            self.score_of = detected.get("score_of")
+            return detected, None
+        ranked = self._call(self.retriever.retrieve, (req.query, req.top_k))
+        found = await self._timed(timings, "retrieve", ranked)
+        self.retrieved_with = found["artifact"]
+        score = (req.query, found["top_score"], found["artifact"])
+        detected = await self._timed(timings, "detect", self._call(self.detector.detect_scored, *score))
+        self.score_of = detected.get("score_of")
+        return detected, found
+
     async def _select(self, req: SelectRequest, timings: dict[str, float]) -> dict[str, Any]:
-        detected = await self._timed(timings, "detect", self._call(self.detector.detect, req.query))
+        detected, found = await self._detect_and_retrieve(req, timings)
         threshold = next(
             t for t in (req.needs_tool_threshold, self.threshold, detected["threshold"]) if t is not None
         )
@@ -158,7 +197,10 @@ class Ingress:
                 )
             except Exception as e:  # retrieval on the request's own words is still an answer
                 logger.warning("rewriter failed, retrieving with the query as sent: %s", e)
-        found = await self._timed(timings, "retrieve", self._call(self.retriever.retrieve, (text, req.top_k)))
+        if found is None:
+            ranked = self._call(self.retriever.retrieve, (text, req.top_k))
+            found = await self._timed(timings, "retrieve", ranked)
+            self.retrieved_with = found["artifact"]
         out["tools"] = found["tools"]
         out["versions"]["retriever"] = found["version"]
         if self.selector is not None and found["tools"]:

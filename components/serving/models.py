@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from components import methods
 from components.data import open_dataset
 from components.encoders.runtimes import check_runtime
@@ -168,6 +170,25 @@ class DetectorModel:
         if self.kind == "method":
             return float(self.method.detect_threshold)
         return self.threshold.at_threshold()
+
+    @property
+    def score_of(self) -> str | None:
+        """The artifact whose top retrieval score this detector thresholds, or ``None``.
+
+        A Retriever serving that same artifact computes the very score while ranking a query, so
+        the ingress can hand it over instead of having the query encoded twice
+        (:meth:`probability_of_top`). ``None`` for a method's own detector (MassTool's tower) and
+        for generated rankings, whose top score widens with the beams asked for (calibrated at 1).
+        """
+        if self.kind != "score_threshold" or "generate" in self.method.capabilities:
+            return None
+        return self.artifact
+
+    def probability_of_top(self, top_score: float) -> float:
+        """P(needs a tool) from a query's top retrieval score under :attr:`score_of` (its ranking's
+        first score, 0 for an empty ranking, as :func:`.calibration.top1_scores` scores)."""
+        assert self.threshold is not None, "only a score-threshold detector reads a top score"
+        return float(self.threshold.probability(np.array([top_score]))[0])
 
     def probabilities(self, texts: list[str]) -> list[float]:
         """P(needs a tool) for each text."""

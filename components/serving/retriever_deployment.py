@@ -44,8 +44,10 @@ def listed(ranking: Ranking | Exception, gone: frozenset[str], k: int) -> Rankin
 
 def rank_without_retired(
     model: RetrieverModel, requests: list[tuple[str, int]], gone: frozenset[str]
-) -> list[Ranking | Exception]:
-    """Each ``(text, k)``'s top ``k`` among the tools still listed (retired ones dropped).
+) -> list[tuple[Ranking, float] | Exception]:
+    """Each ``(text, k)``'s top ``k`` among the tools still listed (retired ones dropped), with the
+    top score among all the artifact's tools (retired ones included, 0 for an empty ranking): what
+    a score-threshold detector of the same artifact reads (:meth:`Detector.detect_scored`).
 
     A request first asks for ``k`` more at most (``2k``): asking for ``k + len(gone)`` every time
     would make a catalog with hundreds of retired tools decode hundreds of beams per ToolGen
@@ -65,7 +67,13 @@ def rank_without_retired(
         again = rank_by_k(model, [(requests[i][0], requests[i][1] + len(gone)) for i in short])
         for i, ranking in zip(short, again, strict=True):
             out[i] = listed(ranking, gone, requests[i][1])
-    return out
+    pairs = zip(out, ranked, strict=True)
+    return [r if isinstance(r, Exception) else (r, top_score(raw)) for r, raw in pairs]
+
+
+def top_score(ranking: Ranking | Exception) -> float:
+    """A ranking's best score, 0 when it is empty (as :func:`.calibration.top1_scores` scores)."""
+    return 0.0 if isinstance(ranking, Exception) or not ranking else float(ranking[0][1])
 
 
 class Retriever:
@@ -119,7 +127,8 @@ class Retriever:
         self.cache.clear()  # answers carry the old names
 
     async def retrieve(self, request: tuple[str, int]) -> dict[str, Any]:
-        """``{"tools", "version"}`` for one ``(text, k)`` (batched with concurrent ones; a repeat of
+        """``{"tools", "version", "catalog_version", "artifact", "top_score"}`` for one ``(text, k)``
+        (``top_score``: see :func:`rank_without_retired`; batched with concurrent ones; a repeat of
         a recent request is answered from the cache)."""
         model = self.model
         assert model is not None, "reconfigure() loads the model before any request"
@@ -147,9 +156,13 @@ class Retriever:
         for r in rankings:
             if isinstance(r, Exception):
                 out.append(r)
-            else:
-                tools = named(r, catalog)
-                out.append({"tools": tools, "version": model.version, "catalog_version": catalog.version})
+                continue
+            ranking, top = r
+            versions = {"version": model.version, "catalog_version": catalog.version}
+            # artifact, top_score: for the ingress only (never sent to clients), see rank_without_retired.
+            out.append(
+                {"tools": named(ranking, catalog), **versions, "artifact": model.artifact, "top_score": top}
+            )
         return out
 
     async def serving_artifact(self) -> str:

@@ -157,6 +157,7 @@ def test_method_detect_is_preferred_over_calibration(monkeypatch, dataset, tmp_p
     method.save(str(tmp_path / "m" / "v0001"))  # config.json names "bm25_detect"
     detector = DetectorModel(str(tmp_path / "m" / "v0001"))  # no calibration file needed
     assert detector.kind == "method" and detector.threshold is None
+    assert detector.score_of is None  # its own detector: no retrieval score to hand over
     assert detector.probabilities(["weather forecast in Paris", "zzzz qqqq"]) == [1.0, 0.0]
 
 

@@ -106,7 +106,8 @@ def test_many_retired_tools_still_leave_k_without_asking_every_request_for_all_o
     method.save(str(tmp_path / "bm25"))
     model = RetrieverModel(str(tmp_path / "bm25"))
     query = "what will the weather be like in Paris this week"
-    full = [t for t, _ in model.retrieve([query], 40)[0]]
+    ranked = model.retrieve([query], 40)[0]
+    full = [t for t, _ in ranked]
 
     class Counting:  # the model, recording how deep each request asked
         def __init__(self):
@@ -118,11 +119,15 @@ def test_many_retired_tools_still_leave_k_without_asking_every_request_for_all_o
 
     few, many = frozenset(full[:2]), frozenset(full[:10])
     counting = Counting()
-    (ranking,) = rank_without_retired(counting, [(query, 3)], few)
+    ((ranking, top),) = rank_without_retired(counting, [(query, 3)], few)
     assert [t for t, _ in listed(ranking, few, 3)] == full[2:5] and counting.asked == [5]
+    # The top score is the artifact's best over all its tools, the retired one's here: what a
+    # score-threshold detector of this artifact scores the query by.
+    assert top == ranked[0][1] and ranking[0][0] == full[2]
     counting.asked.clear()
-    (ranking,) = rank_without_retired(counting, [(query, 3)], many)
+    ((ranking, top),) = rank_without_retired(counting, [(query, 3)], many)
     assert [t for t, _ in listed(ranking, many, 3)] == full[10:13] and counting.asked == [6, 13]
+    assert top == ranked[0][1]
 
 
 def test_the_catalog_reads_every_tool_the_loader_keeps(tmp_path):

@@ -1,0 +1,129 @@
+"""One ranking for detection and retrieval: when the Detector thresholds the top score of the very
+artifact the Retriever serves, the ingress ranks a query once (by the Retriever) and the Detector
+reads the score it returns, instead of ranking the query a second time. The real Ingress, Detector
+and Retriever classes with real BM25 artifacts, in this process (``Local`` stands in for Serve's
+handles: the transport, not the behaviour; test_live_updates.py runs the same path over Serve)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
+from serving_helpers import unbatched
+
+from components.serving.deployments import Detector
+from components.serving.ingress import Ingress
+from components.serving.models import DetectorModel, RetrieverModel, named
+from components.serving.retriever_deployment import Retriever
+from components.serving.schemas import SelectRequest
+
+
+class Local:
+    """A deployment object behind the handle interface the Ingress calls (``handle.m.remote(*a)``)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.target, name)
+        return SimpleNamespace(remote=lambda *args: method(*args))
+
+
+async def graph(serving_data: str, detector_config: dict, retriever_artifact: str, rewriter=None, **options):
+    detector, retriever = Detector(), Retriever(serving_data)
+    unbatched(detector, "_detect_batch")
+    unbatched(retriever, "_retrieve_batch")
+    await detector.reconfigure(detector_config)
+    await retriever.reconfigure({"artifact": retriever_artifact})
+    ingress = Ingress(Local(detector), Local(retriever), rewriter=rewriter, **options)
+    return ingress, detector, retriever
+
+
+def ask(ingress: Ingress, query: str) -> Any:
+    return ingress.answer(SelectRequest(query=query, top_k=3))
+
+
+def test_a_score_threshold_detector_of_the_served_artifact_reads_the_retrievers_score(
+    bm25_versions, serving_data, dataset
+):
+    good = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+    alone = DetectorModel(good["artifact"], good["detector_file"])
+    ranker = RetrieverModel(good["artifact"])
+    assert alone.score_of == ranker.artifact  # it thresholds this artifact's top score
+    queries = list(dataset.split_queries("test").values())[:12] + list(dataset.neg_split["test"])[:8]
+    assert len(queries) == 20
+
+    async def scenario() -> None:
+        ingress, detector, retriever = await graph(serving_data, good, good["artifact"])
+        answers = [await ask(ingress, q) for q in queries]
+        # The first request learns that the two serve one artifact (the detector ranked it); every
+        # later one was ranked once, by the Retriever: the Detector's own path never ran again.
+        assert detector.cache.stats()["misses"] == 1
+        assert retriever.cache.stats()["misses"] == len(queries)
+        # The answers are those of detection and retrieval run apart.
+        probabilities = alone.probabilities(queries)
+        for query, answer, p in zip(queries, answers, probabilities, strict=True):
+            assert answer["probability"] == pytest.approx(p, abs=1e-12)
+            assert answer["needs_tool"] == (p >= alone.decision_threshold)
+            tools = named(ranker.retrieve([query], 3)[0], retriever.catalog) if answer["needs_tool"] else []
+            assert answer["tools"] == tools
+            assert answer["versions"] == {
+                "detector": "bm25/v0001",
+                "retriever": "bm25/v0001" if answer["needs_tool"] else None,
+            }
+        assert {a["needs_tool"] for a in answers} == {True, False}  # both branches were answered
+
+    asyncio.run(scenario())
+
+
+def test_a_detector_of_another_artifact_behind_a_rewriter_or_turned_off_ranks_the_query_itself(
+    bm25_versions, serving_data
+):
+    default, lucene = bm25_versions["default"], bm25_versions["lucene"]
+    config = {"artifact": default, "detector_file": bm25_versions["detector_file"]}
+    queries = ["find flights to Rome and a hotel there", "weather forecast tomorrow", "recipes with salmon"]
+
+    class Echo:  # a rewriter that leaves the text as it is: still, the retrieved text could differ
+        async def rewrite(self, query: str, history: list[str]) -> str:
+            return query
+
+    async def scenario() -> None:
+        # Detection pinned to v0001 while retrieval serves v0002: never fused.
+        ingress, detector, _ = await graph(serving_data, config, lucene)
+        for q in queries:
+            await ask(ingress, q)
+        assert detector.cache.stats()["misses"] == len(queries)
+        # The same artifact behind a rewriter: the retrieved text is the rewrite, not the query.
+        ingress, detector, _ = await graph(serving_data, config, default, rewriter=Local(Echo()))
+        for q in queries:
+            await ask(ingress, q)
+        assert detector.cache.stats()["misses"] == len(queries)
+        # Turned off (app arg share_ranking: false): each query ranked by both.
+        ingress, detector, _ = await graph(serving_data, config, default, share_ranking=False)
+        for q in queries:
+            await ask(ingress, q)
+        assert detector.cache.stats()["misses"] == len(queries)
+
+    asyncio.run(scenario())
+
+
+def test_a_detector_swapped_between_the_two_calls_detects_with_its_own_model(bm25_versions, serving_data):
+    default, lucene = bm25_versions["default"], bm25_versions["lucene"]
+    config = {"artifact": default, "detector_file": bm25_versions["detector_file"]}
+    query = "weather forecast tomorrow"
+
+    async def scenario() -> None:
+        ingress, detector, _ = await graph(serving_data, config, default)
+        await ask(ingress, "find flights to Rome and a hotel there")  # learns the shared artifact
+        await detector.reconfigure({**config, "artifact": lucene})  # lands before the next request
+        answer = await ask(ingress, query)
+        # The score the Retriever sent is v0001's: v0002's detector ranked the query itself.
+        expected = DetectorModel(lucene, bm25_versions["detector_file"]).probabilities([query])[0]
+        assert answer["probability"] == pytest.approx(expected, abs=1e-12)
+        assert answer["versions"]["detector"] == "bm25/v0002"
+        assert detector.cache.stats()["misses"] == 2  # the first request's, and this one's
+
+    asyncio.run(scenario())
