@@ -106,7 +106,7 @@ class Detector:
         self.cache.put((answer["version"], query), answer, generation)
         return answer
 
-    async def detect_scored(self, query: str, top_score: float, artifact: str) -> dict[str, Any]:
+    async def detect_scored(self, query: str, top_score: float, artifact: str | None) -> dict[str, Any]:
         """As :meth:`detect`, from the top score the Retriever ranked ``query`` with under
         ``artifact``: when this replica thresholds that very score (``score_of``, see
         :attr:`DetectorModel.score_of`) the query is not encoded again; otherwise (a swap landed in

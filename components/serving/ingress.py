@@ -169,8 +169,10 @@ class Ingress:
             return detected, None
         ranked = self._call(self.retriever.retrieve, (req.query, req.top_k))
         found = await self._timed(timings, "retrieve", ranked)
-        self.retrieved_with = found["artifact"]
-        score = (req.query, found["top_score"], found["artifact"])
+        # A replica that does not say what it ranked with (an older one, mid-rollout) sends no
+        # artifact: the Detector then ranks the query itself.
+        self.retrieved_with = found.get("artifact")
+        score = (req.query, found.get("top_score", 0.0), self.retrieved_with)
         detected = await self._timed(timings, "detect", self._call(self.detector.detect_scored, *score))
         self.score_of = detected.get("score_of")
         return detected, found
@@ -200,7 +202,7 @@ class Ingress:
         if found is None:
             ranked = self._call(self.retriever.retrieve, (text, req.top_k))
             found = await self._timed(timings, "retrieve", ranked)
-            self.retrieved_with = found["artifact"]
+            self.retrieved_with = found.get("artifact")
         out["tools"] = found["tools"]
         out["versions"]["retriever"] = found["version"]
         if self.selector is not None and found["tools"]:
