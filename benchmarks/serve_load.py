@@ -759,6 +759,10 @@ def main() -> None:
         help="run each --methods / --artifact scenario first with share_ranking off (Detector and "
         "Retriever each rank the query), then as deployed by default (one shared ranking)",
     )
+    parser.add_argument(
+        "--serve-config",
+        help="Serve config whose deployment options the graphs run with (default: deploy/serve_config.yaml)",
+    )
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     short = args.seconds < 10
@@ -791,7 +795,7 @@ def main() -> None:
     port = 18000 + os.getpid() % 1000
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     proxy = f"http://127.0.0.1:{port}"
-    base = read_serve_config(None)
+    base = read_serve_config(args.serve_config)
     rows = serve_floor(proxy, bodies, args.clients, args.seconds)
     if not args.skip_base:
         selector_path = selector_model(data, catalog, work, args.selector_steps)
