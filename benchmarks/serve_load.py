@@ -292,10 +292,11 @@ def summary(
 
 
 def shares_ranking(detector: DetectorModel, retriever: RetrieverModel, rewriter: Rewriter | None) -> bool:
-    """Whether the ingress would let ``detector`` read ``retriever``'s top score (app arg
-    ``share_ranking``, components/serving/ingress.py): a score threshold of the same artifact, no
-    rewriter in between."""
-    return rewriter is None and detector.score_of is not None and detector.score_of == retriever.artifact
+    """Whether the ingress would let ``detector`` decide from ``retriever``'s answer (app arg
+    ``share_ranking``, components/serving/ingress.py): a detector of the same artifact, no rewriter
+    in between."""
+    reads = detector.reads_ranking_of
+    return rewriter is None and reads is not None and reads == retriever.artifact
 
 
 def in_process(
@@ -320,8 +321,8 @@ def in_process(
         i += 1
         start = time.perf_counter()
         if shared:
-            ranking = retriever.retrieve([q], 5)[0]
-            detector.probability_of_top(ranking[0][1] if ranking else 0.0)
+            ((ranking, detected),) = retriever.retrieve_detected([q], 5)
+            detector.probability_from(ranking[0][1] if ranking else 0.0, detected)
         else:
             detector.probabilities([q])
             text = rewriter.rewrite_many([(q, [])])[0] if rewriter is not None else q
@@ -351,8 +352,8 @@ def in_process_batched(
     while time.perf_counter() - start < seconds:
         texts = [queries[(done + j) % len(queries)] for j in range(batch)]
         if shared:
-            rankings = retriever.retrieve(texts, 5)
-            [detector.probability_of_top(r[0][1] if r else 0.0) for r in rankings]
+            for ranking, detected in retriever.retrieve_detected(texts, 5):
+                detector.probability_from(ranking[0][1] if ranking else 0.0, detected)
             done += batch
             continue
         detector.probabilities(texts)

@@ -19,9 +19,12 @@ from components.training.spec import RunSpec
 # (serving, evaluation and bench read the declaration; nothing probes for attributes):
 CAPABILITIES = {
     "train": "has Ray Train stages (fit runs them)",
-    "detect": "detect(queries) -> P(needs a tool); detect_threshold is its decision point",
+    "detect": "detect(queries) -> P(needs a tool); detect_threshold is its decision point; "
+    "retrieve_detected(queries, k) -> (retrieve's results, detect's probabilities) from one pass",
     "variants": "variants() -> scoring modes, each reported as its own bench row (mode -> mix)",
     "cold_start": "tools added to the corpus after training are retrievable (by their text)",
+    "exact_scores": "a query's scores do not depend on the k asked for: its top score at any k is "
+    "its top-1 score (exhaustive or exact search, no beams or depth-dependent fusion)",
     "generate": "retrieves by generating tool tokens; generate(queries, k, constrained) gives beams",
     "candidates": "retrieve(queries, k, candidates) narrows each query to given tools",
     "text_encoders": "text_encoders() -> its TextEncoders (serving runs them on another runtime)",

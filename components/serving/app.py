@@ -104,8 +104,9 @@ class ServeArgs(BaseModel):
     )
     share_ranking: bool = Field(
         True,
-        description="A score-threshold detector of the retriever's own artifact reads the top score of "
-        "the retriever's ranking instead of ranking the query again (no rewriter); false: rank twice.",
+        description="A detector of the retriever's own artifact decides from the retriever's answer "
+        "(its top score; MassTool's detection from the same pass) instead of encoding the query again "
+        "(no rewriter); false: encode twice.",
     )
     api_key: str | None = Field(None, description=f"Sets ${API_KEY_ENV} in the ingress replicas.")
     deployments: list[dict[str, Any]] = Field(default_factory=list, description="Serve deployment options.")

@@ -75,8 +75,12 @@ def call_each(call: Callable[[list[Item]], list[Result]], items: list[Item]) -> 
     return out
 
 
-def rank_by_k(model: RetrieverModel, requests: list[tuple[str, int]]) -> list[Ranking | Exception]:
-    """Each ``(text, k)``'s top-``k``, ranked among the requests with the same ``k``.
+def rank_by_k(
+    model: RetrieverModel, requests: list[tuple[str, int]], detected: bool = False
+) -> list[Ranking | tuple[Ranking, float | None] | Exception]:
+    """Each ``(text, k)``'s top-``k``, ranked among the requests with the same ``k``; with
+    ``detected``, each paired with what the model's own detector says in the same pass
+    (:meth:`RetrieverModel.retrieve_detected`).
 
     Ranking the whole batch once at its largest ``k`` and truncating would make a request's answer
     depend on its batch mates: a method's top-k is not always the prefix of its top-K (ties, e.g.
@@ -85,10 +89,11 @@ def rank_by_k(model: RetrieverModel, requests: list[tuple[str, int]]) -> list[Ra
     by_k: dict[int, list[int]] = {}
     for i, (_, k) in enumerate(requests):
         by_k.setdefault(k, []).append(i)
-    out: list[Ranking | Exception] = [[] for _ in requests]
+    out: list[Any] = [[] for _ in requests]
+    rank = model.retrieve_detected if detected else model.retrieve
     for k, indices in by_k.items():
         texts = [requests[i][0] for i in indices]
-        rankings = call_each(partial(model.retrieve, k=k), texts)
+        rankings = call_each(partial(rank, k=k), texts)
         for i, ranking in zip(indices, rankings, strict=True):
             out[i] = ranking
     return out

@@ -92,7 +92,7 @@ class Detector:
             apply_batching(self._detect_batch, config)
 
     async def detect(self, query: str) -> dict[str, Any]:
-        """``{"probability", "threshold", "version", "score_of"}`` for one query (batched with
+        """``{"probability", "threshold", "version", "reads_ranking_of"}`` for one query (batched with
         concurrent ones; a repeat of a recent query is answered from the cache)."""
         model = self.model
         assert model is not None, "reconfigure() loads the model before any request"
@@ -106,17 +106,25 @@ class Detector:
         self.cache.put((answer["version"], query), answer, generation)
         return answer
 
-    async def detect_scored(self, query: str, top_score: float, artifact: str | None) -> dict[str, Any]:
-        """As :meth:`detect`, from the top score the Retriever ranked ``query`` with under
-        ``artifact``: when this replica thresholds that very score (``score_of``, see
-        :attr:`DetectorModel.score_of`) the query is not encoded again; otherwise (a swap landed in
-        between, another artifact, a detector of its own) it is detected as by :meth:`detect`."""
+    async def detect_scored(
+        self, query: str, top_score: float, detected: float | None, ranking: str | None
+    ) -> dict[str, Any]:
+        """As :meth:`detect`, from what the Retriever computed while ranking ``query`` with
+        ``ranking`` (:func:`.models.ranking_key`; ``top_score`` and its method's own ``detected``
+        probability, see :func:`.retriever_deployment.rank_without_retired`): when this replica
+        decides from that very answer (:attr:`DetectorModel.reads_ranking_of`) the query is not encoded again;
+        otherwise (a swap landed in between, another artifact or runtime) it is detected as by
+        :meth:`detect`."""
         model = self.model
         assert model is not None, "reconfigure() loads the model before any request"
-        if model.score_of is None or model.score_of != artifact:
+        reads = model.reads_ranking_of
+        probability = None
+        if reads is not None and reads == ranking:
+            probability = model.probability_from(top_score, detected)
+        if probability is None:
             return await self.detect(query)
-        found = {"threshold": model.decision_threshold, "version": model.version, "score_of": model.score_of}
-        return {"probability": model.probability_of_top(top_score), **found}
+        found = {"threshold": model.decision_threshold, "version": model.version, "reads_ranking_of": reads}
+        return {"probability": probability, **found}
 
     async def cache_stats(self) -> dict[str, int]:
         """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
@@ -133,7 +141,11 @@ class Detector:
         model = self.model  # one version for the whole batch, even if a swap lands meanwhile
         assert model is not None, "reconfigure() loads the model before any request"
         probs = await asyncio.to_thread(call_each, model.probabilities, queries)
-        found = {"version": model.version, "threshold": model.decision_threshold, "score_of": model.score_of}
+        found = {
+            "version": model.version,
+            "threshold": model.decision_threshold,
+            "reads_ranking_of": model.reads_ranking_of,
+        }
         return [p if isinstance(p, Exception) else {"probability": p, **found} for p in probs]
 
 

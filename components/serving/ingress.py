@@ -2,12 +2,12 @@
 
 ``POST /v1/select`` runs detection; when no tool is needed it answers at once (retrieval skipped),
 otherwise it rewrites (if a rewriter is deployed), retrieves, and selects (if a selector is
-deployed). A detector that thresholds the top score of the artifact the Retriever serves (dense,
-BM25) reads that score from the Retriever's ranking instead of ranking the query a second time
-(:meth:`Ingress._detect_and_retrieve`). Calls to replicas that die mid-request (a node loss, a
-killed actor) are retried on another replica; they are all idempotent reads. The response names
-the version of each model that answered (``versions``): Detector and Retriever reconfigure
-independently during a hot-swap.
+deployed). A detector of the artifact the Retriever serves decides from what the Retriever computed
+while ranking the query (the top score a threshold reads; MassTool's detection tower, which shares
+its pass) instead of encoding the query a second time (:meth:`Ingress._detect_and_retrieve`).
+Calls to replicas that die mid-request (a node loss, a killed actor) are retried on another
+replica; they are all idempotent reads. The response names the version of each model that
+answered (``versions``): Detector and Retriever reconfigure independently during a hot-swap.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ class Ingress:
             replica, which :class:`~components.serving.errors.ApiKeyMiddleware` reads when Serve
             builds the app after this constructor. ``None`` keeps the replica's own (e.g. from a
             Kubernetes Secret).
-        share_ranking: Let a score-threshold detector of the retriever's artifact read the
-            retriever's top score (see :meth:`_detect_and_retrieve`); False ranks each query twice.
+        share_ranking: Let a detector of the retriever's artifact decide from the retriever's
+            answer (see :meth:`_detect_and_retrieve`); False encodes each query twice.
     """
 
     def __init__(
@@ -117,10 +117,10 @@ class Ingress:
         self.rewriter, self.selector = rewriter, selector
         self.threshold = needs_tool_threshold
         self.retries = retries
-        # What the last answers said: the artifact whose top score the detector thresholds, and the
-        # one the retriever ranks with. When they are the same (and no rewriter changes the text
-        # retrieved), one ranking answers both stages (see _select).
-        self.score_of: str | None = None
+        # What the last answers said: the artifact whose ranking the detector can decide from, and
+        # the one the retriever ranks with. When they are the same (and no rewriter changes the
+        # text retrieved), one ranking answers both stages (see _detect_and_retrieve).
+        self.reads_ranking_of: str | None = None
         self.retrieved_with: str | None = None
         self.share_ranking = share_ranking and rewriter is None
         mcp.bind(self._mcp_select, self._describe, self._lookup)
@@ -153,29 +153,46 @@ class Ingress:
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The detector's answer and, when the query was ranked on the way, the retriever's.
 
-        A score-threshold detector (dense, BM25) ranks the query to read its top score, which the
-        Retriever computes anyway: when both serve the same artifact and the query is retrieved as
-        sent (no rewriter), the query is ranked once, by the Retriever, and the Detector reads the
-        score it returns. That halves the encoder work per request for a dense model (a MiniLM query
-        costs 12-20 ms a pass on one core, benchmarks/results/encoder_runtime.md). Otherwise
-        (MassTool's own detector, a pinned detector of another artifact, a generated ranking) the
-        detector runs first and a query that needs no tool is never ranked. A swap that lands
-        between the two calls is safe: the Detector reads the score only if it is of its artifact.
+        Detection and retrieval encode the same query: a score-threshold detector (dense, BM25)
+        ranks it to read its top score, and MassTool's detection tower reads the joint embedding
+        its retrieval tower scores. When the Detector and the Retriever rank with the same
+        artifact on the same runtime (:func:`.models.ranking_key`) and the query is retrieved as
+        sent (no rewriter), the Retriever ranks the query once and the Detector decides from its
+        answer; that halves the encoder work per request (a MiniLM query costs 12-20 ms a pass on
+        one core, benchmarks/results/encoder_runtime.md). Otherwise (a pinned detector of another
+        artifact, a ranking whose top score depends on k) the detector runs first and a query that
+        needs no tool is never ranked. A swap landing between the two calls is safe: the Detector
+        decides from an answer only under its own ranking key. A Retriever that fails here does not
+        fail a query that needs no tool: the Detector then decides alone, as in the other order.
         """
-        fuse = self.share_ranking and self.score_of is not None and self.score_of == self.retrieved_with
-        if not fuse:
-            detected = await self._timed(timings, "detect", self._call(self.detector.detect, req.query))
-            self.score_of = detected.get("score_of")
-            return detected, None
-        ranked = self._call(self.retriever.retrieve, (req.query, req.top_k))
-        found = await self._timed(timings, "retrieve", ranked)
+        shared = self.reads_ranking_of is not None and self.reads_ranking_of == self.retrieved_with
+        found = None
+        if self.share_ranking and shared:
+            try:
+                ranked = self._call(self.retriever.retrieve, (req.query, req.top_k))
+                found = await self._timed(timings, "retrieve", ranked)
+            except Exception as e:  # a query that needs no tool is still answered without it
+                logger.warning("retriever failed before detection, detecting alone: %s", e)
+        if found is None:
+            return await self._detect_alone(req.query, timings), None
         # A replica that does not say what it ranked with (an older one, mid-rollout) sends no
-        # artifact: the Detector then ranks the query itself.
-        self.retrieved_with = found.get("artifact")
-        score = (req.query, found.get("top_score", 0.0), self.retrieved_with)
-        detected = await self._timed(timings, "detect", self._call(self.detector.detect_scored, *score))
-        self.score_of = detected.get("score_of")
+        # ranking key: the Detector then encodes the query itself.
+        self.retrieved_with = found.get("ranking")
+        answer = (req.query, found.get("top_score", 0.0), found.get("detected"), self.retrieved_with)
+        try:
+            detected = await self._timed(timings, "detect", self._call(self.detector.detect_scored, *answer))
+        except BackendUnavailable:
+            raise
+        except Exception as e:  # e.g. an older Detector replica without detect_scored, mid-rollout
+            logger.warning("detection from the retriever's ranking failed, detecting alone: %s", e)
+            return await self._detect_alone(req.query, timings), found
+        self.reads_ranking_of = detected.get("reads_ranking_of")
         return detected, found
+
+    async def _detect_alone(self, query: str, timings: dict[str, float]) -> dict[str, Any]:
+        detected = await self._timed(timings, "detect", self._call(self.detector.detect, query))
+        self.reads_ranking_of = detected.get("reads_ranking_of")
+        return detected
 
     async def _select(self, req: SelectRequest, timings: dict[str, float]) -> dict[str, Any]:
         detected, found = await self._detect_and_retrieve(req, timings)
@@ -202,7 +219,7 @@ class Ingress:
         if found is None:
             ranked = self._call(self.retriever.retrieve, (text, req.top_k))
             found = await self._timed(timings, "retrieve", ranked)
-            self.retrieved_with = found.get("artifact")
+            self.retrieved_with = found.get("ranking")
         out["tools"] = found["tools"]
         out["versions"]["retriever"] = found["version"]
         if self.selector is not None and found["tools"]:

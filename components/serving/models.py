@@ -19,6 +19,7 @@ from components.registry import resolve
 from components.serving.calibration import (
     ScoreThreshold,
     calibrate,
+    calibration_key,
     find_calibration,
     has_legacy_calibration,
     model_version,
@@ -62,6 +63,14 @@ def load_method(
     return method
 
 
+def ranking_key(artifact: str, encoder_runtime: str, lm_engine: str | None) -> str:
+    """What the scores of ``artifact`` loaded on this runtime and engine are: its directory, its
+    version and config hash, and the runtime and engine where they move its scores (as keyed by
+    :func:`.calibration.calibration_key`). A Detector decides from a Retriever's ranking only
+    under the same key (:attr:`DetectorModel.reads_ranking_of`)."""
+    return f"{artifact}|{calibration_key(artifact, encoder_runtime, lm_engine)}"
+
+
 def artifact_dir(artifact: str, source: str | None = None, registry: dict[str, Any] | None = None) -> str:
     """The local directory to load ``artifact`` from: the directory itself, or, on a node of the
     cluster where that pinned registry version was never materialised, the version ``source``
@@ -90,13 +99,26 @@ class RetrieverModel:
         self.source = source  # the registry version it is (models:/<name>/<N>), if it is one
         self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
         self.version = model_version(self.artifact)
+        self.ranking = ranking_key(self.artifact, encoder_runtime, lm_engine)
 
     def retrieve(self, texts: list[str], k: int) -> list[Ranking]:
         """Top-``k`` ``(tool id, score)`` for each text, best first."""
-        results = self.method.retrieve({str(i): t for i, t in enumerate(texts)}, k)
-        return [
-            sorted(results.get(str(i), {}).items(), key=lambda item: -item[1])[:k] for i in range(len(texts))
-        ]
+        return self._rankings(
+            self.method.retrieve({str(i): t for i, t in enumerate(texts)}, k), len(texts), k
+        )
+
+    def retrieve_detected(self, texts: list[str], k: int) -> list[tuple[Ranking, float | None]]:
+        """:meth:`retrieve`, with P(needs a tool) from the same pass for a method with its own
+        detector (MassTool: ``retrieve_detected``), else ``None``."""
+        if "detect" not in self.method.capabilities:
+            return [(r, None) for r in self.retrieve(texts, k)]
+        results, detected = self.method.retrieve_detected({str(i): t for i, t in enumerate(texts)}, k)
+        rankings = self._rankings(results, len(texts), k)
+        return [(r, float(detected[str(i)])) for i, r in enumerate(rankings)]
+
+    @staticmethod
+    def _rankings(results: dict[str, dict[str, float]], n: int, k: int) -> list[Ranking]:
+        return [sorted(results.get(str(i), {}).items(), key=lambda item: -item[1])[:k] for i in range(n)]
 
     def size(self) -> int:
         return len(self.method.tool_ids)
@@ -137,6 +159,7 @@ class DetectorModel:
         self.artifact = artifact_dir(artifact, source, registry)
         self.version = model_version(self.artifact)
         self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
+        self.ranking = ranking_key(self.artifact, encoder_runtime, lm_engine)
         self.threshold: ScoreThreshold | None = None
         if "detect" in self.method.capabilities:
             self.kind = "method"
@@ -172,22 +195,29 @@ class DetectorModel:
         return self.threshold.at_threshold()
 
     @property
-    def score_of(self) -> str | None:
-        """The artifact whose top retrieval score this detector thresholds, or ``None``.
+    def reads_ranking_of(self) -> str | None:
+        """The ranking (:func:`ranking_key`) whose Retriever answer this detector can decide
+        from, or ``None``.
 
-        A Retriever serving that same artifact computes the very score while ranking a query, so
-        the ingress can hand it over instead of having the query encoded twice
-        (:meth:`probability_of_top`). ``None`` for a method's own detector (MassTool's tower) and
-        for generated rankings, whose top score widens with the beams asked for (calibrated at 1).
+        A Retriever ranking with the same artifact on the same runtime and engine computes what
+        this detector needs while it ranks a query: the top score a threshold reads, or the
+        probability of the method's own detection tower (MassTool's towers share one pass,
+        ``retrieve_detected``). So the ingress can hand it over instead of having the query
+        encoded twice (:meth:`probability_from`). ``None`` for a threshold over a method whose top
+        score depends on the k asked for (beam searches, query generation's fused depth: without
+        the ``exact_scores`` capability), since calibration ranked with k = 1.
         """
-        if self.kind != "score_threshold" or "generate" in self.method.capabilities:
+        if self.kind == "score_threshold" and "exact_scores" not in self.method.capabilities:
             return None
-        return self.artifact
+        return self.ranking
 
-    def probability_of_top(self, top_score: float) -> float:
-        """P(needs a tool) from a query's top retrieval score under :attr:`score_of` (its ranking's
-        first score, 0 for an empty ranking, as :func:`.calibration.top1_scores` scores)."""
-        assert self.threshold is not None, "only a score-threshold detector reads a top score"
+    def probability_from(self, top_score: float, detected: float | None) -> float | None:
+        """P(needs a tool) from a Retriever answer of :attr:`reads_ranking_of`: its ranking's top
+        score (over all the artifact's tools, 0 for an empty ranking, as
+        :func:`.calibration.top1_scores` scores) for a threshold, the probability its method
+        ``detected`` in the same pass for a method's own detector (``None``: not there)."""
+        if self.threshold is None:
+            return detected
         return float(self.threshold.probability(np.array([top_score]))[0])
 
     def probabilities(self, texts: list[str]) -> list[float]:

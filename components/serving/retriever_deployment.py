@@ -44,10 +44,11 @@ def listed(ranking: Ranking | Exception, gone: frozenset[str], k: int) -> Rankin
 
 def rank_without_retired(
     model: RetrieverModel, requests: list[tuple[str, int]], gone: frozenset[str]
-) -> list[tuple[Ranking, float] | Exception]:
-    """Each ``(text, k)``'s top ``k`` among the tools still listed (retired ones dropped), with the
-    top score among all the artifact's tools (retired ones included, 0 for an empty ranking): what
-    a score-threshold detector of the same artifact reads (:meth:`Detector.detect_scored`).
+) -> list[tuple[Ranking, float, float | None] | Exception]:
+    """Each ``(text, k)``'s top ``k`` among the tools still listed (retired ones dropped), with what
+    a detector of the same artifact decides from (:meth:`Detector.detect_scored`): the top score
+    among all the artifact's tools (retired ones included, 0 for an empty ranking), and the
+    probability the method's own detector gave in the same pass (``None`` if it has none).
 
     A request first asks for ``k`` more at most (``2k``): asking for ``k + len(gone)`` every time
     would make a catalog with hundreds of retired tools decode hundreds of beams per ToolGen
@@ -55,11 +56,12 @@ def rank_without_retired(
     for ``k + len(gone)``, which always leaves ``k`` if the catalog has them.
     """
     first = [(text, k + min(len(gone), k)) for text, k in requests]
-    ranked = rank_by_k(model, first)
-    out = [listed(r, gone, k) for r, (_, k) in zip(ranked, requests, strict=True)]
+    ranked = rank_by_k(model, first, detected=True)
+    raw = [r if isinstance(r, Exception) else r[0] for r in ranked]
+    out = [listed(r, gone, k) for r, (_, k) in zip(raw, requests, strict=True)]
     short = [
         i
-        for i, (ranking, (_, k)) in enumerate(zip(ranked, requests, strict=True))
+        for i, (ranking, (_, k)) in enumerate(zip(raw, requests, strict=True))
         # short of k after the drop, and the ranking went as deep as asked: there may be more
         if not isinstance(ranking, Exception) and len(ranking) >= first[i][1] and len(out[i]) < k
     ]
@@ -67,13 +69,15 @@ def rank_without_retired(
         again = rank_by_k(model, [(requests[i][0], requests[i][1] + len(gone)) for i in short])
         for i, ranking in zip(short, again, strict=True):
             out[i] = listed(ranking, gone, requests[i][1])
-    pairs = zip(out, ranked, strict=True)
-    return [r if isinstance(r, Exception) else (r, top_score(raw)) for r, raw in pairs]
+    return [
+        o if isinstance(o, Exception) else (o, top_score(r[0]), r[1])
+        for o, r in zip(out, ranked, strict=True)
+    ]
 
 
-def top_score(ranking: Ranking | Exception) -> float:
+def top_score(ranking: Ranking) -> float:
     """A ranking's best score, 0 when it is empty (as :func:`.calibration.top1_scores` scores)."""
-    return 0.0 if isinstance(ranking, Exception) or not ranking else float(ranking[0][1])
+    return float(ranking[0][1]) if ranking else 0.0
 
 
 class Retriever:
@@ -127,9 +131,9 @@ class Retriever:
         self.cache.clear()  # answers carry the old names
 
     async def retrieve(self, request: tuple[str, int]) -> dict[str, Any]:
-        """``{"tools", "version", "catalog_version", "artifact", "top_score"}`` for one ``(text, k)``
-        (``top_score``: see :func:`rank_without_retired`; batched with concurrent ones; a repeat of
-        a recent request is answered from the cache)."""
+        """``{"tools", "version", "catalog_version", "ranking", "top_score", "detected"}`` for one
+        ``(text, k)`` (the last three: see :func:`rank_without_retired`; batched with concurrent
+        ones; a repeat of a recent request is answered from the cache)."""
         model = self.model
         assert model is not None, "reconfigure() loads the model before any request"
         text, k = normalise_query(request[0]), request[1]  # what the model sees, cached or not
@@ -157,12 +161,12 @@ class Retriever:
             if isinstance(r, Exception):
                 out.append(r)
                 continue
-            ranking, top = r
+            ranking, top, detected = r
             versions = {"version": model.version, "catalog_version": catalog.version}
-            # artifact, top_score: for the ingress only (never sent to clients), see rank_without_retired.
-            out.append(
-                {"tools": named(ranking, catalog), **versions, "artifact": model.artifact, "top_score": top}
-            )
+            # For the ingress only (never sent to clients): what a detector of the same artifact
+            # decides from (see rank_without_retired).
+            decides = {"ranking": model.ranking, "top_score": top, "detected": detected}
+            out.append({"tools": named(ranking, catalog), **versions, **decides})
         return out
 
     async def serving_artifact(self) -> str:

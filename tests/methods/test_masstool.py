@@ -310,6 +310,18 @@ def test_detector_separates_tool_queries_from_chitchat(trained, with_negatives):
     assert auroc(labels, scores) > 0.7, (np.mean(list(tool.values())), np.mean(list(chat.values())))
 
 
+def test_one_pass_retrieves_and_detects_as_the_two_calls_do(trained, with_negatives):
+    method = trained[0]
+    queries = {**dict(list(with_negatives.split_queries("test").items())[:6]), "chat": "hi, how are you?"}
+    found, detected = method.retrieve_detected(queries, 5)
+    alone = method.retrieve(queries, 5)
+    assert {q: list(r) for q, r in found.items()} == {q: list(r) for q, r in alone.items()}
+    for q in queries:
+        assert list(found[q].values()) == pytest.approx(list(alone[q].values()), abs=1e-5)
+    assert detected == pytest.approx(method.detect(queries), abs=1e-6)
+    assert method.retrieve_detected({}, 5) == ({}, {})
+
+
 def test_new_query_and_new_tool_after_training(trained, with_negatives):
     method = trained[0]
     out = method.retrieve({"new": "a query nobody wrote before, about the weather"}, 5)

@@ -64,7 +64,7 @@ def test_retriever_answers_repeats_from_the_cache_and_forgets_them_on_a_swap(bm2
         alone = RetrieverModel(bm25_versions["default"]).retrieve([query], 3)[0]
         catalog = retriever.catalog
         cv = {"catalog_version": catalog.version}
-        top = {"artifact": retriever.model.artifact, "top_score": alone[0][1]}  # for the ingress
+        top = {"ranking": retriever.model.ranking, "top_score": alone[0][1], "detected": None}
         assert first == {"tools": named(alone, catalog), "version": "bm25/v0001", **cv, **top}
         assert (await retriever.retrieve((query, 2)))["tools"] == first["tools"][:2]  # k is in the key
         assert retriever.cache.stats()["misses"] == 2
@@ -76,7 +76,7 @@ def test_retriever_answers_repeats_from_the_cache_and_forgets_them_on_a_swap(bm2
         retriever.cache.put(("bm25/v0001", retriever.catalog.version, query, 3), first)
         swapped = await retriever.retrieve((query, 3))
         lucene = RetrieverModel(bm25_versions["lucene"]).retrieve([query], 3)[0]
-        top = {"artifact": retriever.model.artifact, "top_score": lucene[0][1]}
+        top = {"ranking": retriever.model.ranking, "top_score": lucene[0][1], "detected": None}
         assert swapped == {"tools": named(lucene, catalog), "version": "bm25/v0002", **cv, **top}
         assert swapped["tools"] != first["tools"]
 

@@ -157,7 +157,10 @@ def test_method_detect_is_preferred_over_calibration(monkeypatch, dataset, tmp_p
     method.save(str(tmp_path / "m" / "v0001"))  # config.json names "bm25_detect"
     detector = DetectorModel(str(tmp_path / "m" / "v0001"))  # no calibration file needed
     assert detector.kind == "method" and detector.threshold is None
-    assert detector.score_of is None  # its own detector: no retrieval score to hand over
+    # Its own detector decides from the probability a Retriever of this artifact computed in the
+    # same pass, when there is one; a threshold's top score means nothing to it.
+    assert detector.reads_ranking_of == detector.ranking
+    assert detector.probability_from(0.0, 0.25) == 0.25 and detector.probability_from(9.0, None) is None
     assert detector.probabilities(["weather forecast in Paris", "zzzz qqqq"]) == [1.0, 0.0]
 
 

@@ -117,15 +117,19 @@ def test_many_retired_tools_still_leave_k_without_asking_every_request_for_all_o
             self.asked.append(k)
             return model.retrieve(texts, k)
 
+        def retrieve_detected(self, texts, k):  # the first ranking of a request (see the Retriever)
+            self.asked.append(k)
+            return model.retrieve_detected(texts, k)
+
     few, many = frozenset(full[:2]), frozenset(full[:10])
     counting = Counting()
-    ((ranking, top),) = rank_without_retired(counting, [(query, 3)], few)
+    ((ranking, top, detected),) = rank_without_retired(counting, [(query, 3)], few)
     assert [t for t, _ in listed(ranking, few, 3)] == full[2:5] and counting.asked == [5]
     # The top score is the artifact's best over all its tools, the retired one's here: what a
     # score-threshold detector of this artifact scores the query by.
-    assert top == ranked[0][1] and ranking[0][0] == full[2]
+    assert top == ranked[0][1] and ranking[0][0] == full[2] and detected is None  # BM25 has no detector
     counting.asked.clear()
-    ((ranking, top),) = rank_without_retired(counting, [(query, 3)], many)
+    ((ranking, top, detected),) = rank_without_retired(counting, [(query, 3)], many)
     assert [t for t, _ in listed(ranking, many, 3)] == full[10:13] and counting.asked == [6, 13]
     assert top == ranked[0][1]
 

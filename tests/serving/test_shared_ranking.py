@@ -42,8 +42,8 @@ async def graph(serving_data: str, detector_config: dict, retriever_artifact: st
     return ingress, detector, retriever
 
 
-def ask(ingress: Ingress, query: str) -> Any:
-    return ingress.answer(SelectRequest(query=query, top_k=3))
+def ask(ingress: Ingress, query: str, **request: Any) -> Any:
+    return ingress.answer(SelectRequest(query=query, top_k=3, **request))
 
 
 def test_a_score_threshold_detector_of_the_served_artifact_reads_the_retrievers_score(
@@ -52,7 +52,7 @@ def test_a_score_threshold_detector_of_the_served_artifact_reads_the_retrievers_
     good = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
     alone = DetectorModel(good["artifact"], good["detector_file"])
     ranker = RetrieverModel(good["artifact"])
-    assert alone.score_of == ranker.artifact  # it thresholds this artifact's top score
+    assert alone.reads_ranking_of == ranker.ranking  # it thresholds this artifact's top score
     queries = list(dataset.split_queries("test").values())[:12] + list(dataset.neg_split["test"])[:8]
     assert len(queries) == 20
 
@@ -90,22 +90,18 @@ def test_a_detector_of_another_artifact_behind_a_rewriter_or_turned_off_ranks_th
         async def rewrite(self, query: str, history: list[str]) -> str:
             return query
 
+    async def each_ranked_twice(ingress, detector, retriever) -> None:
+        for q in queries:  # every query needs a tool (threshold 0): each one is retrieved
+            assert (await ask(ingress, q, needs_tool_threshold=0.0))["needs_tool"]
+        assert detector.cache.stats()["misses"] == retriever.cache.stats()["misses"] == len(queries)
+
     async def scenario() -> None:
         # Detection pinned to v0001 while retrieval serves v0002: never fused.
-        ingress, detector, _ = await graph(serving_data, config, lucene)
-        for q in queries:
-            await ask(ingress, q)
-        assert detector.cache.stats()["misses"] == len(queries)
+        await each_ranked_twice(*await graph(serving_data, config, lucene))
         # The same artifact behind a rewriter: the retrieved text is the rewrite, not the query.
-        ingress, detector, _ = await graph(serving_data, config, default, rewriter=Local(Echo()))
-        for q in queries:
-            await ask(ingress, q)
-        assert detector.cache.stats()["misses"] == len(queries)
+        await each_ranked_twice(*await graph(serving_data, config, default, rewriter=Local(Echo())))
         # Turned off (app arg share_ranking: false): each query ranked by both.
-        ingress, detector, _ = await graph(serving_data, config, default, share_ranking=False)
-        for q in queries:
-            await ask(ingress, q)
-        assert detector.cache.stats()["misses"] == len(queries)
+        await each_ranked_twice(*await graph(serving_data, config, default, share_ranking=False))
 
     asyncio.run(scenario())
 
@@ -116,10 +112,12 @@ def test_a_detector_swapped_between_the_two_calls_detects_with_its_own_model(bm2
     query = "weather forecast tomorrow"
 
     async def scenario() -> None:
-        ingress, detector, _ = await graph(serving_data, config, default)
-        await ask(ingress, "find flights to Rome and a hotel there")  # learns the shared artifact
+        ingress, detector, retriever = await graph(serving_data, config, default)
+        # Learns that the two rank alike (the first query is retrieved: threshold 0).
+        await ask(ingress, "find flights to Rome and a hotel there", needs_tool_threshold=0.0)
         await detector.reconfigure({**config, "artifact": lucene})  # lands before the next request
         answer = await ask(ingress, query)
+        assert retriever.cache.stats()["misses"] == 2  # this query was ranked by the Retriever first
         # The score the Retriever sent is v0001's: v0002's detector ranked the query itself.
         expected = DetectorModel(lucene, bm25_versions["detector_file"]).probabilities([query])[0]
         assert answer["probability"] == pytest.approx(expected, abs=1e-12)
@@ -127,3 +125,74 @@ def test_a_detector_swapped_between_the_two_calls_detects_with_its_own_model(bm2
         assert detector.cache.stats()["misses"] == 2  # the first request's, and this one's
 
     asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def masstool_artifact(trained_masstool, tmp_path_factory) -> str:
+    """The session's MassTool (trained on Ray Train, tests/conftest.py), saved as an artifact."""
+    path = str(tmp_path_factory.mktemp("shared") / "masstool" / "v0001")
+    trained_masstool[0].save(path)
+    return path
+
+
+def test_masstools_own_detector_decides_from_the_pass_that_ranked_the_query(
+    masstool_artifact, with_negatives_dir, with_negatives
+):
+    local = RetrieverModel(masstool_artifact).method  # the artifact as one process loads it
+    queries = list(with_negatives.split_queries("test").values())[:6] + with_negatives.neg_split["test"][:6]
+
+    async def scenario() -> None:
+        config = {"artifact": masstool_artifact}  # a method with detect() needs no calibration
+        ingress, detector, retriever = await graph(str(with_negatives_dir), config, masstool_artifact)
+        answers = [await ask(ingress, q) for q in queries]
+        # The detection tower ran in the Detector once (the first request); after that in the
+        # Retriever's pass, the one that ranked the query.
+        assert detector.cache.stats()["misses"] == 1
+        assert retriever.cache.stats()["misses"] == len(queries)
+        expected = local.detect({str(i): q for i, q in enumerate(queries)})
+        for i, (query, answer) in enumerate(zip(queries, answers, strict=True)):
+            assert answer["probability"] == pytest.approx(expected[str(i)], abs=1e-5)
+            assert answer["needs_tool"] == (answer["probability"] >= local.detect_threshold)
+            want = list(local.retrieve({"q": query}, 3)["q"]) if answer["needs_tool"] else []
+            assert [t["id"] for t in answer["tools"]] == want
+        assert {a["needs_tool"] for a in answers} == {True, False}
+
+    asyncio.run(scenario())
+
+
+def test_a_retriever_that_fails_first_fails_no_query_that_needs_no_tool(bm25_versions, serving_data):
+    config = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+
+    class Down:
+        async def retrieve(self, request):
+            raise RuntimeError("retriever down")
+
+    async def scenario() -> None:
+        ingress, _, _ = await graph(serving_data, config, bm25_versions["default"])
+        await ask(ingress, "find flights to Rome and a hotel there", needs_tool_threshold=0.0)
+        ingress.retriever = Local(Down())  # the ingress now ranks in the Retriever first
+        out = await ask(ingress, "hello there", needs_tool_threshold=1.0)  # needs no tool
+        assert out["needs_tool"] is False and out["versions"]["retriever"] is None
+        with pytest.raises(RuntimeError, match="retriever down"):  # one that needs a tool cannot be answered
+            await ask(ingress, "weather forecast tomorrow", needs_tool_threshold=0.0)
+
+    asyncio.run(scenario())
+
+
+def test_the_ranking_key_tells_runtimes_apart_where_they_move_the_scores(
+    bm25_versions, trained_dense, tmp_path
+):
+    from components.methods import method_class
+    from components.serving.models import ranking_key
+
+    dense = str(tmp_path / "dense" / "v0001")
+    trained_dense[0].save(dense)
+    assert ranking_key(dense, "torch", None) != ranking_key(dense, "onnx", None)
+    bm25 = bm25_versions["default"]
+    assert ranking_key(bm25, "torch", None) == ranking_key(bm25, "onnx", None)  # no encoder to move
+    assert ranking_key(bm25, "torch", None) != ranking_key(bm25_versions["lucene"], "torch", None)
+    # A threshold never reads the top score of a ranking that depends on k (beams, fused depth).
+    for name in ("toolgen", "toolweaver", "querygen"):
+        assert "exact_scores" not in method_class(name).capabilities
+    for name in ("bm25", "dense", "masstool"):
+        assert "exact_scores" in method_class(name).capabilities

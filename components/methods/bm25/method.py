@@ -42,7 +42,7 @@ class BM25Method:
     name: ClassVar[str] = "bm25"
     stages: ClassVar[tuple[str, ...]] = ()
     # cold_start: any tool with a text is indexed, whether or not training queries name it.
-    capabilities: ClassVar[frozenset[str]] = frozenset({"cold_start"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"cold_start", "exact_scores"})
 
     def __init__(
         self,

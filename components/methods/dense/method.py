@@ -46,7 +46,9 @@ class DenseMethod(BiEncoderRetriever):
     stages: ClassVar[tuple[str, ...]] = ("contrastive",)
     # variants: text tower, ID head and their mix are each a scoring mode bench reports;
     # cold_start: tools added after training are scored by their text.
-    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "variants", "cold_start", "text_encoders"})
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"train", "variants", "cold_start", "text_encoders", "exact_scores"}
+    )
 
     def __init__(self, **params: Any) -> None:
         super().__init__(DenseParams(**params))

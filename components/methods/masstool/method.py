@@ -55,7 +55,9 @@ class MassToolMethod:
     name: ClassVar[str] = "masstool"
     stages: ClassVar[tuple[str, ...]] = ("semantic", "joint")
     # cold_start: a tool added after training gets its vector from its text (the frozen entry).
-    capabilities: ClassVar[frozenset[str]] = frozenset({"train", "detect", "cold_start", "text_encoders"})
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"train", "detect", "cold_start", "text_encoders", "exact_scores"}
+    )
 
     def __init__(self, **params: Any) -> None:
         params = {k: tuple(v) if k == "tool_fields" else v for k, v in params.items()}
@@ -222,6 +224,18 @@ class MassToolMethod:
             self._refresh_graph()
         logits, _ = self._joint([queries[q] for q in qids])
         return dict(zip(qids, torch.sigmoid(logits).tolist(), strict=True))
+
+    def retrieve_detected(self, queries: Queries, k: int) -> tuple[Results, dict[str, float]]:
+        """:meth:`retrieve` and :meth:`detect` from one pass: both towers read the query's joint
+        embedding, so a server answering both need not encode the query twice."""
+        if self._tools is None:
+            raise RuntimeError("masstool: call index() before retrieve()")
+        qids = list(queries)
+        if not qids:
+            return {}, {}
+        logits, joint = self._joint([queries[q] for q in qids])
+        found = top_k(self._need_model().scores(joint, self._tools), qids, self.tool_ids, k)
+        return found, dict(zip(qids, torch.sigmoid(logits).tolist(), strict=True))
 
     # ------------------------------------------------------------- persistence
     def save(self, path: str) -> None:
