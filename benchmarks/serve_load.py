@@ -296,7 +296,7 @@ def shares_ranking(detector: DetectorModel, retriever: RetrieverModel, rewriter:
     ``share_ranking``, components/serving/ingress.py): a detector of the same artifact, no rewriter
     in between."""
     reads = detector.reads_ranking_of
-    return rewriter is None and reads is not None and reads == retriever.artifact
+    return rewriter is None and reads is not None and reads == retriever.ranking
 
 
 def in_process(

@@ -196,3 +196,13 @@ def test_the_ranking_key_tells_runtimes_apart_where_they_move_the_scores(
         assert "exact_scores" not in method_class(name).capabilities
     for name in ("bm25", "dense", "masstool"):
         assert "exact_scores" in method_class(name).capabilities
+
+
+def test_the_load_benchmarks_in_process_baseline_shares_the_ranking_where_the_graph_does(bm25_versions):
+    from benchmarks.serve_load import shares_ranking
+
+    default, lucene = bm25_versions["default"], bm25_versions["lucene"]
+    detector = DetectorModel(default, bm25_versions["detector_file"])
+    assert shares_ranking(detector, RetrieverModel(default), None)
+    assert not shares_ranking(detector, RetrieverModel(lucene), None)
+    assert not shares_ranking(detector, RetrieverModel(default), rewriter=object())
