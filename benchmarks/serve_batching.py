@@ -65,8 +65,9 @@ def in_process(
 ) -> dict:
     """Detect → retrieve (k 5) in this process: one query at a time (p50, p99), then on batches of
     8 (req/s)."""
-    single = serve_load.in_process(detector, retriever, None, queries, seconds)
-    rps = serve_load.in_process_batched(detector, retriever, queries, seconds)
+    # One ranking for both stages where the graph shares it (share_ranking, the serving default).
+    single = serve_load.in_process(detector, retriever, None, queries, seconds, shared=True)
+    rps = serve_load.in_process_batched(detector, retriever, queries, seconds, shared=True)
     return {"p50_ms": single["p50_ms"], "p99_ms": single["p99_ms"], "rps": rps}
 
 

@@ -78,13 +78,26 @@ class Method(Protocol):
         ...
 
 
+# What a declared capability obliges a class to define (read where a method class is resolved, so
+# a method missing one fails when it is registered, not on its first served request).
+REQUIRES = {"detect": ("detect", "retrieve_detected"), "text_encoders": ("text_encoders",)}
+
+
 def check_capabilities(cls: type) -> None:
-    """Raise if a method class declares a capability that does not exist (a typo would hide it)."""
+    """Raise if a method class declares a capability that does not exist (a typo would hide it), or
+    one whose functions (:data:`REQUIRES`) it does not define."""
     unknown = set(cls.capabilities) - set(CAPABILITIES)
     if unknown:
         raise ValueError(
             f"{cls.__name__} declares unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}"
         )
+    for capability in sorted(set(cls.capabilities) & set(REQUIRES)):
+        missing = [f for f in REQUIRES[capability] if not callable(getattr(cls, f, None))]
+        if missing:
+            raise ValueError(
+                f"{cls.__name__} declares {capability!r} but does not define {missing} "
+                f"({capability}: {CAPABILITIES[capability]})"
+            )
 
 
 def write_config(path: str, config: dict[str, Any]) -> None:

@@ -173,6 +173,9 @@ class Ingress:
                 found = await self._timed(timings, "retrieve", ranked)
             except Exception as e:  # a query that needs no tool is still answered without it
                 logger.warning("retriever failed before detection, detecting alone: %s", e)
+                # Detect first again until a retrieval succeeds: while the Retriever is down, a
+                # query that needs no tool must not wait out its retries.
+                self.retrieved_with = None
         if found is None:
             return await self._detect_alone(req.query, timings), None
         # A replica that does not say what it ranked with (an older one, mid-rollout) sends no

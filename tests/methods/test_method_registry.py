@@ -54,12 +54,25 @@ class Odd:
     capabilities = frozenset({"telepathy"})
 
 
+class HalfDetector(Odd):
+    """Declares its own detector but only half of what serving calls."""
+
+    capabilities = frozenset({"detect"})
+
+    def detect(self, queries):
+        return {}
+
+
 def test_unknown_names_and_capabilities_are_refused(monkeypatch):
     with pytest.raises(KeyError, match="unknown method 'nope'"):
         methods.build("nope")
     monkeypatch.setitem(methods.REGISTRY, "odd", f"{__name__}:Odd")
     with pytest.raises(ValueError, match="unknown capabilities"):
         methods.method_class("odd")
+    # A declared capability must come with its functions: detect needs retrieve_detected too.
+    monkeypatch.setitem(methods.REGISTRY, "half", f"{__name__}:HalfDetector")
+    with pytest.raises(ValueError, match=r"declares 'detect' but does not define \['retrieve_detected'\]"):
+        methods.method_class("half")
     with pytest.raises(ImportError, match="cannot import"):
         monkeypatch.setitem(methods.REGISTRY, "gone", "components.methods.gone.method:Gone")
         methods.method_class("gone")

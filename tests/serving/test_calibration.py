@@ -149,6 +149,9 @@ class _BM25WithDetect(BM25Method):
         top = {q: max(r.values(), default=0.0) for q, r in self.retrieve(queries, 1).items()}
         return {q: float(top.get(q, 0.0) > 0) for q in queries}
 
+    def retrieve_detected(self, queries: dict[str, str], k: int):
+        return self.retrieve(queries, k), self.detect(queries)
+
 
 def test_method_detect_is_preferred_over_calibration(monkeypatch, dataset, tmp_path):
     monkeypatch.setitem(REGISTRY, _BM25WithDetect.name, f"{__name__}:_BM25WithDetect")

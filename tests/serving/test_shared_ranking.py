@@ -164,7 +164,10 @@ def test_a_retriever_that_fails_first_fails_no_query_that_needs_no_tool(bm25_ver
     config = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
 
     class Down:
+        calls = 0
+
         async def retrieve(self, request):
+            Down.calls += 1
             raise RuntimeError("retriever down")
 
     async def scenario() -> None:
@@ -172,9 +175,45 @@ def test_a_retriever_that_fails_first_fails_no_query_that_needs_no_tool(bm25_ver
         await ask(ingress, "find flights to Rome and a hotel there", needs_tool_threshold=0.0)
         ingress.retriever = Local(Down())  # the ingress now ranks in the Retriever first
         out = await ask(ingress, "hello there", needs_tool_threshold=1.0)  # needs no tool
+        assert Down.calls == 1  # asked first, and failed
         assert out["needs_tool"] is False and out["versions"]["retriever"] is None
+        # Until a retrieval succeeds it detects first again: no Retriever call for no tool needed.
+        assert (await ask(ingress, "good morning", needs_tool_threshold=1.0))["needs_tool"] is False
+        assert Down.calls == 1
         with pytest.raises(RuntimeError, match="retriever down"):  # one that needs a tool cannot be answered
             await ask(ingress, "weather forecast tomorrow", needs_tool_threshold=0.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_detector_that_cannot_read_the_answer_detects_alone_and_an_unavailable_one_fails(
+    bm25_versions, serving_data
+):
+    from components.serving.ingress import BackendUnavailable
+
+    config = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+    query = "weather forecast tomorrow"
+
+    class Older:  # a Detector replica from before detect_scored (mid-rollout)
+        def __init__(self, detector: Detector) -> None:
+            self.detect = detector.detect
+
+    class Unavailable(Older):
+        async def detect_scored(self, *answer):
+            raise BackendUnavailable("a model deployment did not answer after 4 tries; try again")
+
+    async def scenario() -> None:
+        ingress, detector, retriever = await graph(serving_data, config, bm25_versions["default"])
+        await ask(ingress, "find flights to Rome and a hotel there", needs_tool_threshold=0.0)
+        ingress.detector = Local(Older(detector))
+        out = await ask(ingress, query, needs_tool_threshold=0.0)
+        assert out["needs_tool"] and out["tools"]  # detected alone, retrieved once (the first pass)
+        assert detector.cache.stats()["misses"] == 2 and retriever.cache.stats()["misses"] == 2
+        expected = DetectorModel(config["artifact"], config["detector_file"]).probabilities([query])[0]
+        assert out["probability"] == pytest.approx(expected, abs=1e-12)
+        ingress.detector = Local(Unavailable(detector))
+        with pytest.raises(BackendUnavailable):  # down is down: not hidden behind a second try
+            await ask(ingress, "recipes with salmon")
 
     asyncio.run(scenario())
 
