@@ -76,6 +76,7 @@ from components.serving.models import (
     DetectorModel,
     RetrieverModel,
     ensure_calibration,
+    top_score,
 )
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
 from components.serving.rewriter import Rewriter, build_rewriter, rewriter_settings
@@ -322,7 +323,7 @@ def in_process(
         start = time.perf_counter()
         if shared:
             ((ranking, detected),) = retriever.retrieve_detected([q], 5)
-            detector.probability_from(ranking[0][1] if ranking else 0.0, detected)
+            detector.probability_from(top_score(ranking), detected)
         else:
             detector.probabilities([q])
             text = rewriter.rewrite_many([(q, [])])[0] if rewriter is not None else q
@@ -353,7 +354,7 @@ def in_process_batched(
         texts = [queries[(done + j) % len(queries)] for j in range(batch)]
         if shared:
             for ranking, detected in retriever.retrieve_detected(texts, 5):
-                detector.probability_from(ranking[0][1] if ranking else 0.0, detected)
+                detector.probability_from(top_score(ranking), detected)
             done += batch
             continue
         detector.probabilities(texts)

@@ -123,8 +123,7 @@ class Detector:
             probability = model.probability_from(top_score, detected)
         if probability is None:
             return await self.detect(query)
-        found = {"threshold": model.decision_threshold, "version": model.version, "reads_ranking_of": reads}
-        return {"probability": probability, **found}
+        return model.answer(probability)
 
     async def cache_stats(self) -> dict[str, int]:
         """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""
@@ -141,12 +140,7 @@ class Detector:
         model = self.model  # one version for the whole batch, even if a swap lands meanwhile
         assert model is not None, "reconfigure() loads the model before any request"
         probs = await asyncio.to_thread(call_each, model.probabilities, queries)
-        found = {
-            "version": model.version,
-            "threshold": model.decision_threshold,
-            "reads_ranking_of": model.reads_ranking_of,
-        }
-        return [p if isinstance(p, Exception) else {"probability": p, **found} for p in probs]
+        return [p if isinstance(p, Exception) else model.answer(p) for p in probs]
 
 
 class QueryRewriter:

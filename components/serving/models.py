@@ -29,6 +29,14 @@ from components.serving.calibration import (
 from components.serving.catalog import ToolCatalog
 
 Ranking = list[tuple[str, float]]
+
+
+def top_score(ranking: Ranking) -> float:
+    """A ranking's best score, 0 when it is empty (as :func:`.calibration.top1_scores` scores): what
+    a score-threshold detector reads from a Retriever's ranking (:meth:`DetectorModel.probability_from`)."""
+    return float(ranking[0][1]) if ranking else 0.0
+
+
 # Where the served Detector's and Retriever's text encoders run unless the config says otherwise
 # (app arg / user config ``encoder_runtime``; the model classes below default to PyTorch, so what a
 # benchmark measures in process is what it asks for). ONNX Runtime in fp32 gave the PyTorch model's
@@ -219,6 +227,15 @@ class DetectorModel:
         if self.threshold is None:
             return detected
         return float(self.threshold.probability(np.array([top_score]))[0])
+
+    def answer(self, probability: float) -> dict[str, Any]:
+        """A Detector answer: ``{"probability", "threshold", "version", "reads_ranking_of"}``."""
+        return {
+            "probability": probability,
+            "threshold": self.decision_threshold,
+            "version": self.version,
+            "reads_ranking_of": self.reads_ranking_of,
+        }
 
     def probabilities(self, texts: list[str]) -> list[float]:
         """P(needs a tool) for each text."""

@@ -25,7 +25,7 @@ from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, load_new, raise_failed, rank_by_k
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE, reread_catalog
-from components.serving.models import DEFAULT_ENCODER_RUNTIME, Ranking, RetrieverModel, named
+from components.serving.models import DEFAULT_ENCODER_RUNTIME, Ranking, RetrieverModel, named, top_score
 
 logger = logging.getLogger("ray.serve")
 
@@ -73,11 +73,6 @@ def rank_without_retired(
         o if isinstance(o, Exception) else (o, top_score(r[0]), r[1])
         for o, r in zip(out, ranked, strict=True)
     ]
-
-
-def top_score(ranking: Ranking) -> float:
-    """A ranking's best score, 0 when it is empty (as :func:`.calibration.top1_scores` scores)."""
-    return float(ranking[0][1]) if ranking else 0.0
 
 
 class Retriever:

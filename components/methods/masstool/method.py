@@ -207,13 +207,7 @@ class MassToolMethod:
         return torch.cat(logits), torch.cat(joints)
 
     def retrieve(self, queries: Queries, k: int) -> Results:
-        if self._tools is None:
-            raise RuntimeError("masstool: call index() before retrieve()")
-        qids = list(queries)
-        if not qids:
-            return {}
-        _, joint = self._joint([queries[q] for q in qids])
-        return top_k(self._need_model().scores(joint, self._tools), qids, self.tool_ids, k)
+        return self.retrieve_detected(queries, k)[0]  # the detection logits come with the pass
 
     def detect(self, queries: Queries) -> dict[str, float]:
         """Probability that each query needs a tool (the detection tower)."""
