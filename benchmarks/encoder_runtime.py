@@ -3,9 +3,11 @@
     python -m benchmarks.encoder_runtime --data ../shared/datasets/toollens --seconds 8 --rounds 3
 
 The model is the served MiniLM dense retriever (all-MiniLM-L6-v2 zero-shot, the artifact
-``serve_batching.py`` builds under ``--work``), loaded per runtime exactly as a Serve replica loads
-it (:class:`components.serving.models.RetrieverModel` with ``encoder_runtime``): the tool vectors
-come from the artifact, only the queries go through the runtime. On one torch / ONNX Runtime
+``serve_batching.py`` builds under ``--work``) or, with ``--artifact DIR --model NAME``, any trained
+dense or MassTool artifact (e.g. the MassTool MiniLM of serve_load_shared_ranking_masstool.md, with
+``--out benchmarks/results/encoder_runtime_masstool.json``), loaded per runtime exactly as a Serve
+replica loads it (:class:`components.serving.models.RetrieverModel` with ``encoder_runtime``): the
+tool vectors come from the artifact, only the queries go through the runtime. On one torch / ONNX Runtime
 thread, as each replica has:
 
 * ``latency`` rows: one query at a time (encode + search), p50 / p99 over ``--seconds``, and
@@ -41,12 +43,16 @@ from workflows.report import md_table, write_report
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "encoder_runtime.json")
 BOUND = 0.002  # largest R@3 / N@3 change from PyTorch (valid and test) a default runtime may cost
 BATCH = 8
+ABOUT_ANY = (
+    "Latency is encode + exact search + ranking of one query (`RetrieverModel.retrieve`), one thread. "
+    "int8 is ONNX Runtime's dynamic quantisation with per-channel weights, the MatMuls reading the "
+    "embedding output kept fp32 (components/encoders/onnx_runtime.py). The bound is checked on test "
+    "as issue 29 asks of an encoder option, so this decision reads test.\n"
+)
 ABOUT = (
     "The model is all-MiniLM-L6-v2 zero-shot (the served MiniLM of serve_batching.md); the fine-tuned "
     "MiniLM of toollens_dense_minilm_gpu.md was trained on a lent GPU and is not on this machine, so the "
-    "recall changes are this model's; measure a fine-tuned encoder's before turning int8 on. Latency is "
-    "encode + exact search + ranking of one query (`RetrieverModel.retrieve`), one thread. The bound "
-    "is checked on test as issue 29 asks of an encoder option, so this decision reads test.\n"
+    "recall changes are this model's; encoder_runtime_masstool.md measures a trained one. " + ABOUT_ANY
 )
 
 
@@ -86,13 +92,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/datasets/toollens")
     parser.add_argument("--work", default="runs/serve_batching", help="where the MiniLM artifact is built")
+    parser.add_argument("--artifact", help="a trained dense or MassTool artifact to measure instead")
+    parser.add_argument("--model", default="minilm zero-shot dense", help="what --artifact is, for the table")
+    parser.add_argument("--label", default="dense_minilm", help="the rows' method name")
     parser.add_argument("--seconds", type=float, default=8.0, help="per latency / throughput measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)  # a replica's one CPU (ONNX Runtime takes torch's thread count)
     data = open_dataset(args.data)  # valid carved from train with the default split settings
-    artifact = train_artifacts(data, args.work, 0, keys=("dense",), dense=MINILM)["dense"]
+    artifact = args.artifact or train_artifacts(data, args.work, 0, keys=("dense",), dense=MINILM)["dense"]
     models = {r: RetrieverModel(artifact, r) for r in RUNTIMES}
     valid = list(data.split_queries("valid").values())
 
@@ -114,11 +123,11 @@ def main() -> None:
     }
     rows = []
     for runtime in RUNTIMES:
-        config = {"model": "minilm zero-shot dense", "runtime": runtime, "threads": 1, "batch": BATCH}
+        config = {"model": args.model, "runtime": runtime, "threads": 1, "batch": BATCH}
         t = median[runtime]
         rows.append(
             {
-                "method": "dense_minilm",
+                "method": args.label,
                 "config": config,
                 "split": "latency",
                 "metrics": {
@@ -133,9 +142,7 @@ def main() -> None:
         for split in ("valid", "test"):
             m, base = scores[(runtime, split)], scores[("torch", split)]
             deltas = {f"delta_{k}": m[k] - base[k] for k in m}
-            rows.append(
-                {"method": "dense_minilm", "config": config, "split": split, "metrics": {**m, **deltas}}
-            )
+            rows.append({"method": args.label, "config": config, "split": split, "metrics": {**m, **deltas}})
 
     eligible = [
         r
@@ -180,10 +187,11 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f} at the end. Each latency figure is the median of {args.rounds} rounds in "
         "which the runtimes took turns. Eligible as the serving default (R@3 and N@3 within "
         f"{BOUND} of PyTorch on valid and on test): {', '.join(eligible)}; chosen by the lowest "
-        f"1-query p50: **{chosen}**. " + ABOUT
+        f"1-query p50: **{chosen}**. "
+        + (ABOUT if not args.artifact else f"The model is {args.model} (`{args.artifact}`). " + ABOUT_ANY)
     )
     report = {"dataset": "toollens", "results": rows, "chosen": chosen, "eligible": eligible, "notes": notes}
-    title = "Served text encoder on CPU: PyTorch vs ONNX Runtime (fp32, int8), MiniLM dense"
+    title = f"Served text encoder on CPU: PyTorch vs ONNX Runtime (fp32, int8), {args.model}"
     write_report(report, args.out, title=title, plot=False, table=table)
     print("\n".join(table))
 

@@ -112,6 +112,27 @@ def test_int8_minilm_stays_close_and_keeps_a_paraphrase_nearer_than_an_unrelated
     assert float(int8[0] @ int8[1]) > float(int8[0] @ int8[2]) + 0.2
 
 
+def test_int8_quantises_weights_per_channel_and_keeps_the_embedding_readers_fp32(tmp_path):
+    import onnx
+
+    from components.encoders.onnx_runtime import embedding_readers, export_onnx
+
+    encoder = scratch_encoder()
+    sample = encoder.tokenize(TEXTS[:2])
+    readers = embedding_readers(export_onnx(encoder, sample, str(tmp_path / "fp32.onnx")))
+    assert [r.split("/")[-2] for r in readers] == ["query", "key", "value"]  # layer 0's projections
+    graph = onnx.load(export_onnx(encoder, sample, str(tmp_path / "int8.onnx"), quantize=True)).graph
+    ops = {n.name: n.op_type for n in graph.node}
+    assert all(ops[r] == "MatMul" for r in readers)  # still fp32: not MatMulInteger
+    scales = {i.name: list(i.dims) for i in graph.initializer}
+    quantised = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    assert len(quantised) == 3  # attention output, FFN in and out of the one tiny layer
+    for node in quantised:
+        weights = next(i for i in graph.initializer if i.name == node.input[1])
+        # One scale per output channel, not one per matrix.
+        assert scales[node.input[1].replace("_quantized", "_scale")] == [weights.dims[1]]
+
+
 @pytest.fixture(scope="module")
 def dense_artifact(tmp_path_factory) -> str:
     """An untrained (initial) hybrid dense model on the tiny dataset, saved as an artifact."""
