@@ -184,8 +184,10 @@ class TextEncoder(nn.Module):
         if self.pooling == "cls":
             # The first attended position: position 0 under right padding, but a tokenizer that
             # pads on the left puts its [CLS] after the padding.
+            # A gather, not hidden[arange(len(hidden)), first]: the ONNX export traced len() as
+            # a constant, the sample's batch size, and every other batch failed there.
             first = attention_mask.long().argmax(dim=1)
-            return hidden[torch.arange(len(hidden), device=hidden.device), first]
+            return hidden.gather(1, first.view(-1, 1, 1).expand(-1, 1, hidden.size(-1))).squeeze(1)
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
 
