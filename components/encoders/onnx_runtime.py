@@ -3,8 +3,9 @@
 A served dense or MassTool model spends most of a request in its text encoder (a 6-layer MiniLM
 embeds one query in ~10-14 ms through PyTorch eager on this 2-core machine). ONNX Runtime runs the
 same graph with fused attention and layer-norm kernels and without Python between the layers; its
-dynamic int8 quantisation (weights int8 per output channel, activations quantised per batch) cuts
-the matrix work again at a small cost in accuracy (see :func:`_quantize` for what stays fp32).
+dynamic int8 quantisation (MatMul weights int8 per output channel, their inputs quantised per call
+over the whole batch, so a query's int8 vector moves slightly with its batch-mates) cuts the matrix
+work again at a small cost in accuracy (see :func:`_quantize` for what stays fp32).
 ``benchmarks/encoder_runtime.py`` measures both against PyTorch, latency and ToolLens recall, and
 decides the default.
 
@@ -92,39 +93,24 @@ class _DropHint(logging.Filter):
         return "pre-processing before quantization" not in record.getMessage()
 
 
-def embedding_readers(path: str) -> list[str]:
-    """Names of the MatMul nodes that read the embedding layer's output: those fed by the graph's
-    first LayerNormalization (nodes are in topological order; in a BERT-style encoder that is the
-    embeddings' norm, read by layer 0's query, key and value projections). Empty without one."""
-    import onnx
-
-    nodes = onnx.load(path).graph.node
-    norm = next((n.output[0] for n in nodes if n.op_type == "LayerNormalization"), None)
-    return [n.name for n in nodes if n.op_type == "MatMul" and norm in n.input] if norm else []
-
-
 def _quantize(source: str, target: str) -> None:
-    """Dynamic int8: every MatMul's weights per output channel, except the MatMuls that read the
-    embedding output, which stay fp32.
+    """Dynamic int8 of the MatMuls only, weights per output channel; embedding tables stay fp32.
 
-    Why (chosen on valid, against ONNX fp32, on the trained MassTool MiniLM; the final figures are
-    in ``benchmarks/results/encoder_runtime_masstool.md``): valid R@3 moved by -0.0061 with
-    per-tensor weights, -0.0021 with per-channel weights, and +0.0001 with per-channel weights and
-    layer 0's Q/K/V in fp32. Keeping layer 0's FFN or the last layer's FFN output in fp32 instead
-    left it at -0.0031 and -0.0019. Those three
-    384x384 products cost ~0.4 ms of a ~9 ms query. Why the first layer's inputs matter most is not
-    established: their outliers (max / 99th percentile ~5) are like the next layer's."""
+    Why (chosen on valid, one query per call as a replica at low load sees them, against ONNX fp32
+    on the trained MassTool MiniLM; the final figures are in
+    ``benchmarks/results/encoder_runtime_masstool.md``): ONNX Runtime's default also quantises
+    every Gather's table (word, position and n-gram embeddings) with one uint8 scale each. With
+    those, valid R@3 moved by -0.0049 even with per-channel MatMul weights and layer 0's Q/K/V kept
+    fp32 (which had looked like +0.0001 when scored in batches of 256: activation scales are taken
+    over the whole batch); MatMuls only, per channel: -0.0016 one at a time, -0.0018 in batches
+    of 8."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     hint = _DropHint()
     logging.getLogger().addFilter(hint)
     try:
         quantize_dynamic(
-            source,
-            target,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            nodes_to_exclude=embedding_readers(source),
+            source, target, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
         )
     finally:
         logging.getLogger().removeFilter(hint)
