@@ -63,6 +63,14 @@ def join(base: str, *parts: str) -> str:
     return os.path.join(local_path(base), *parts)
 
 
+def same_path(a: str, b: str) -> bool:
+    """Whether two paths name the same place: local ones resolved (``file://``, ``..``, links),
+    URLs compared without a trailing ``/``."""
+    if is_remote(a) or is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(local_path(a)) == os.path.realpath(local_path(b))
+
+
 def exists(path: str, storage_options: dict[str, Any] | None = None) -> bool:
     """Whether a file or directory exists at ``path``."""
     return filesystem(path, storage_options).exists(path)

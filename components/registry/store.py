@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.registry.local import MODEL_PATH, materialise
-from components.registry.settings import ALIASES, RegistrySettings, Version, is_model_uri, parse_model_uri
+from components.registry.settings import ALIASES, RegistrySettings, Version, parse_model_uri
 from components.registry.sqlite_template import create_from_template
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -170,6 +170,13 @@ class ModelRegistry:
         aliases = self.aliases(name)
         if "previous" not in aliases:
             raise LookupError(f"model {name!r} has no 'previous' version to roll back to")
+        if aliases["previous"] == aliases.get("champion"):
+            # Left by a promotion or rollback whose second alias write failed: "rolling back"
+            # would move nothing while saying it had.
+            raise LookupError(
+                f"model {name!r}: 'previous' and 'champion' are both v{aliases['previous']}; "
+                "nothing to roll back to (promote the version wanted by number)"
+            )
         self.set_alias(name, "champion", aliases["previous"])
         self.set_alias(name, "previous", aliases.get("champion"))
         return self.version(name, aliases["previous"])
@@ -180,29 +187,45 @@ class ModelRegistry:
 
     def _version(self, mv: Any, aliases: tuple[str, ...] | None = None) -> Version:
         """A :class:`Version` from an MLflow ``ModelVersion`` (plus its run's metrics)."""
-        run = self.client.get_run(mv.run_id) if mv.run_id else None
         return Version(
             name=mv.name,
             number=int(mv.version),
             run_id=mv.run_id or "",
             source=mv.source,
             aliases=aliases if aliases is not None else tuple(sorted(mv.aliases or [])),
-            metrics=dict(run.data.metrics) if run else {},
+            metrics=self._run_metrics(mv.run_id),
             tags=dict(mv.tags or {}),
         )
+
+    def _run_metrics(self, run_id: str | None) -> dict[str, float]:
+        """The metrics of the run that logged a version; empty when it has none, or when the run
+        is gone (``mlflow gc`` after a deleted run): the version, its files and aliases remain."""
+        from mlflow.exceptions import MlflowException
+
+        if not run_id:
+            return {}
+        try:
+            return dict(self.client.get_run(run_id).data.metrics)
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return {}
+            raise
 
     def alias(self, name: str, alias: str) -> Version | None:
         """The version ``alias`` points at, or ``None``."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return self._version(self.client.get_model_version_by_alias(name, alias))
+            found = self.client.get_model_version_by_alias(name, alias)
         except MlflowException as e:
             # An unknown model, or an alias that is not set; a server that fails is an error, not
             # "no champion" (a promotion would then drop the champion it replaces from previous).
+            # Only this read may say "not set": before, a champion whose run had been deleted
+            # read as no champion, and a retrain promoted its challenger ungated.
             if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 return None
             raise
+        return self._version(found)
 
     def versions(self, name: str) -> list[Version]:
         """Every version of ``name``, oldest first (empty for an unknown model)."""
@@ -264,27 +287,3 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[dotted] = value
     return out
-
-
-def resolve(ref: str, settings: RegistrySettings | dict[str, Any] | None = None) -> str:
-    """A local directory for ``ref``: a ``models:/`` URI through the registry, a path as given.
-
-    Raises:
-        LookupError: a URI names a model, version or alias the registry does not have.
-        ValueError: a malformed ``models:/`` URI.
-    """
-    return resolve_version(ref, settings)[0]
-
-
-def resolve_version(
-    ref: str, settings: RegistrySettings | dict[str, Any] | None = None
-) -> tuple[str, Version | None]:
-    """:func:`resolve`'s directory with the registry version it is (``None`` for a plain path), from
-    one registry read, so the two cannot name different versions when an alias moves meanwhile."""
-    if not is_model_uri(ref):
-        return ref, None
-    if not isinstance(settings, RegistrySettings):
-        settings = RegistrySettings.from_config(settings)
-    registry = ModelRegistry(settings)
-    version = registry.lookup(ref)
-    return registry.local_dir(version), version

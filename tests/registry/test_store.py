@@ -180,3 +180,49 @@ def test_new_stores_start_from_one_migrated_database_and_an_existing_one_is_neve
     # A store from the template is a working, empty MLflow store of its own.
     other = ModelRegistry(RegistrySettings(root=str(tmp_path / "b")))
     assert other.client.search_registered_models() == []
+
+
+def test_a_champion_whose_run_was_garbage_collected_is_still_the_champion(registry, tmp_path):
+    # `mlflow gc` removes a deleted run for good; the version, its files and aliases stay. Before,
+    # reading the champion's run failed inside alias() and read as "no champion": a retrain then
+    # promoted its challenger without a gate.
+    import subprocess
+    import sys
+
+    first = registry.log_version("m", saved(tmp_path, "a", "one"), metrics={"valid/ndcg_at_3": 0.5})
+    registry.promote("m", first.number)
+    registry.client.delete_run(first.run_id)
+    uri = registry.client.tracking_uri
+    # In its own process: `mlflow gc` sets the process-wide tracking URI, which later tests would inherit.
+    gc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "gc",
+            "--backend-store-uri",
+            uri,
+            "--tracking-uri",
+            uri,
+            "--run-ids",
+            first.run_id,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert gc.returncode == 0, gc.stderr
+    champion = registry.alias("m", "champion")
+    assert champion is not None and champion.number == 1 and champion.metrics == {}
+    assert registry.lookup("models:/m@champion").number == 1
+    assert registry.alias("m", "challenger") is None  # an alias that is not set is still None
+
+
+def test_a_rollback_that_would_move_nothing_is_refused(registry, tmp_path):
+    for name in ("a", "b"):
+        registry.log_version("m", saved(tmp_path, name, name))
+    registry.promote("m", 2)
+    # What a promotion whose champion write failed after its previous write leaves behind.
+    registry.set_alias("m", "previous", 2)
+    with pytest.raises(LookupError, match="'previous' and 'champion' are both v2"):
+        registry.rollback("m")

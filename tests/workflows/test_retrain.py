@@ -240,6 +240,69 @@ def test_a_second_retrain_is_refused_while_one_runs(ray_session, timeline, tmp_p
     assert result.exit_code == 1 and "another retrain holds" in " ".join(result.output.split())
 
 
+def first_round(timeline, tmp_path: Path) -> tuple[dict, ModelRegistry]:
+    """A first round's config (no champion yet, so BM25, which needs no training, is promoted)
+    that writes the next base to a copy of the base, and the registry it writes to."""
+    current = tmp_path / "current"
+    shutil.copytree(timeline["base"], current)
+    cfg = config(current, tmp_path / "registry", tmp_path / "r0")
+    cfg["method"] = {"name": "bm25", "params": {}}
+    cfg["retrain"]["data_out"] = str(current)
+    return cfg, ModelRegistry(RegistrySettings(root=str(tmp_path / "registry")))
+
+
+def test_a_promotion_that_fails_leaves_its_version_tagged_promoting_not_promoted(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    cfg, registry = first_round(timeline, tmp_path)
+    monkeypatch.setattr(ModelRegistry, "promote", disk_full)
+    with pytest.raises(OSError):
+        job.retrain(cfg, str(timeline["increment"]))
+    (version,) = registry.versions("tools")
+    assert "champion" not in registry.aliases("tools")
+    assert version.tags["toolscout.decision"] == "promoting"  # before: "promoted", yet never champion
+
+
+def test_serving_follows_a_promotion_before_the_next_base_is_written(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # A failed write of the next base used to come first: the champion had moved, serving stayed
+    # on the old one, and the rerun (same data, same model) kept and never followed.
+    cfg, registry = first_round(timeline, tmp_path)
+    cfg["retrain"]["follow_serving"] = True
+    calls = []
+    monkeypatch.setattr(
+        job, "follow_serving", lambda name, app=None: calls.append(name) or {"followed": True}
+    )
+    real = job.write_beir
+
+    def base_write_fails(dataset, path, *args):
+        if str(path) == cfg["retrain"]["data_out"]:
+            raise OSError(28, "No space left on device")
+        return real(dataset, path, *args)
+
+    monkeypatch.setattr(job, "write_beir", base_write_fails)
+    with pytest.raises(OSError):
+        job.retrain(cfg, str(timeline["increment"]))
+    assert registry.aliases("tools")["champion"] == 1 and calls == ["tools"]
+    assert registry.version("tools", 1).tags["toolscout.decision"] == "promoted"
+
+
+def test_a_retrain_out_whose_data_is_the_base_does_not_overwrite_it_before_registering(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # retrain.out fixed and the base chained as <out>/data: staging the merged data there wrote
+    # the next base before the registry writes, so a failed registration consumed the increment.
+    out = tmp_path / "fixed"
+    shutil.copytree(timeline["base"], out / "data")
+    cfg = config(out / "data", tmp_path / "registry", out)
+    cfg["method"] = {"name": "bm25", "params": {}}
+    monkeypatch.setattr(job, "register", disk_full)
+    with pytest.raises(OSError):
+        job.retrain(cfg, str(timeline["increment"]))
+    assert load_dataset(str(out / "data")).queries == load_dataset(str(timeline["base"])).queries
+
+
 def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline, tmp_path):
     # The first round has no champion to beat, so BM25 (no training) is promoted; the Serve app it
     # is told to follow is not running on this Ray. The promotion stands, and the run exits 1: a
@@ -263,6 +326,21 @@ def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline
     assert record["serving"]["reason"].split(":")[0] in result.output
     registry = ModelRegistry(RegistrySettings(root=str(registry_root)))
     assert registry.aliases("tools")["champion"] == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("level", 95, r"level: expected a number in \(0, 1\)"),
+        ("samples", 0, "samples"),
+        ("latency_queries", 0, "latency"),
+    ],
+)
+def test_gate_settings_are_checked_when_read_not_after_training(key, value, says):
+    from workflows.retrain.gate import GateSettings
+
+    with pytest.raises(ValueError, match=says):
+        GateSettings.from_config({key: value})
 
 
 @pytest.mark.parametrize("metric", ["ndcg@20", "ndcg@0", "ndgc@3", "ndcg"])

@@ -63,6 +63,13 @@ class GateSettings:
                 f"retrain.gate.metric: expected <{'|'.join(GATE_METRICS)}>@<k> with k in 1..{GATE_DEPTH} "
                 f"(the gate ranks the top {GATE_DEPTH}), e.g. ndcg@3; got {self.metric!r}"
             )
+        # The rest too, before hours of training: a level of 95 failed only in the bootstrap
+        # after the challenger had trained, and 0 samples only in np.quantile.
+        if not 0.0 < self.level < 1.0:
+            raise ValueError(f"retrain.gate.level: expected a number in (0, 1), e.g. 0.95; got {self.level}")
+        for key in ("samples", "latency_queries"):
+            if int(getattr(self, key)) < 1:
+                raise ValueError(f"retrain.gate.{key}: expected an integer >= 1; got {getattr(self, key)!r}")
 
 
 @dataclass

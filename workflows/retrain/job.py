@@ -127,12 +127,18 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         # left a base that already held the increment and no model trained on it, and every later
         # round rejected the increment as old news.
         staged = io.join(out, "data")
-        write_beir(merged, staged, options)
         data_out = rcfg.get("data_out") or staged
+        if io.same_path(staged, data["path"]):
+            # retrain.out's data is the base itself (a fixed out, chained by --data): stage apart,
+            # or the base would hold the increment before any registry write.
+            staged = io.join(out, f"data-{stamp}")
+        write_beir(merged, staged, options)
         # Registry writes, last: nothing before this point changed what serving or an alias sees.
         tags = {
             "toolscout.retrain": stamp,
-            "toolscout.decision": decision.decision,
+            # "promoting" until the alias has moved: a round that dies in between is not listed
+            # as promoted while it never was the champion.
+            "toolscout.decision": "promoting" if decision.decision == "promoted" else decision.decision,
             "toolscout.increment": increment,
         }
         version = register(registry, cfg, challenger, name, report, tags)
@@ -143,16 +149,18 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             decision.decision = "kept"
             decision.reasons.append("the champion moved during the round; gate again against the new one")
             registry.set_tag(name, version.number, "toolscout.decision", "kept")
+        serving = None
         if decision.decision == "promoted":
             registry.promote(name, version.number)
+            registry.set_tag(name, version.number, "toolscout.decision", "promoted")
+            if rcfg.get("follow_serving"):
+                # Before the base is written: a failed write must not leave serving on the model
+                # the registry no longer names (its rerun would keep, and never follow).
+                serving = follow_serving(name, rcfg.get("serve_app"))
         if data_out != staged:
             # Failing here, the registry holds the challenger and the base is as it was: the same
             # increment can be applied again (its rerun registers one more version).
             write_beir(merged, data_out, rcfg.get("data_out_storage_options") or options)
-
-        serving = None
-        if rcfg.get("follow_serving") and decision.decision == "promoted":
-            serving = follow_serving(name, rcfg.get("serve_app"))
         record = {
             "model": name,
             "decision": decision.decision,
