@@ -18,6 +18,7 @@ half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -46,9 +47,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 def encoder_fingerprint(encoder: TextEncoder) -> str:
     """A hash of the encoder's weights, tokenizer, pooling and runtime (~0.1 s for MiniLM)."""
     digest = hashlib.sha256()
-    # The side padding goes on moves a BERT's absolute positions: another side, other vectors.
-    padding = encoder.tokenizer.padding_side
-    about = (type(encoder.backbone).__name__, encoder.pooling, encoder.runtime, padding)
+    # The side padding goes on moves a BERT's absolute positions, and the side a long text is
+    # cut on decides which of its tokens are kept: another side, other vectors.
+    sides = (encoder.tokenizer.padding_side, encoder.tokenizer.truncation_side)
+    about = (type(encoder.backbone).__name__, encoder.pooling, encoder.runtime, sides)
     digest.update(repr(about).encode())
     digest.update(tokenizer_fingerprint(encoder.tokenizer).encode())
     for name, tensor in sorted(encoder.state_dict().items()):
@@ -106,9 +108,14 @@ class EmbeddingCache:
         self.misses += 1
         out = self.encoder.encode(texts, max_length=max_length).cpu()
         fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, out.numpy())
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, out.numpy())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)  # a full disk must not also leave half-written files behind
+            raise
         return out
 
     def _open(self) -> None:

@@ -61,8 +61,10 @@ def export_onnx(
     finally:
         encoder.train(was_training)
     if quantize:
-        _quantize(target, path)
-        os.remove(target)
+        try:
+            _quantize(target, path)
+        finally:
+            os.remove(target)  # the fp32 graph, also when quantising fails
     return path
 
 

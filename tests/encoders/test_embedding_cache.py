@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -114,3 +115,23 @@ def test_the_side_padding_goes_on_is_part_of_the_key(tmp_path):
     right = EmbeddingCache(str(tmp_path), enc).dir
     enc.tokenizer.padding_side = "left"
     assert EmbeddingCache(str(tmp_path), enc).dir != right
+
+
+def test_the_side_long_texts_are_cut_on_is_part_of_the_key(tmp_path):
+    # A text longer than max_length keeps its start or its end: other tokens, other vectors.
+    enc = frozen(0)
+    right = EmbeddingCache(str(tmp_path), enc).dir
+    enc.tokenizer.truncation_side = "left"
+    assert EmbeddingCache(str(tmp_path), enc).dir != right
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    cache = EmbeddingCache(str(tmp_path), frozen(0))
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", disk_full)
+    with pytest.raises(OSError):
+        cache.encode(TEXTS[:2])
+    assert os.listdir(cache.dir) == []

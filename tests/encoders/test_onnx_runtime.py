@@ -141,6 +141,21 @@ def test_int8_quantises_matmul_weights_per_channel_and_keeps_the_embedding_table
         assert scales[node.input[1].replace("_quantized", "_scale")] == [weights.dims[1]]
 
 
+def test_a_quantisation_that_fails_leaves_no_fp32_graph_behind(tmp_path, monkeypatch):
+    import components.encoders.onnx_runtime as onnx_runtime
+
+    def fails(source: str, target: str) -> None:
+        raise RuntimeError("quantiser failed")
+
+    monkeypatch.setattr(onnx_runtime, "_quantize", fails)
+    encoder = scratch_encoder()
+    with pytest.raises(RuntimeError, match="quantiser failed"):
+        onnx_runtime.export_onnx(
+            encoder, encoder.tokenize(TEXTS[:2]), str(tmp_path / "int8.onnx"), quantize=True
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def dense_artifact(tmp_path_factory) -> str:
     """An untrained (initial) hybrid dense model on the tiny dataset, saved as an artifact."""
