@@ -303,6 +303,20 @@ def test_a_retrain_out_whose_data_is_the_base_does_not_overwrite_it_before_regis
     assert load_dataset(str(out / "data")).queries == load_dataset(str(timeline["base"])).queries
 
 
+def test_a_model_with_versions_but_no_champion_is_refused_before_training(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # The champion's alias removed (or its version deleted): before, the round read as a first one
+    # and promoted its challenger with nothing to beat.
+    cfg, registry = first_round(timeline, tmp_path)
+    train(cfg)  # a first version, promoted
+    registry.set_alias("tools", "champion", None)
+    assert registry.versions("tools") and "champion" not in registry.aliases("tools")
+    monkeypatch.setattr(job, "fit_method", disk_full)  # must not be reached
+    with pytest.raises(LookupError, match="has versions but no champion"):
+        job.retrain(cfg, str(timeline["increment"]))
+
+
 def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline, tmp_path):
     # The first round has no champion to beat, so BM25 (no training) is promoted; the Serve app it
     # is told to follow is not running on this Ray. The promotion stands, and the run exits 1: a

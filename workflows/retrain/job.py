@@ -98,6 +98,13 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         name = model_name(cfg, base.name)
         registry = ModelRegistry(settings)
         champion_version = registry.alias(name, "champion")
+        if champion_version is None and registry.versions(name):
+            # Only a first round has nothing to beat. Versions without a champion mean the alias
+            # was removed or its version deleted: promoting ungated would crown whatever trained.
+            raise LookupError(
+                f"model {name!r} has versions but no champion; promote the one serving should hold "
+                f"(toolscout registry promote {name} N) before retraining"
+            )
         champion_dir = registry.local_dir(champion_version) if champion_version else None
 
         challenger = methods.build(cfg["method"]["name"], cfg["method"].get("params"))
