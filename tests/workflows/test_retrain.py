@@ -4,6 +4,7 @@ rows go to rejects, an interrupted round leaves the registry as it was, and roll
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -315,6 +316,24 @@ def test_a_model_with_versions_but_no_champion_is_refused_before_training(
     monkeypatch.setattr(job, "fit_method", disk_full)  # must not be reached
     with pytest.raises(LookupError, match="has versions but no champion"):
         job.retrain(cfg, str(timeline["increment"]))
+
+
+def test_a_version_serving_cannot_load_is_kept_not_promoted(ray_session, timeline, tmp_path, monkeypatch):
+    # The gate scores the challenger in memory; serving loads the registered files. Registered
+    # without its index, it would have become the champion every replica then fails to load.
+    cfg, registry = first_round(timeline, tmp_path)
+    real = job.register
+
+    def register_then_lose_the_index(reg, *args, **kwargs):
+        version = real(reg, *args, **kwargs)
+        shutil.rmtree(os.path.join(reg.local_dir(version), "bm25s"))
+        return version
+
+    monkeypatch.setattr(job, "register", register_then_lose_the_index)
+    record = job.retrain(cfg, str(timeline["increment"]))
+    assert record["decision"] == "kept" and "champion" not in registry.aliases("tools")
+    assert "does not load as serving loads it" in record["reasons"][-1]
+    assert registry.version("tools", 1).tags["toolscout.decision"] == "kept"
 
 
 def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline, tmp_path):

@@ -156,6 +156,13 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             decision.decision = "kept"
             decision.reasons.append("the champion moved during the round; gate again against the new one")
             registry.set_tag(name, version.number, "toolscout.decision", "kept")
+        problem = serving_load_problem(registry.local_dir(version), dataset.queries[next(iter(holdout))])
+        if decision.decision == "promoted" and problem:
+            # The gate measured the model in memory; serving loads the registered files on its
+            # default runtime. A version it cannot load must not become what it follows.
+            decision.decision = "kept"
+            decision.reasons.append(f"the registered version does not load as serving loads it: {problem}")
+            registry.set_tag(name, version.number, "toolscout.decision", "kept")
         serving = None
         if decision.decision == "promoted":
             registry.promote(name, version.number)
@@ -194,6 +201,18 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         }
         io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode(), options)
         return record
+
+
+def serving_load_problem(path: str, query: str) -> str | None:
+    """Why serving could not load the version at ``path`` and answer ``query`` with it, on its
+    default encoder runtime (None when it can)."""
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME, load_method
+
+    try:
+        load_method(path, DEFAULT_ENCODER_RUNTIME).retrieve({"probe": query}, 1)
+    except Exception as e:  # any failure is a reason not to promote, reported with the decision
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def champion_moved(registry: ModelRegistry, name: str, started_with: Any) -> bool:
