@@ -126,6 +126,8 @@ def main() -> None:
         for split in ("valid", "test")
         for b in QUALITY_BATCHES
     }
+    # Each runtime's change from PyTorch, per (runtime, split, batch): the rows, the rule and the table.
+    change = {key: {k: v - scores[("torch", *key[1:])][k] for k, v in m.items()} for key, m in scores.items()}
     rows = []
     for runtime in RUNTIMES:
         config = {"model": args.model, "runtime": runtime, "threads": 1, "batch": BATCH}
@@ -146,8 +148,8 @@ def main() -> None:
         )
         for split in ("valid", "test"):
             for b in QUALITY_BATCHES:
-                m, base = scores[(runtime, split, b)], scores[("torch", split, b)]
-                deltas = {f"delta_{k}": m[k] - base[k] for k in m}
+                m = scores[(runtime, split, b)]
+                deltas = {f"delta_{k}": v for k, v in change[(runtime, split, b)].items()}
                 scored = {**config, "quality_batch": b}
                 rows.append(
                     {"method": args.label, "config": scored, "split": split, "metrics": {**m, **deltas}}
@@ -157,16 +159,13 @@ def main() -> None:
         r
         for r in RUNTIMES
         if all(
-            abs(scores[(r, split, b)][k] - scores[("torch", split, b)][k]) <= BOUND
+            abs(change[(r, split, b)][k]) <= BOUND
             for split in ("valid", "test")
             for b in QUALITY_BATCHES
             for k in ("recall@3", "ndcg@3")
         )
     ]
     chosen = min(eligible, key=lambda r: median[r]["p50"])
-
-    def delta(r: str, split: str, b: int, k: str) -> str:
-        return f"{scores[(r, split, b)][k] - scores[('torch', split, b)][k]:+.4f}"
 
     table = md_table(
         ["runtime", "p50 ms", "p99 ms", "×torch (p50)", f"batch-{BATCH} q/s", "test R@3 (alone)"]
@@ -186,7 +185,7 @@ def main() -> None:
                 f"{scores[(r, 'test', 1)]['recall@3']:.4f}",
             ]
             + [
-                delta(r, split, b, k)
+                f"{change[(r, split, b)][k]:+.4f}"
                 for split in ("valid", "test")
                 for b in QUALITY_BATCHES
                 for k in ("recall@3", "ndcg@3")

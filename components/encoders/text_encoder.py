@@ -183,9 +183,8 @@ class TextEncoder(nn.Module):
         """One vector per text from the last hidden states ``(batch, length, dim)``."""
         if self.pooling == "cls":
             # The first attended position: position 0 under right padding, but a tokenizer that
-            # pads on the left puts its [CLS] after the padding.
-            # A gather, not hidden[arange(len(hidden)), first]: the ONNX export traced len() as
-            # a constant, the sample's batch size, and every other batch failed there.
+            # pads on the left puts its [CLS] after the padding. A gather, not indexing with
+            # arange(len(hidden)): the ONNX export traced len() as the sample's batch size.
             first = attention_mask.long().argmax(dim=1)
             return hidden.gather(1, first.view(-1, 1, 1).expand(-1, 1, hidden.size(-1))).squeeze(1)
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)

@@ -38,6 +38,8 @@ from workflows.retrain.gate import GateSettings, decide, measure
 from workflows.retrain.increment import merge, read_increment
 from workflows.train import fit_method, model_name, register, run_spec
 
+MOVED = "the champion moved during the round; gate again against the new one"
+
 
 def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
     """Run one retrain round; returns (and writes) the decision record.
@@ -127,7 +129,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             # Gated against a champion that is no longer the champion (moved by hand, outside the
             # lock): promoting would overwrite that decision with one made against another model.
             decision.decision = "kept"
-            decision.reasons.append("the champion moved during the round; gate again against the new one")
+            decision.reasons.append(MOVED)
         # The merged data first, into this round's own directory: a round that fails to write it
         # leaves the registry as it was. The next round's base (retrain.data_out, often the base
         # itself) is written only after the registry writes: written before them, a failed upload
@@ -150,19 +152,14 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         }
         version = register(registry, cfg, challenger, name, report, tags)
         registry.set_alias(name, "challenger", version.number)
-        if decision.decision == "promoted" and champion_moved(registry, name, champion_version):
-            # Moved while the version was uploaded (a hand rollback against another lock: a shared
-            # tracking server with a local lock file): the decision was made against the old one.
-            decision.decision = "kept"
-            decision.reasons.append("the champion moved during the round; gate again against the new one")
-            registry.set_tag(name, version.number, "toolscout.decision", "kept")
-        problem = serving_load_problem(registry.local_dir(version), dataset.queries[next(iter(holdout))])
-        if decision.decision == "promoted" and problem:
-            # The gate measured the model in memory; serving loads the registered files on its
-            # default runtime. A version it cannot load must not become what it follows.
-            decision.decision = "kept"
-            decision.reasons.append(f"the registered version does not load as serving loads it: {problem}")
-            registry.set_tag(name, version.number, "toolscout.decision", "kept")
+        if decision.decision == "promoted":
+            blocker = promotion_blocker(
+                registry, version, champion_version, dataset.queries[next(iter(holdout))]
+            )
+            if blocker:
+                decision.decision = "kept"
+                decision.reasons.append(blocker)
+                registry.set_tag(name, version.number, "toolscout.decision", "kept")
         serving = None
         if decision.decision == "promoted":
             registry.promote(name, version.number)
@@ -201,6 +198,19 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         }
         io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode(), options)
         return record
+
+
+def promotion_blocker(registry: ModelRegistry, version: Any, started_with: Any, query: str) -> str | None:
+    """Why a registered challenger the gate promoted must not become the champion, or None.
+
+    The champion moved while the version was uploaded (a hand rollback against another lock: a
+    shared tracking server with a local lock file), so the decision was made against the old one;
+    or serving cannot load the registered files on its default runtime (the gate measured the
+    model in memory), and a version it cannot load must not become what it follows."""
+    if champion_moved(registry, version.name, started_with):
+        return MOVED
+    problem = serving_load_problem(registry.local_dir(version), query)
+    return f"the registered version does not load as serving loads it: {problem}" if problem else None
 
 
 def serving_load_problem(path: str, query: str) -> str | None:
