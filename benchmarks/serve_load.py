@@ -76,6 +76,7 @@ from components.serving.models import (
     DetectorModel,
     RetrieverModel,
     ensure_calibration,
+    same_ranking,
     top_score,
 )
 from components.serving.replicas import replica_actor, replica_names, wait_for_replicas
@@ -296,8 +297,7 @@ def shares_ranking(detector: DetectorModel, retriever: RetrieverModel, rewriter:
     """Whether the ingress would let ``detector`` decide from ``retriever``'s answer (app arg
     ``share_ranking``, components/serving/ingress.py): a detector of the same artifact, no rewriter
     in between."""
-    reads = detector.reads_ranking_of
-    return rewriter is None and reads is not None and reads == retriever.ranking
+    return rewriter is None and same_ranking(detector.reads_ranking_of, retriever.ranking)
 
 
 def in_process(

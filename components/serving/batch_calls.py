@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from components.generative.chat_endpoint import EndpointUnavailable
 from components.generative.deadline import DeadlinePassed
-from components.serving.models import Ranking, RetrieverModel
 
 logger = logging.getLogger("ray.serve")
 
@@ -75,12 +74,10 @@ def call_each(call: Callable[[list[Item]], list[Result]], items: list[Item]) -> 
     return out
 
 
-def rank_by_k(
-    model: RetrieverModel, requests: list[tuple[str, int]], detected: bool = False
-) -> list[Ranking | tuple[Ranking, float | None] | Exception]:
-    """Each ``(text, k)``'s top-``k``, ranked among the requests with the same ``k``; with
-    ``detected``, each paired with what the model's own detector says in the same pass
-    (:meth:`RetrieverModel.retrieve_detected`).
+def rank_by_k(rank: Callable[..., list[Result]], requests: list[tuple[str, int]]) -> list[Result | Exception]:
+    """Each ``(text, k)``'s answer from ``rank(texts, k=k)`` (:meth:`RetrieverModel.retrieve`, or
+    :meth:`RetrieverModel.retrieve_detected` for rankings paired with the model's own detection),
+    ranked among the requests with the same ``k``.
 
     Ranking the whole batch once at its largest ``k`` and truncating would make a request's answer
     depend on its batch mates: a method's top-k is not always the prefix of its top-K (ties, e.g.
@@ -90,7 +87,6 @@ def rank_by_k(
     for i, (_, k) in enumerate(requests):
         by_k.setdefault(k, []).append(i)
     out: list[Any] = [[] for _ in requests]
-    rank = model.retrieve_detected if detected else model.retrieve
     for k, indices in by_k.items():
         texts = [requests[i][0] for i in indices]
         rankings = call_each(partial(rank, k=k), texts)

@@ -31,7 +31,7 @@ from components.generative.deadline import DeadlinePassed, deadline
 from components.serving.answer_cache import AnswerCache, normalise_query
 from components.serving.batch_calls import apply_batching, call_each, load_new, raise_failed
 from components.serving.catalog import ToolCatalog, load_catalog
-from components.serving.models import DEFAULT_ENCODER_RUNTIME, DetectorModel
+from components.serving.models import DEFAULT_ENCODER_RUNTIME, DetectorModel, same_ranking
 from components.serving.rewriter import build_rewriter, rewriter_settings
 from components.serving.selector import build_selector
 
@@ -117,13 +117,11 @@ class Detector:
         :meth:`detect`."""
         model = self.model
         assert model is not None, "reconfigure() loads the model before any request"
-        reads = model.reads_ranking_of
-        probability = None
-        if reads is not None and reads == ranking:
+        if same_ranking(model.reads_ranking_of, ranking):
             probability = model.probability_from(top_score, detected)
-        if probability is None:
-            return await self.detect(query)
-        return model.answer(probability)
+            if probability is not None:
+                return model.answer(probability)
+        return await self.detect(query)
 
     async def cache_stats(self) -> dict[str, int]:
         """This replica's answer cache: ``{"size", "entries", "hits", "misses"}``."""

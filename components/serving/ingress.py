@@ -35,6 +35,7 @@ from components.serving.errors import (
     require_json,
 )
 from components.serving.mcp_endpoint import ToolSearchEndpoint
+from components.serving.models import same_ranking
 from components.serving.schemas import ErrorResponse, Health, SelectRequest, SelectResponse, ToolsInfo
 
 logger = logging.getLogger("ray.serve")
@@ -165,9 +166,8 @@ class Ingress:
         decides from an answer only under its own ranking key. A Retriever that fails here does not
         fail a query that needs no tool: the Detector then decides alone, as in the other order.
         """
-        shared = self.reads_ranking_of is not None and self.reads_ranking_of == self.retrieved_with
         found = None
-        if self.share_ranking and shared:
+        if self.share_ranking and same_ranking(self.reads_ranking_of, self.retrieved_with):
             try:
                 ranked = self._call(self.retriever.retrieve, (req.query, req.top_k))
                 found = await self._timed(timings, "retrieve", ranked)

@@ -6,6 +6,7 @@ them directly for its baseline. Loading happens once per version (never per requ
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -35,6 +36,12 @@ def top_score(ranking: Ranking) -> float:
     """A ranking's best score, 0 when it is empty (as :func:`.calibration.top1_scores` scores): what
     a score-threshold detector reads from a Retriever's ranking (:meth:`DetectorModel.probability_from`)."""
     return float(ranking[0][1]) if ranking else 0.0
+
+
+def same_ranking(reads: str | None, ranking: str | None) -> bool:
+    """Whether a detector that reads ``reads`` (:attr:`DetectorModel.reads_ranking_of`) can decide
+    from a Retriever answer ranked with ``ranking`` (:func:`ranking_key`): neither may be unknown."""
+    return reads is not None and reads == ranking
 
 
 # Where the served Detector's and Retriever's text encoders run unless the config says otherwise
@@ -202,7 +209,7 @@ class DetectorModel:
             return float(self.method.detect_threshold)
         return self.threshold.at_threshold()
 
-    @property
+    @functools.cached_property
     def reads_ranking_of(self) -> str | None:
         """The ranking (:func:`ranking_key`) whose Retriever answer this detector can decide
         from, or ``None``.

@@ -56,7 +56,7 @@ def rank_without_retired(
     for ``k + len(gone)``, which always leaves ``k`` if the catalog has them.
     """
     first = [(text, k + min(len(gone), k)) for text, k in requests]
-    ranked = rank_by_k(model, first, detected=True)
+    ranked = rank_by_k(model.retrieve_detected, first)
     raw = [r if isinstance(r, Exception) else r[0] for r in ranked]
     out = [listed(r, gone, k) for r, (_, k) in zip(raw, requests, strict=True)]
     short = [
@@ -66,7 +66,7 @@ def rank_without_retired(
         if not isinstance(ranking, Exception) and len(ranking) >= first[i][1] and len(out[i]) < k
     ]
     if short:
-        again = rank_by_k(model, [(requests[i][0], requests[i][1] + len(gone)) for i in short])
+        again = rank_by_k(model.retrieve, [(requests[i][0], requests[i][1] + len(gone)) for i in short])
         for i, ranking in zip(short, again, strict=True):
             out[i] = listed(ranking, gone, requests[i][1])
     return [

@@ -82,7 +82,7 @@ def test_each_k_is_ranked_as_if_alone():
     query, k, big = "weather in paris", 1, 10
     batch = [(query, k), (query, big), ("hotel in berlin", k)]
     alone = [model.retrieve([text], n)[0] for text, n in batch]
-    assert all(same(r, a) for r, a in zip(rank_by_k(model, batch), alone, strict=True))
+    assert all(same(r, a) for r, a in zip(rank_by_k(model.retrieve, batch), alone, strict=True))
     assert not same(alone[1][:k], alone[0])  # what ranking the batch once at its largest k answered
 
 
@@ -95,7 +95,7 @@ def test_a_failing_item_fails_only_itself(dense):
         results[2], dense.retrieve([texts[2]], 3)[0]
     )
     assert isinstance(results[1], TypeError)
-    ranked = rank_by_k(dense, [("weather in Paris", 2), ("\ud800", 2)])
+    ranked = rank_by_k(dense.retrieve, [("weather in Paris", 2), ("\ud800", 2)])
     assert same(ranked[0], dense.retrieve(["weather in Paris"], 2)[0]) and isinstance(ranked[1], TypeError)
 
 

@@ -217,7 +217,7 @@ class MassToolMethod:
         if self._query_graph is None:
             self._refresh_graph()
         logits, _ = self._joint([queries[q] for q in qids])
-        return dict(zip(qids, torch.sigmoid(logits).tolist(), strict=True))
+        return probabilities(qids, logits)
 
     def retrieve_detected(self, queries: Queries, k: int) -> tuple[Results, dict[str, float]]:
         """:meth:`retrieve` and :meth:`detect` from one pass: both towers read the query's joint
@@ -229,7 +229,7 @@ class MassToolMethod:
             return {}, {}
         logits, joint = self._joint([queries[q] for q in qids])
         found = top_k(self._need_model().scores(joint, self._tools), qids, self.tool_ids, k)
-        return found, dict(zip(qids, torch.sigmoid(logits).tolist(), strict=True))
+        return found, probabilities(qids, logits)
 
     # ------------------------------------------------------------- persistence
     def save(self, path: str) -> None:
@@ -257,3 +257,8 @@ class MassToolMethod:
         else:  # artifacts written before the query graph was saved with the index
             method._refresh_graph()
         return method
+
+
+def probabilities(qids: list[str], logits: torch.Tensor) -> dict[str, float]:
+    """The detection tower's P(needs a tool) per query id, from its logits."""
+    return dict(zip(qids, torch.sigmoid(logits).tolist(), strict=True))
