@@ -14,7 +14,7 @@ import typer
 from workflows.cli_guard import console, guarded
 
 if TYPE_CHECKING:
-    from components.registry import ModelRegistry, RetrainLock
+    from components.registry import ModelRegistry
 
 registry_app = typer.Typer(
     help="The model registry (MLflow): versions, aliases, the tracking server.", no_args_is_help=True
@@ -41,15 +41,6 @@ def _registry(config: Path | None, overrides: list[str] | None) -> ModelRegistry
     from workflows.cli_config import build_config
 
     return ModelRegistry(RegistrySettings.from_config(build_config(config, overrides).get("registry")))
-
-
-def _alias_lock(reg: ModelRegistry) -> RetrainLock:
-    """The retrain lock, for a hand-made alias move: a retrain gates its challenger against the
-    champion it read when it started, so a promotion or rollback during one is refused (run it
-    after the round ends) rather than overwritten by that round's own promotion."""
-    from components.registry import RetrainLock
-
-    return RetrainLock(reg.settings.retrain_lock)
 
 
 def _follow(address: str | None, name: str) -> None:
@@ -135,8 +126,7 @@ def promote(
 ) -> None:
     """Make a version the champion by hand; the old champion becomes ``previous``."""
     reg = _registry(config, overrides)
-    with _alias_lock(reg):
-        reg.promote(name, version)
+    reg.promote(name, version)
     console.print(f"{name}: champion -> v{version}; aliases {reg.aliases(name)}")
     _follow(follow, name)
 
@@ -151,8 +141,7 @@ def rollback(
 ) -> None:
     """Move the champion back to ``previous`` (a second rollback undoes the first)."""
     reg = _registry(config, overrides)
-    with _alias_lock(reg):
-        champion = reg.rollback(name)
+    champion = reg.rollback(name)
     console.print(f"{name}: champion -> v{champion.number}; aliases {reg.aliases(name)}")
     _follow(follow, name)
 

@@ -1,4 +1,6 @@
-"""One retrain at a time: an exclusive lock file beside the registry's local state.
+"""One retrain at a time, and one alias move at a time: exclusive lock files beside the registry's
+local state (:class:`RetrainLock` for a whole round, :class:`AliasLock` for the moment an alias
+moves).
 
 The lock file is created whole or not at all: the holder's record (host, pid, start times) is
 written to a private file first and hard-linked to the lock's name, which fails if the name
@@ -27,7 +29,7 @@ from types import TracebackType
 
 
 class LockHeld(RuntimeError):
-    """Another retrain holds the lock."""
+    """Another process holds the lock."""
 
 
 def _alive(pid: int) -> bool:
@@ -69,6 +71,9 @@ def _read(path: str) -> dict | None:
 class RetrainLock:
     """``with RetrainLock(path): ...`` holds ``path`` for the block, or raises :class:`LockHeld`."""
 
+    # Who a refusal names as the holder.
+    holder_is = "another retrain"
+
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.held = False
@@ -102,7 +107,7 @@ class RetrainLock:
                             self._take_over(holder)
                         continue
                     raise LockHeld(
-                        f"another retrain holds {self.path} (host {holder.get('host')}, "
+                        f"{self.holder_is} holds {self.path} (host {holder.get('host')}, "
                         f"pid {holder.get('pid')}); remove the file if that process is gone"
                     ) from None
                 self.held = True
@@ -148,3 +153,31 @@ class RetrainLock:
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+class AliasLock(RetrainLock):
+    """The lock of an alias move (a promotion or rollback: a few registry reads and writes),
+    waited for up to ``wait_s`` seconds before :class:`LockHeld`.
+
+    Why apart from the retrain lock: a round holds that one for as long as it trains, and an
+    operator's rollback must not wait for a round to end. A round takes this one only to check
+    that the champion is the one it gated against and to promote, as one step
+    (:meth:`components.registry.ModelRegistry.promote` with ``replacing``)."""
+
+    holder_is = "another alias move"
+    wait_s = 30.0
+
+    def __init__(self, path: str, wait_s: float | None = None) -> None:
+        super().__init__(path)
+        if wait_s is not None:
+            self.wait_s = wait_s
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return super().acquire()
+            except LockHeld:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)

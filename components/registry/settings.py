@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -57,9 +58,14 @@ class RegistrySettings:
 
     @property
     def retrain_lock(self) -> str:
-        """The retrain lock file beside the registry's local state (retrains and hand-made alias
-        moves take it: :class:`components.registry.RetrainLock`)."""
+        """The lock file a retrain round holds, beside the registry's local state
+        (:class:`components.registry.RetrainLock`)."""
         return os.path.join(self.root, "retrain.lock")
+
+    @property
+    def alias_lock(self) -> str:
+        """The lock file of an alias move (:class:`components.registry.AliasLock`)."""
+        return os.path.join(self.root, "alias.lock")
 
     def as_config(self) -> dict[str, Any]:
         """Absolute and explicit: what a process with another working directory (a Serve build
@@ -105,3 +111,11 @@ def parse_model_uri(ref: str) -> tuple[str, str | None, str | None]:
 
 def is_model_uri(ref: str) -> bool:
     return ref.startswith("models:/")
+
+
+def quiet_mlflow() -> None:
+    """MLflow and its migrations log every table update at INFO, and a client talking to a server
+    prints a "View run" link on stdout per run (where commands print their report): warnings only."""
+    for name in ("mlflow", "alembic", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")

@@ -19,7 +19,6 @@ last two parts (``<name>/v<N>``) are the version that answers in serving.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -28,18 +27,16 @@ from collections.abc import Callable
 from typing import Any
 
 from components.registry.local import MODEL_PATH, materialise
-from components.registry.settings import ALIASES, RegistrySettings, Version, parse_model_uri
+from components.registry.lock import AliasLock
+from components.registry.settings import ALIASES, RegistrySettings, Version, parse_model_uri, quiet_mlflow
 from components.registry.sqlite_template import create_from_template
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+ANY = object()  # promote(replacing=ANY): whatever the champion is
 
 
-def quiet_mlflow() -> None:
-    """MLflow and its migrations log every table update at INFO, and a client talking to a server
-    prints a "View run" link on stdout per run (where commands print their report): warnings only."""
-    for name in ("mlflow", "alembic", "alembic.runtime.migration"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+class ChampionMoved(LookupError):
+    """The champion is not the version a conditional promotion expected."""
 
 
 class ModelRegistry:
@@ -143,42 +140,52 @@ class ModelRegistry:
             return
         self.client.set_registered_model_alias(name, alias, str(number))
 
-    def promote(self, name: str, number: int) -> Version | None:
+    def promote(self, name: str, number: int, replacing: int | object | None = ANY) -> Version | None:
         """Make version ``number`` the champion; the champion it replaces becomes ``previous``.
 
-        Returns the replaced champion (``None`` if there was none or it is the same version).
+        Under the alias lock (:class:`.lock.AliasLock`), so two moves never interleave their
+        alias writes. With ``replacing`` (a version number, ``None`` for no champion) only while
+        the champion is still that version: a retrain gated against it. Returns the replaced
+        champion (``None`` if there was none or it is the same version).
+
+        Raises:
+            ChampionMoved: ``replacing`` is given and the champion is another version.
         """
         self.client.get_model_version(name, str(number))  # raises for an unknown version first
-        aliases = self.aliases(name)
-        old = aliases.get("champion")
-        if old == number:
-            return None
-        if old is not None:
-            self.set_alias(name, "previous", old)
-        self.set_alias(name, "champion", number)
-        if aliases.get("challenger") == number:
-            self.set_alias(name, "challenger", None)
+        with AliasLock(self.settings.alias_lock):
+            aliases = self.aliases(name)
+            old = aliases.get("champion")
+            if replacing is not ANY and old != replacing:
+                raise ChampionMoved(f"model {name!r}: champion is v{old}, not v{replacing}")
+            if old == number:
+                return None
+            if old is not None:
+                self.set_alias(name, "previous", old)
+            self.set_alias(name, "champion", number)
+            if aliases.get("challenger") == number:
+                self.set_alias(name, "challenger", None)
         return self.version(name, old) if old is not None else None
 
     def rollback(self, name: str) -> Version:
-        """Move ``champion`` back to ``previous``; the demoted version becomes ``previous``, so a
-        second rollback undoes the first. Returns the new champion.
+        """Move ``champion`` back to ``previous`` (under the alias lock); the demoted version
+        becomes ``previous``, so a second rollback undoes the first. Returns the new champion.
 
         Raises:
             LookupError: the model has no ``previous`` version.
         """
-        aliases = self.aliases(name)
-        if "previous" not in aliases:
-            raise LookupError(f"model {name!r} has no 'previous' version to roll back to")
-        if aliases["previous"] == aliases.get("champion"):
-            # Left by a promotion or rollback whose second alias write failed: "rolling back"
-            # would move nothing while saying it had.
-            raise LookupError(
-                f"model {name!r}: 'previous' and 'champion' are both v{aliases['previous']}; "
-                "nothing to roll back to (promote the version wanted by number)"
-            )
-        self.set_alias(name, "champion", aliases["previous"])
-        self.set_alias(name, "previous", aliases.get("champion"))
+        with AliasLock(self.settings.alias_lock):
+            aliases = self.aliases(name)
+            if "previous" not in aliases:
+                raise LookupError(f"model {name!r} has no 'previous' version to roll back to")
+            if aliases["previous"] == aliases.get("champion"):
+                # Left by a promotion or rollback whose second alias write failed: "rolling
+                # back" would move nothing while saying it had.
+                raise LookupError(
+                    f"model {name!r}: 'previous' and 'champion' are both v{aliases['previous']}; "
+                    "nothing to roll back to (promote the version wanted by number)"
+                )
+            self.set_alias(name, "champion", aliases["previous"])
+            self.set_alias(name, "previous", aliases.get("champion"))
         return self.version(name, aliases["previous"])
 
     # -- reading ------------------------------------------------------------------------------

@@ -336,6 +336,30 @@ def test_a_version_serving_cannot_load_is_kept_not_promoted(ray_session, timelin
     assert registry.version("tools", 1).tags["toolscout.decision"] == "kept"
 
 
+def test_a_hand_promotion_just_before_the_rounds_own_is_not_overwritten(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # The round checked the champion, then moved the alias in a separate step: a hand promotion
+    # in between was overwritten by a decision made against another champion. The check and the
+    # move are one step under the alias lock now. (Here the hand move comes as the round loads
+    # its registered version, after that check.)
+    cfg, registry = first_round(timeline, tmp_path)
+    real = job.serving_load_problem
+
+    def hand_promotion_meanwhile(path, query):
+        ours = registry.log_version("tools", path)  # an operator's own version of the model
+        runner.invoke(
+            app, ["registry", "promote", "tools", str(ours.number), f"registry.root={tmp_path / 'registry'}"]
+        )
+        return real(path, query)
+
+    monkeypatch.setattr(job, "serving_load_problem", hand_promotion_meanwhile)
+    record = job.retrain(cfg, str(timeline["increment"]))
+    assert record["decision"] == "kept" and record["reasons"][-1] == job.MOVED
+    assert registry.aliases("tools") == {"champion": 2, "challenger": 1}
+    assert registry.version("tools", 1).tags["toolscout.decision"] == "kept"
+
+
 def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline, tmp_path):
     # The first round has no champion to beat, so BM25 (no training) is promoted; the Serve app it
     # is told to follow is not running on this Ray. The promotion stands, and the run exits 1: a

@@ -3,7 +3,8 @@
 One round, in order (every registry write comes last, so an interrupted round leaves the
 registry as it was):
 
-1. take the retrain lock (:class:`components.registry.RetrainLock`; one round at a time);
+1. take the retrain lock (:class:`components.registry.RetrainLock`; one round at a time; a hand
+   promotion or rollback does not wait for it: the round then keeps its challenger);
 2. read the base dataset (``data.path``) and the increment (``--increment``, validated on Ray
    Data; rejects written with file, line and reason) and merge them;
 3. carve the splits of the merged data; its ``valid`` split is the holdout of both models;
@@ -33,7 +34,7 @@ from components.data.loader import load_dataset
 from components.data.prepared import is_prepared
 from components.data.rejects import DatasetError, RejectLog
 from components.data.splits import splits_from_config
-from components.registry import ModelRegistry, RegistrySettings, RetrainLock
+from components.registry import ChampionMoved, ModelRegistry, RegistrySettings, RetrainLock
 from workflows.retrain.gate import GateSettings, decide, measure
 from workflows.retrain.increment import merge, read_increment
 from workflows.train import fit_method, model_name, register, run_spec
@@ -126,8 +127,8 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         decision = decide(measured.get("champion"), measured["challenger"], gate)
 
         if decision.decision == "promoted" and champion_moved(registry, name, champion_version):
-            # Gated against a champion that is no longer the champion (moved by hand, outside the
-            # lock): promoting would overwrite that decision with one made against another model.
+            # Gated against a champion that is no longer the champion (moved by hand during the
+            # round): promoting would overwrite that decision with one made against another model.
             decision.decision = "kept"
             decision.reasons.append(MOVED)
         # The merged data first, into this round's own directory: a round that fails to write it
@@ -156,13 +157,20 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             blocker = promotion_blocker(
                 registry, version, champion_version, dataset.queries[next(iter(holdout))]
             )
+            if not blocker:
+                try:
+                    # The check and the move as one step under the alias lock: a hand move in
+                    # between would otherwise be overwritten by a decision made against another
+                    # champion.
+                    registry.promote(name, version.number, replacing=number_of(champion_version))
+                except ChampionMoved:
+                    blocker = MOVED
             if blocker:
                 decision.decision = "kept"
                 decision.reasons.append(blocker)
                 registry.set_tag(name, version.number, "toolscout.decision", "kept")
         serving = None
         if decision.decision == "promoted":
-            registry.promote(name, version.number)
             registry.set_tag(name, version.number, "toolscout.decision", "promoted")
             if rcfg.get("follow_serving"):
                 # Before the base is written: a failed write must not leave serving on the model
@@ -203,8 +211,8 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
 def promotion_blocker(registry: ModelRegistry, version: Any, started_with: Any, query: str) -> str | None:
     """Why a registered challenger the gate promoted must not become the champion, or None.
 
-    The champion moved while the version was uploaded (a hand rollback against another lock: a
-    shared tracking server with a local lock file), so the decision was made against the old one;
+    The champion moved during the round (a hand rollback or promotion, which never waits for a
+    round), so the decision was made against the old one;
     or serving cannot load the registered files on its default runtime (the gate measured the
     model in memory), and a version it cannot load must not become what it follows."""
     if champion_moved(registry, version.name, started_with):
@@ -225,10 +233,13 @@ def serving_load_problem(path: str, query: str) -> str | None:
     return None
 
 
+def number_of(version: Any) -> int | None:
+    return version.number if version else None
+
+
 def champion_moved(registry: ModelRegistry, name: str, started_with: Any) -> bool:
     """Whether ``name``'s champion is another version than the one the round started with."""
-    now = registry.alias(name, "champion")
-    return (now.number if now else None) != (started_with.number if started_with else None)
+    return number_of(registry.alias(name, "champion")) != number_of(started_with)
 
 
 def follow_serving(name: str, app_name: str | None = None) -> dict[str, Any]:
