@@ -84,6 +84,15 @@ def server(
     """
     reg = _registry(config, overrides)
     s = reg.settings
+    if s.resolved_uri.split("://", 1)[0] in ("http", "https"):
+        # MLFLOW_TRACKING_URI set for clients (a pod's environment) names a server, not a store:
+        # mlflow would start and fail on its first request.
+        raise ValueError(
+            f"the registry server needs a database as its store, not another server: the tracking "
+            f"URI is {s.resolved_uri} (from registry.tracking_uri or MLFLOW_TRACKING_URI); set "
+            "registry.tracking_uri to sqlite:///..., postgresql://... or mysql://..., or unset "
+            "MLFLOW_TRACKING_URI to serve the embedded store under registry.root"
+        )
     artifacts = s.artifact_root or os.path.abspath(os.path.join(s.root, "artifacts"))
     argv = [
         "mlflow", "server", "--backend-store-uri", s.resolved_uri, "--artifacts-destination", artifacts,

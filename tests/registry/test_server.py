@@ -130,3 +130,21 @@ def test_a_server_keeps_its_artifacts_on_s3_only(s3_server, tmp_path):
     (new,) = bucket_keys(client) - before  # the version's one file, in the bucket
     assert new.endswith("/artifacts/model/config.json"), new
     assert not (root / "store" / "artifacts").exists()  # nothing kept on the server's disk
+
+
+def test_a_client_side_tracking_uri_is_refused_as_the_servers_store(tmp_path, monkeypatch):
+    # MLFLOW_TRACKING_URI, set for the clients in a pod, named the server itself as its store:
+    # mlflow started and failed on every request.
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    started = []
+    monkeypatch.setattr(os, "execv", lambda *argv: started.append(argv))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://toolscout-mlflow:5000")
+    result = CliRunner().invoke(app, ["registry", "server", f"registry.root={tmp_path}"])
+    assert result.exit_code == 1 and started == []
+    assert "needs a database as its store" in " ".join(result.output.split())
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert CliRunner().invoke(app, ["registry", "server", f"registry.root={tmp_path}"]).exit_code == 0
+    assert started and "sqlite:///" in " ".join(started[0][1])
