@@ -27,16 +27,22 @@ def load_encoder(spec: EncoderSpec) -> TextEncoder:
 
 def embed_local(encoder: TextEncoder, texts: Sequence[str], batch_size: int = 128) -> np.ndarray:
     """L2-normalised embeddings of ``texts`` as float32 rows, in this process."""
-    vectors = encoder.encode(list(texts), batch_size=batch_size)
-    return torch.nn.functional.normalize(vectors, dim=-1).float().numpy()
+    vectors = encoder.encode(list(texts), batch_size=batch_size)  # on the encoder's device
+    return torch.nn.functional.normalize(vectors, dim=-1).float().cpu().numpy()
 
 
 class _Embedder:
-    """A Ray Data actor: loads the encoder once, embeds every batch it is given."""
+    """A Ray Data actor: loads the encoder once (onto the actor's GPU with ``use_gpu``), embeds
+    every batch it is given."""
 
-    def __init__(self, spec: EncoderSpec, batch_size: int) -> None:
-        torch.set_num_threads(1)  # one actor per CPU; intra-op threads would fight each other
+    def __init__(self, spec: EncoderSpec, batch_size: int, use_gpu: bool = False) -> None:
         self.encoder = load_encoder(spec)
+        if use_gpu:
+            # Ray reserved a GPU for the actor and set CUDA_VISIBLE_DEVICES: it is cuda:0 here.
+            # (Before, the encoder stayed on the CPU while the actor held the GPU idle.)
+            self.encoder.to("cuda")
+        else:
+            torch.set_num_threads(1)  # one actor per CPU; intra-op threads would fight each other
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -52,13 +58,16 @@ def embed_ray(
 
     if not texts:
         return np.zeros((0, 0), dtype=np.float32)
+    if use_gpu and ray.cluster_resources().get("GPU", 0) < 1:
+        # Ray Data would wait for a GPU actor forever.
+        raise ValueError("embedding with use_gpu needs a GPU in the Ray cluster; it has none")
     # A few blocks per actor: enough to keep every actor busy, each a full batch where possible
     # (from_items would otherwise make one block, hence one one-text batch, per text).
     blocks = max(1, min(len(texts) // batch_size + 1, 4 * actors))
     ds = ray.data.from_items([{"row": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=blocks)
     out = ds.map_batches(
         _Embedder,
-        fn_constructor_kwargs={"spec": spec, "batch_size": batch_size},
+        fn_constructor_kwargs={"spec": spec, "batch_size": batch_size, "use_gpu": use_gpu},
         batch_size=batch_size,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=actors),

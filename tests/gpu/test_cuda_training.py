@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from conftest import DENSE_TINY, MASSTOOL_TINY, TINY_LM, TOOLGEN_TINY, TOOLWEAVER_TINY
@@ -146,3 +147,17 @@ def test_toolweaver_trains_its_codes_and_lm_on_a_gpu_worker(toolgen_gpu, quickst
     assert trained_ndcg3(method, untrained, quickstart_1200)
     queries = dict(list(quickstart_1200.split_queries("test").items())[:40])
     assert hallucination_rate(method.generate(queries, 5, constrained=True)) == 0.0
+
+
+def test_tool_texts_are_embedded_on_the_gpu_actor_as_on_the_cpu(ray_session):
+    # With use_gpu the actor held a GPU while its encoder ran on the CPU.
+    from components.encoders import batch_embed
+    from components.encoders.text_encoder import EncoderSpec
+
+    texts = [f"tool number {i}: fetches the weather for city {i % 7}" for i in range(37)]
+    spec = EncoderSpec(name_or_path="minilm")
+    expected = batch_embed.embed_local(batch_embed.load_encoder(spec), texts)
+    got = batch_embed.embed_ray(spec, texts, use_gpu=True)
+    np.testing.assert_allclose(got, expected, atol=1e-3)
+    actor = batch_embed._Embedder(spec, 8, use_gpu=True)
+    assert next(actor.encoder.parameters()).device.type == "cuda"
