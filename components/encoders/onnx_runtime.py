@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import tempfile
 import warnings
 
@@ -112,10 +113,30 @@ def _quantize(source: str, target: str) -> None:
     logging.getLogger().addFilter(hint)
     try:
         quantize_dynamic(
-            source, target, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+            source,
+            target,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            # 7-bit weights on x86 without VNNI: its u8 x s8 multiply-add saturates on full-range
+            # weights (ONNX Runtime's quantisation guide); with VNNI (this machine) full range.
+            reduce_range=needs_reduced_range(),
+            op_types_to_quantize=["MatMul"],
         )
     finally:
         logging.getLogger().removeFilter(hint)
+
+
+def needs_reduced_range(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether int8 weights must keep to 7 bits here: an x86 CPU without VNNI (AVX-512 VNNI or
+    AVX-VNNI); where the flags cannot be read, assumed so (the safe side costs one bit)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return False
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return True
+    return not ({"avx512_vnni", "avx_vnni"} & set(flags))
 
 
 class OnnxEncoder:

@@ -141,6 +141,38 @@ def test_int8_quantises_matmul_weights_per_channel_and_keeps_the_embedding_table
         assert scales[node.input[1].replace("_quantized", "_scale")] == [weights.dims[1]]
 
 
+@pytest.mark.parametrize("vnni", [True, False])
+def test_int8_weights_keep_to_7_bits_on_a_cpu_without_vnni(tmp_path, monkeypatch, vnni):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    import components.encoders.onnx_runtime as onnx_runtime
+
+    flags = "fpu avx2 avx512f" + (" avx512_vnni" if vnni else "")
+    (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(onnx_runtime.platform, "machine", lambda: "x86_64")
+    assert onnx_runtime.needs_reduced_range(str(tmp_path / "cpuinfo")) is not vnni
+    monkeypatch.setattr(onnx_runtime, "needs_reduced_range", lambda: not vnni)
+    encoder = scratch_encoder()
+    path = onnx_runtime.export_onnx(
+        encoder, encoder.tokenize(TEXTS[:2]), str(tmp_path / "q.onnx"), quantize=True
+    )
+    graph = onnx.load(path).graph
+    top = max(
+        int(np.abs(numpy_helper.to_array(i).astype(np.int32)).max())
+        for i in graph.initializer
+        if i.name.endswith("_quantized")
+    )
+    assert top <= 64 if not vnni else top == 127  # 7 bits without VNNI, full range with it
+    # The graph still encodes close to PyTorch's.
+    expected = encoder.encode(TEXTS)
+    got = onnx_runtime.OnnxEncoder(path)(
+        **{k: v for k, v in encoder.tokenize(TEXTS).items() if k in onnx_runtime.INPUTS}
+    )
+    assert F.cosine_similarity(got, expected).min() > 0.98
+
+
 def test_a_quantisation_that_fails_leaves_no_fp32_graph_behind(tmp_path, monkeypatch):
     import components.encoders.onnx_runtime as onnx_runtime
 
