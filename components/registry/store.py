@@ -28,6 +28,7 @@ from typing import Any
 
 from components.registry.local import MODEL_PATH, materialise
 from components.registry.lock import AliasLock
+from components.registry.params import flatten, unflatten
 from components.registry.settings import ALIASES, RegistrySettings, Version, parse_model_uri, quiet_mlflow
 from components.registry.sqlite_template import create_from_template
 
@@ -142,11 +143,9 @@ class ModelRegistry:
 
     def promote(self, name: str, number: int, replacing: int | object | None = ANY) -> Version | None:
         """Make version ``number`` the champion; the champion it replaces becomes ``previous``.
-
-        Under the alias lock (:class:`.lock.AliasLock`), so two moves never interleave their
-        alias writes. With ``replacing`` (a version number, ``None`` for no champion) only while
-        the champion is still that version: a retrain gated against it. Returns the replaced
-        champion (``None`` if there was none or it is the same version).
+        Under the alias lock (:class:`.lock.AliasLock`): two moves never interleave their writes.
+        With ``replacing`` (a number; ``None``: no champion) only while the champion is that
+        version (what a retrain gated against). Returns the replaced champion, if another.
 
         Raises:
             ChampionMoved: ``replacing`` is given and the champion is another version.
@@ -225,10 +224,9 @@ class ModelRegistry:
         try:
             found = self.client.get_model_version_by_alias(name, alias)
         except MlflowException as e:
-            # An unknown model, or an alias that is not set; a server that fails is an error, not
-            # "no champion" (a promotion would then drop the champion it replaces from previous).
-            # Only this read may say "not set": before, a champion whose run had been deleted
-            # read as no champion, and a retrain promoted its challenger ungated.
+            # An unknown model or an unset alias. A failing server is an error, not "no champion"
+            # (a promotion would drop the champion from previous), and so is a gc'd run (a
+            # retrain read it as no champion and promoted ungated): only this read says "not set".
             if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 return None
             raise
@@ -279,18 +277,24 @@ class ModelRegistry:
         except MlflowException as e:
             raise LookupError(f"{ref}: {e.message}") from e
 
+    def params(self, version: Version, section: str) -> Any:
+        """The config ``section`` the version's run logged, typed again (:func:`.params.unflatten`).
+
+        Raises:
+            LookupError: the run did not log it, or is gone (``mlflow gc``; the version remains).
+        """
+        from mlflow.exceptions import MlflowException
+
+        try:
+            logged = self.client.get_run(version.run_id).data.params if version.run_id else {}
+            return unflatten(dict(logged), section)
+        except KeyError:
+            raise LookupError(f"{version.name} v{version.number}: its run logged no {section!r}") from None
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                raise LookupError(f"{version.name} v{version.number}: its run is gone") from None
+            raise
+
     def local_dir(self, version: Version) -> str:
         """``<root>/versions/<name>/v<N>`` with the version's files (:func:`.local.materialise`)."""
         return materialise(version, self.settings)
-
-
-def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config dicts as dotted keys (MLflow params are flat)."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out |= flatten(value, dotted + ".")
-        else:
-            out[dotted] = value
-    return out

@@ -197,6 +197,19 @@ def test_alias_moves_take_turns_under_the_alias_lock(registry, tmp_path, monkeyp
     assert registry.aliases("m") == {"champion": 3, "previous": 2}
 
 
+@pytest.mark.parametrize(
+    "splits",
+    [None, {}, {"seed": 3}, {"mode": "cold_start", "neg_fractions": {"train": 0.7, "valid": 0.3}}],
+)
+def test_a_logged_config_section_reads_back_typed(registry, tmp_path, splits):
+    # MLflow keeps params flat and as text: a retrain compares the champion's splits with its own.
+    v = registry.log_version("m", saved(tmp_path, "v", "x"), params={"splits": splits, "method": {"k1": 1.2}})
+    assert registry.params(v, "splits") == splits
+    assert registry.params(v, "method") == {"k1": 1.2}
+    with pytest.raises(LookupError, match="logged no 'data'"):
+        registry.params(v, "data")
+
+
 def test_new_stores_start_from_one_migrated_database_and_an_existing_one_is_never_replaced(tmp_path):
     from components.registry.sqlite_template import _template, create_from_template
 

@@ -13,8 +13,10 @@ import pytest
 from conftest import TINY_ENCODER
 from typer.testing import CliRunner
 
+from components.config import ConfigError
 from components.data.loader import load_dataset
 from components.data.quickstart import generate_quickstart
+from components.data.splits import split_settings
 from components.registry import ModelRegistry, RegistrySettings, RetrainLock
 from workflows.cli import app
 from workflows.cli_config import build_config
@@ -316,6 +318,24 @@ def test_a_model_with_versions_but_no_champion_is_refused_before_training(
     monkeypatch.setattr(job, "fit_method", disk_full)  # must not be reached
     with pytest.raises(LookupError, match="has versions but no champion"):
         job.retrain(cfg, str(timeline["increment"]))
+
+
+def test_a_round_whose_splits_differ_from_the_champions_is_refused_before_training(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # Another seed carves another holdout (and splits the no-tool queries otherwise): it held
+    # requests the champion had trained on, and the gate compared a memorised score with a
+    # held-out one.
+    cfg, _ = first_round(timeline, tmp_path)
+    train(cfg)  # the champion, with the config's splits
+    monkeypatch.setattr(job, "fit_method", disk_full)  # planted where training starts
+    other = {**cfg, "splits": {**cfg["splits"], "seed": 1}}
+    with pytest.raises(ConfigError, match=r"splits differ from the champion's \(v1\).*'seed': \(0, 1\)"):
+        job.retrain(other, str(timeline["increment"]))
+    # The same splits spelled out in full, defaults and all, are the same splits: on to training.
+    same = {**cfg, "splits": split_settings(cfg["splits"])}
+    with pytest.raises(OSError, match="No space left"):
+        job.retrain(same, str(timeline["increment"]))
 
 
 def test_a_version_serving_cannot_load_is_kept_not_promoted(ray_session, timeline, tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ from components.data.beir import write_beir
 from components.data.loader import load_dataset
 from components.data.prepared import is_prepared
 from components.data.rejects import DatasetError, RejectLog
-from components.data.splits import splits_from_config
+from components.data.splits import split_settings, splits_from_config
 from components.registry import ChampionMoved, ModelRegistry, RegistrySettings, RetrainLock
 from workflows.retrain.gate import GateSettings, decide, measure
 from workflows.retrain.increment import merge, read_increment
@@ -108,6 +108,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
                 f"model {name!r} has versions but no champion; promote the one serving should hold "
                 f"(toolscout registry promote {name} N) before retraining"
             )
+        if champion_version is not None:
+            mismatch = splits_mismatch(registry, champion_version, cfg.get("splits"))
+            if mismatch:
+                raise ConfigError(mismatch)
         champion_dir = registry.local_dir(champion_version) if champion_version else None
 
         challenger = methods.build(cfg["method"]["name"], cfg["method"].get("params"))
@@ -206,6 +210,28 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         }
         io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode(), options)
         return record
+
+
+def splits_mismatch(registry: ModelRegistry, champion: Any, splits: dict[str, Any] | None) -> str | None:
+    """Why the round's splits differ from those the champion was trained with, or None.
+
+    The holdout both models are scored on is the merged data's valid split (carved by
+    ``valid_fraction`` and ``seed`` while the base has none), and its no-tool queries are split by
+    ``seed`` and ``neg_fractions``: with other settings it holds requests the champion trained on,
+    and the gate compares a memorised score with a held-out one."""
+    try:
+        logged = registry.params(champion, "splits")
+    except LookupError:
+        return None  # registered by hand without params, or its run is gone: nothing to compare
+    trained_with, ours = split_settings(logged if isinstance(logged, dict) else None), split_settings(splits)
+    if trained_with == ours:
+        return None
+    differ = {k: (trained_with[k], ours[k]) for k in ours if trained_with[k] != ours[k]}
+    return (
+        f"splits differ from the champion's (v{champion.number}), as (champion, this round): "
+        f"{differ}; its holdout would hold requests the champion trained on. Set splits to the "
+        "champion's, or promote a version trained with these by hand"
+    )
 
 
 def promotion_blocker(registry: ModelRegistry, version: Any, started_with: Any, query: str) -> str | None:
