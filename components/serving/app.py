@@ -109,6 +109,11 @@ class ServeArgs(BaseModel):
         "(no rewriter); false: encode twice.",
     )
     api_key: str | None = Field(None, description=f"Sets ${API_KEY_ENV} in the ingress replicas.")
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Web origins (e.g. https://console.example.com) whose pages may call the app "
+        "besides loopback ones; any other Origin is refused (DNS rebinding).",
+    )
     deployments: list[dict[str, Any]] = Field(default_factory=list, description="Serve deployment options.")
     registry: dict[str, Any] | None = Field(
         None,
@@ -288,5 +293,5 @@ def build_app(args: dict[str, Any]) -> Application:
     # The API key travels as a constructor argument: a config file's ray_actor_options for the
     # Ingress replace the ones set here wholesale, so an env var put there could be dropped.
     ingress = serve.deployment(IngressDeployment, name="Ingress").options(**deployment_options(a, "Ingress"))
-    options = {"api_key": a.api_key, "share_ranking": a.share_ranking}
+    options = {"api_key": a.api_key, "share_ranking": a.share_ranking, "allowed_origins": a.allowed_origins}
     return ingress.bind(detector, retriever, rewriter, selector, a.needs_tool_threshold, **options)

@@ -5,6 +5,7 @@ Every error body is ``{"error": {"code", "message", "details"}}``:
 =====  ==========================  ===================================================
 400    ``invalid_json``            the body is not JSON
 401    ``unauthorized``            an API key is configured and the request lacks it
+403    ``forbidden_origin``        sent by a web page of a site not allowed (:mod:`.origin`)
 404    ``not_found`` / 405 ...     unknown route or method (Starlette's, reshaped)
 415    ``unsupported_media_type``  a body sent without ``Content-Type`` or with a non-JSON one
 422    ``invalid_request``         wrong types, unknown fields, blank / long query, top_k range

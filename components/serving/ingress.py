@@ -36,6 +36,7 @@ from components.serving.errors import (
 )
 from components.serving.mcp_endpoint import ToolSearchEndpoint
 from components.serving.models import same_ranking
+from components.serving.origin import ORIGINS_ENV, OriginGuard
 from components.serving.schemas import ErrorResponse, Health, SelectRequest, SelectResponse, ToolsInfo
 
 logger = logging.getLogger("ray.serve")
@@ -57,6 +58,7 @@ api.mount("/mcp", mcp.app)
 DOCS_PATHS = (api.docs_url, api.swagger_ui_oauth2_redirect_url, api.redoc_url, api.openapi_url)
 PUBLIC_PATHS = frozenset(p for p in ("/healthz", *DOCS_PATHS) if p)
 api.add_middleware(ApiKeyMiddleware, public=PUBLIC_PATHS)
+api.add_middleware(OriginGuard)  # outermost: a rebinding page learns nothing, not even a 401
 install_error_handlers(api)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -99,6 +101,8 @@ class Ingress:
             Kubernetes Secret).
         share_ranking: Let a detector of the retriever's artifact decide from the retriever's
             answer (see :meth:`_detect_and_retrieve`); False encodes each query twice.
+        allowed_origins: Web origins whose pages may call the app, besides loopback ones; they
+            become ``$TOOLSCOUT_ALLOWED_ORIGINS`` (:mod:`components.serving.origin`) as the key does.
     """
 
     def __init__(
@@ -111,9 +115,12 @@ class Ingress:
         retries: int = 3,
         api_key: str | None = None,
         share_ranking: bool = True,
+        allowed_origins: list[str] | None = None,
     ) -> None:
         if api_key:
             os.environ[API_KEY_ENV] = api_key
+        if allowed_origins:
+            os.environ[ORIGINS_ENV] = ",".join(allowed_origins)
         self.detector, self.retriever = detector, retriever
         self.rewriter, self.selector = rewriter, selector
         self.threshold = needs_tool_threshold

@@ -185,7 +185,10 @@ class ToolSearchEndpoint:
     async def find_tools(self, request: SelectRequest) -> dict[str, Any]:
         """The ``/v1/select`` answer with each tool's description and input schema added."""
         answer = await _BINDING["select"](request)
-        described = await _BINDING["describe"]([t["id"] for t in answer["tools"]])
+        ids = [t["id"] for t in answer["tools"]]
+        # No tools (a query that needs none): nothing to describe, and no call to the Retriever,
+        # which the HTTP door does not need for such an answer either.
+        described = await _BINDING["describe"](ids) if ids else []
         # A hit the catalog does not describe (a replica that reloaded the catalog between the
         # ranking and this call retired it) is dropped: an agent is only offered tools that exist.
         pairs = zip(answer["tools"], described, strict=True)

@@ -127,6 +127,19 @@ def test_find_tools_drops_a_hit_and_a_call_the_catalog_no_longer_has(bound):
     assert kept["call"] == {"tool": "slack/post", "arguments": {"q": "x"}}
 
 
+def test_an_answer_without_tools_asks_the_catalog_nothing(bound):
+    # The HTTP door answers a query that needs no tool from the detector alone; the MCP door asked
+    # the Retriever to describe an empty list, and failed while the Retriever was down.
+    async def retriever_down(tool_ids):
+        raise RuntimeError("Retriever unavailable")
+
+    mcp_endpoint._BINDING["describe"] = retriever_down
+    bound.append({**answer([], None), "needs_tool": False, "probability": 0.1})
+    found = call("find_tools", {"query": "hello there"})
+    assert not found.is_error
+    assert found.structured_content["tools"] == [] and found.structured_content["needs_tool"] is False
+
+
 def test_a_failure_inside_is_an_internal_error_without_its_details(bound):
     answers = bound
     answers.append(RuntimeError("RayTaskError on 10.1.2.3 pid=4242: Traceback ..."))

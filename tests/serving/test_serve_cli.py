@@ -185,6 +185,7 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
         "calibration_data": serving_data,
         "detector_file": str(Path(bm25_versions["detector_file"]).relative_to(Path.cwd())),
         "api_key": "k-123",
+        "allowed_origins": ["https://console.example.com"],
     }
     key = {"Authorization": "Bearer k-123"}
     port = free_port()
@@ -196,6 +197,12 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
         r = requests.post(f"{url}/v1/select", json=body, headers=key, timeout=30)
         assert r.status_code == 200 and r.json()["model_version"] == "bm25/v0002"
         refused_without_the_key(url)
+        # A web page of another site (DNS rebinding) is refused on both doors, a listed one passes.
+        for path in ("/v1/select", "/mcp/"):
+            page = {**key, "Origin": "http://attacker.example"}
+            assert requests.post(f"{url}{path}", json=body, headers=page, timeout=30).status_code == 403
+        listed = {**key, "Origin": "https://console.example.com"}
+        assert requests.post(f"{url}/v1/select", json=body, headers=listed, timeout=30).status_code == 200
         # Direct ingress: the ingress replica's own port answers the same, and binds loopback only.
         (direct,) = ingress_urls("127.0.0.1")
         assert ingress_urls("127.0.0.1", "no-such-app") == []
