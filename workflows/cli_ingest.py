@@ -28,6 +28,17 @@ def ingest_mcp(
     bearer_env: Annotated[
         str | None, typer.Option(help="Environment variable holding a Bearer token for URL servers.")
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            help="Environment variable passed on to the stdio servers (repeat); they get only "
+            "HOME, PATH, USER and a few more otherwise.",
+        ),
+    ] = None,
+    allow_empty: Annotated[
+        bool, typer.Option(help="Let a server listing no usable tool retire all of its catalogued ones.")
+    ] = False,
     follow: Annotated[
         str | None,
         typer.Option(help="Ray address of a cluster serving this catalog: its Retriever replicas reload it."),
@@ -39,7 +50,11 @@ def ingest_mcp(
     if bearer_env and not os.environ.get(bearer_env):
         raise typer.BadParameter(f"environment variable {bearer_env} is not set", param_hint="--bearer-env")
     headers = {"Authorization": f"Bearer {os.environ[bearer_env]}"} if bearer_env else None
-    report = run_ingest(str(out), server, name, headers)
+    missing = [v for v in env or [] if v not in os.environ]
+    if missing:
+        raise typer.BadParameter(f"environment variable(s) {', '.join(missing)} not set", param_hint="--env")
+    passed = {v: os.environ[v] for v in env or []}
+    report = run_ingest(str(out), server, name, headers, passed, allow_empty)
     console.print(
         f"{sum(report.servers.values())} tools from {len(report.servers)} servers → {out}/corpus.jsonl: "
         f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "

@@ -50,8 +50,13 @@ def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
 
-async def list_server_tools(source: str, headers: dict[str, str] | None = None) -> tuple[str, list[dict]]:
-    """``(server name, tools/list entries as dicts)`` of one server, every page of it."""
+async def list_server_tools(
+    source: str, headers: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> tuple[str, list[dict]]:
+    """``(server name, tools/list entries as dicts)`` of one server, every page of it.
+
+    ``env``: variables a stdio server gets besides the few the SDK passes on (``HOME``, ``PATH``,
+    ``USER``…): an API key it reads from its environment."""
     from mcp import Client, StdioServerParameters, stdio_client
 
     if is_url(source):
@@ -67,9 +72,10 @@ async def list_server_tools(source: str, headers: dict[str, str] | None = None) 
         http = None
         # The server's own stderr (its log) goes to the real stderr: under a captured or redirected
         # sys.stderr (tests, quiet output) the SDK would need a file descriptor it does not have.
-        target = stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]), errlog=sys.__stderr__)
+        command = StdioServerParameters(command=argv[0], args=argv[1:], env=env or None)
+        target = stdio_client(command, errlog=sys.__stderr__)
     try:
-        with anyio.fail_after(LIST_TIMEOUT_S):
+        with anyio.fail_after(LIST_TIMEOUT_S, reason=f"no complete tools/list within {LIST_TIMEOUT_S:.0f} s"):
             async with Client(target, read_timeout_seconds=READ_TIMEOUT_S) as client:
                 tools, cursor, seen = [], None, set()
                 for _ in range(MAX_PAGES):
@@ -88,6 +94,15 @@ async def list_server_tools(source: str, headers: dict[str, str] | None = None) 
         if http is not None:
             await http.aclose()
     return name, tools
+
+
+def reason(error: BaseException) -> str:
+    """What went wrong, from the innermost errors: the SDK's task groups wrap a refused connection,
+    a 401 or a malformed listing in exception groups whose own message says only how many."""
+    members = getattr(error, "exceptions", None)
+    if isinstance(members, tuple) and members:
+        return "; ".join(dict.fromkeys(reason(e) for e in members))
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def merge_server(
@@ -130,24 +145,35 @@ def read_catalog(path: str) -> dict[str, dict[str, Any]]:
 
 
 def ingest_mcp(
-    out_dir: str, sources: list[str], names: list[str] | None = None, headers: dict[str, str] | None = None
+    out_dir: str,
+    sources: list[str],
+    names: list[str] | None = None,
+    headers: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    allow_empty: bool = False,
 ) -> IngestReport:
     """Read every server, then update ``out_dir``'s corpus in place (see the module docstring).
 
     Args:
         sources: Server URLs or stdio commands.
         names: Server names to use instead of the ones the servers report (one per source).
+        headers: HTTP headers for a URL server (a Bearer token): one URL server per run.
+        env: Environment variables for the stdio servers (see :func:`list_server_tools`).
+        allow_empty: Let a server that lists no usable tool retire all of its catalogued ones.
     """
     if names and len(names) != len(sources):
         raise ValueError(
             f"ingest mcp: {len(names)} --name for {len(sources)} --server; give one each or none"
         )
+    if headers and sum(map(is_url, sources)) > 1:
+        # One token for every URL server would hand one service's credential to the others.
+        raise ValueError("ingest mcp: a Bearer token goes to one URL server; ingest them one run each")
     listed = []
     for i, source in enumerate(sources):
         try:
-            reported, tools = asyncio.run(list_server_tools(source, headers))
+            reported, tools = asyncio.run(list_server_tools(source, headers, env))
         except Exception as e:  # nothing is written when a server cannot be read
-            raise OSError(f"ingest mcp: cannot list the tools of {source!r}: {e}") from e
+            raise OSError(f"ingest mcp: cannot list the tools of {source!r}: {reason(e)}") from e
         name = (names[i] if names else reported) or ""
         if not name:
             raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
@@ -180,6 +206,14 @@ def ingest_mcp(
     report, rejects, retired = IngestReport(), RejectLog(), []
     for name, source, tools in listed:
         records = corpus_records(name, tools, rejects, source)
+        catalogued = sum(r["metadata"].get("server") == name for r in corpus.values())
+        if not records and catalogued and not allow_empty:
+            # A server restarting, or one whose every tool is now rejected, would retire its
+            # whole catalogue (and with --follow, serving would drop it at once).
+            raise ValueError(
+                f"ingest mcp: {source!r} lists no usable tool, which would retire all {catalogued} "
+                f"of {name!r} in the catalog; pass --allow-empty if that is meant"
+            )
         for record in records:  # which source a server name's tools came from (see above)
             record["metadata"]["source"] = source
         retired += merge_server(corpus, name, records, report)

@@ -38,9 +38,13 @@ def alerts(region: str) -> str:
     return region
 
 wanted = json.load(open(sys.argv[1]))
+import os
 for fn in (forecast, convert, alerts):
     if fn.__name__ in wanted["tools"]:
-        server.add_tool(fn, description=wanted.get("descriptions", {}).get(fn.__name__))
+        description = wanted.get("descriptions", {}).get(fn.__name__)
+        if description == "$WEATHER_KEY":  # what the server's environment holds
+            description = "key: " + os.environ.get("WEATHER_KEY", "unset")
+        server.add_tool(fn, description=description)
 server.run()
 '''
 
@@ -53,8 +57,8 @@ def stdio_server(tmp_path: Path, tools: list[str], descriptions: dict | None = N
     return f"{sys.executable} {script} {wanted}"
 
 
-def ingest(tmp_path: Path, *servers: str):
-    args = ["ingest", "mcp", "--out", str(tmp_path / "cat")]
+def ingest(tmp_path: Path, *servers: str, options: tuple[str, ...] = ()):
+    args = ["ingest", "mcp", "--out", str(tmp_path / "cat"), *options]
     return CliRunner().invoke(app, args + [a for s in servers for a in ("--server", s)])
 
 
@@ -106,8 +110,44 @@ def test_an_unreachable_server_changes_nothing(tmp_path):
     result = ingest(tmp_path, changed, "http://127.0.0.1:9/mcp/")
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and "cannot list the tools of 'http://127.0.0.1:9/mcp/'" in said
+    # Why, from inside the SDK's exception groups (before: "unhandled errors in a TaskGroup").
+    assert re.search(r"mcp/': \w*ConnectError: \S", said) and "TaskGroup" not in said, said
     assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
     assert not (tmp_path / "cat" / "retired.jsonl").read_text()
+
+
+def test_a_stdio_server_gets_only_the_environment_variables_passed_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("WEATHER_KEY", "k-42")
+    server = stdio_server(tmp_path, ["forecast"], {"forecast": "$WEATHER_KEY"})
+    assert ingest(tmp_path, server).exit_code == 0
+    assert corpus(tmp_path)["weather-desk/forecast"]["metadata"]["description"] == "key: unset"
+    result = ingest(tmp_path, server, options=("--env", "WEATHER_KEY"))
+    assert result.exit_code == 0, result.output
+    assert corpus(tmp_path)["weather-desk/forecast"]["metadata"]["description"] == "key: k-42"
+    missing = ingest(tmp_path, server, options=("--env", "NO_SUCH_VARIABLE_HERE"))
+    assert missing.exit_code != 0 and "NO_SUCH_VARIABLE_HERE" in missing.output
+
+
+def test_a_server_listing_nothing_retires_its_tools_only_when_allowed(tmp_path):
+    run_ingest(tmp_path, ["forecast", "alerts"])
+    before = (tmp_path / "cat" / "corpus.jsonl").read_text()
+    empty = stdio_server(tmp_path, [])  # the same server, restarting, say, or every tool now rejected
+    refused = ingest(tmp_path, empty)
+    said = " ".join(refused.output.split())
+    assert refused.exit_code == 1 and "would retire all 2 of 'weather-desk'" in said, said
+    assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
+    assert ingest(tmp_path, empty, options=("--allow-empty",)).exit_code == 0
+    assert corpus(tmp_path) == {}
+    assert len((tmp_path / "cat" / "retired.jsonl").read_text().splitlines()) == 2
+
+
+def test_one_bearer_token_is_not_sent_to_two_url_servers(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "secret")
+    urls = ("https://github-mcp.example/mcp", "https://third-party.example/mcp")
+    result = ingest(tmp_path, *urls, options=("--bearer-env", "GITHUB_TOKEN"))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "a Bearer token goes to one URL server" in said
+    assert not (tmp_path / "cat").exists()
 
 
 def test_two_servers_reporting_one_name_are_refused_before_either_retires_the_other(tmp_path):
