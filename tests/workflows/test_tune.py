@@ -115,6 +115,27 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
         tune_settings(merge(cfg, {"train": {"num_workers": 0}}), "x")
 
 
+def test_what_the_sweep_cannot_run_is_refused_before_any_trial(tmp_path):
+    dense = {"name": "dense", "params": {"encoder": TINY_ENCODER, "epochs": 3}}
+    cfg = config(
+        "unused", tmp_path, dense, space={"method.params.lr": {"randn": [0.01, 0.001]}}, search="optuna"
+    )
+    settings = tune_settings(cfg, "x")
+    # Optuna has no sampler for randn: this failed once the trials started, after shared stages.
+    with pytest.raises(ConfigError, match=r"tune.space.method.params.lr: Optuna cannot sample it"):
+        check_space(base_config(cfg, settings), parse_space(settings.space), settings)
+    # ASHA stops every trial at max_t: one below epochs + 1 stops each before its final report.
+    short = merge(cfg, {"tune": {"search": "random", "scheduler": {"name": "asha", "max_t": 3}}})
+    settings = tune_settings(short, "x")
+    with pytest.raises(ConfigError, match=r"max_t: 3 stops every trial .*epochs \+ 1 = 4"):
+        check_space(base_config(short, settings), parse_space(settings.space), settings)
+    fine = tune_settings(merge(short, {"tune": {"scheduler": {"name": "asha", "max_t": 4}}}), "x")
+    check_space(base_config(short, fine), parse_space(fine.space), fine)
+    # A file:// storage path is a local directory, not "<cwd>/file:/...".
+    local = tune_settings(merge(cfg, {"tune": {"storage_path": f"file://{tmp_path}/sweeps"}}), "x")
+    assert local.storage_path == f"{tmp_path}/sweeps"
+
+
 def test_asha_lets_the_longest_swept_epochs_finish():
     # ASHA stops every trial at max_t: taken from the base epochs alone, a swept 6-epoch trial
     # would be stopped before its last report and could never count as completed.
@@ -278,6 +299,15 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
         tune_sweep(cfg, callbacks=[InterruptOnce(marker)])
     first = json.loads(Path(marker).read_text())
     assert not (tmp_path / "out").exists()  # nothing selected from a partial sweep
+    # Restored under an edited config, the old sweep ran and was then counted and written by the
+    # new settings: refused, naming what differs, before any trial.
+    edited = merge(
+        cfg, {"tune": {"num_samples": 2, "space": {"method.params.k1": {"grid_search": [0.9, 2.0]}}}}
+    )
+    with pytest.raises(
+        ConfigError, match=r"started with other settings \(tune.num_samples, tune.space differ\)"
+    ):
+        tune_sweep(edited)
     report = tune_sweep(cfg)
     assert [t["status"] for t in report["trials"]] == ["completed"] * 3
     assert sorted(t["params"]["method.params.k1"] for t in report["trials"]) == [0.9, 1.2, 1.5]

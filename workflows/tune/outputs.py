@@ -180,14 +180,18 @@ def write_outputs(
     row, result = best
     keys = list(settings.space)
     label = f"{settings.entry or base['method']['name']}_tuned"
+    baseline = []
+    if settings.baseline:
+        # Trained before the best trial's test reading: a run stopped while the baseline trains
+        # has read no test, and its rerun reads it once (the report is written right after).
+        entries = (cfg.get("bench") or {}).get("methods") or {}
+        baseline = bench_entry(settings.baseline, entries[settings.baseline], dataset, cfg)
     with result.checkpoint.as_directory() as path:
         method = methods.load(path)
     results = split_rows(method, dataset, label)  # the sweep's one reading of test
     for r in results:
         r["train_seconds"] = float(result.metrics.get("train_seconds", 0.0))
-    if settings.baseline:
-        entries = (cfg.get("bench") or {}).get("methods") or {}
-        results += bench_entry(settings.baseline, entries[settings.baseline], dataset, cfg)
+    results += baseline
     out = settings.out or io.join(settings.experiment_path, "results.json")
     # The outputs live where the trials do (or at tune.out), reached with the same options.
     options = base["train"].get("storage_options") or {}

@@ -102,7 +102,8 @@ def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
     raw["name"] = raw.get("name") or default_name
     raw["shared_stages"] = tuple(raw.get("shared_stages") or ())
     storage = raw.get("storage_path") or "runs/tune"
-    raw["storage_path"] = storage if io.is_remote(storage) else os.path.abspath(storage)
+    # file:///nfs/tune is a local path (abspath of the URL made "<cwd>/file:/nfs/tune").
+    raw["storage_path"] = storage if io.is_remote(storage) else os.path.abspath(io.local_path(storage))
     settings = TuneSettings(**raw)
     if settings.search not in SEARCHERS:
         raise ConfigError(f"tune.search: {settings.search!r} is not one of {SEARCHERS}")

@@ -13,7 +13,6 @@ parameters and metric, plots, the best config as a YAML that ``toolscout train``
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import sys
@@ -31,6 +30,7 @@ from components.data import Dataset, dataset_from_config, io
 from workflows.train import run_spec
 from workflows.tune.outputs import best_trial, reported, trial_rows, write_outputs
 from workflows.tune.progress import TrialProgress
+from workflows.tune.restore import check_restorable, saved_trials, write_fingerprint
 from workflows.tune.settings import TuneSettings, tune_settings
 from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
 from workflows.tune.trainable import run_trial, trial_method
@@ -70,6 +70,29 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
     if settings.search == "optuna" and has_grid(space):
         raise ConfigError(
             "tune.space: grid_search needs tune.search=random (Optuna samples, it does not enumerate)"
+        )
+    if settings.search == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        for key, domain in space.items():
+            # A distribution Optuna has no sampler for (randn) failed only when the trials
+            # started, after the shared stages had trained.
+            try:
+                OptunaSearch.convert_search_space({key: domain})
+            except ValueError as e:
+                raise ConfigError(
+                    f"tune.space.{key}: Optuna cannot sample it ({e}); use tune.search=random"
+                ) from e
+    gpu = (base.get("train") or {}).get("use_gpu")
+    if gpu and ray.is_initialized() and ray.cluster_resources().get("GPU", 0) < 1:
+        # Trials would start and their Ray Train runs wait for a GPU forever.
+        raise ConfigError("train.use_gpu: the Ray cluster has no GPU for the trials' workers")
+    epochs = most_epochs(method.config(), settings.space)
+    if settings.scheduler == "asha" and settings.max_t is not None and settings.max_t < epochs + 1:
+        # ASHA stops every trial at max_t: before the final report, no trial would complete.
+        raise ConfigError(
+            f"tune.scheduler.max_t: {settings.max_t} stops every trial before its final report "
+            f"(epochs + 1 = {epochs + 1}); leave it unset or raise it"
         )
     return method
 
@@ -166,20 +189,6 @@ def warm_shared_stages(method: Any, base: dict[str, Any], dataset: Dataset, sett
         method.fit(stage, dataset, run)
 
 
-def saved_trials(settings: TuneSettings, base: dict[str, Any]) -> int:
-    """Trials in the sweep's newest saved state. A sweep whose driver died before its first trial
-    (state written, searcher not yet given its space) has none: it is started anew rather than
-    restored into a searcher with no space; there is nothing in it to keep."""
-    options = base["train"].get("storage_options") or {}
-    fs = io.filesystem(settings.experiment_path, options)
-    states = sorted(fs.glob(io.join(settings.experiment_path, "experiment_state-*.json")))
-    if not states:
-        return 0
-    with fs.open(states[-1], "rb") as f:  # glob gives paths inside the filesystem
-        state = json.load(f)
-    return len(state.get("trial_data") or [])
-
-
 def make_tuner(
     trainable: Any,
     space: dict[str, Any],
@@ -201,10 +210,12 @@ def make_tuner(
                 f"tune: a sweep named {settings.name!r} exists at {path}; pass tune.resume=true to "
                 "finish it, or tune.name=<new name> for a new sweep"
             )
+        check_restorable(settings, base)
         # The run config (callbacks included) comes back from the sweep's saved state.
         return tune.Tuner.restore(
             path, trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs
         )
+    write_fingerprint(settings, base)
     metric = settings.report_key
     progress = TrialProgress(total, metric, settings.mode)
     return tune.Tuner(

@@ -1,0 +1,84 @@
+"""What a sweep of a given name was started with, so that a rerun restores only that sweep.
+
+``Tuner.restore`` brings back the saved space, sample count, metric, searcher and scheduler, and
+ignores the ones in the config of the command that restores it. The driver, though, reads the
+config's: a rerun after an edit (more samples, another metric, a swapped key) restored the old
+sweep and then counted, selected or wrote the best YAML by the new settings (``num_samples``
+raised: "run again" forever; a key swapped: ``null`` in the best YAML). So the first start writes
+what the sweep is made of beside Tune's state, and a restore refuses a config that differs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.config import ConfigError
+from components.data import io
+from workflows.tune.settings import TuneSettings
+
+FINGERPRINT = "toolscout_sweep.json"
+
+
+def fingerprint(settings: TuneSettings, base: dict[str, Any]) -> dict[str, Any]:
+    """The settings that make a sweep what it is (storage options left out: they hold secrets)."""
+
+    def public(section: dict[str, Any] | None) -> dict[str, Any]:
+        return {k: v for k, v in (section or {}).items() if k != "storage_options"}
+
+    own = {
+        k: getattr(settings, k)
+        for k in ("space", "entry", "metric", "mode", "num_samples", "search", "scheduler", "seed")
+    }
+    own |= {k: getattr(settings, k) for k in ("grace_period", "reduction_factor", "max_t")}
+    own["shared_stages"] = list(settings.shared_stages)
+    parts = {"method": base.get("method"), "train": public(base.get("train")), "splits": base.get("splits")}
+    parts["data"] = public(base.get("data"))
+    # Through JSON: tuples and lists, int and float keys compare as they will when read back.
+    return json.loads(json.dumps({"tune": own, **parts}, sort_keys=True, default=str))
+
+
+def write_fingerprint(settings: TuneSettings, base: dict[str, Any]) -> None:
+    """Record what a new sweep is started with (beside Tune's state, local or s3://)."""
+    path = io.join(settings.experiment_path, FINGERPRINT)
+    data = json.dumps(fingerprint(settings, base), indent=1, sort_keys=True).encode()
+    io.write_bytes(path, data, base["train"].get("storage_options") or {})
+
+
+def check_restorable(settings: TuneSettings, base: dict[str, Any]) -> None:
+    """Refuse to restore a sweep that was started with other settings than this config's.
+
+    Raises:
+        ConfigError: naming the settings that differ, and how to go on.
+    """
+    path = io.join(settings.experiment_path, FINGERPRINT)
+    options = base["train"].get("storage_options") or {}
+    if not io.exists(path, options):
+        return  # a sweep started before fingerprints were written: nothing to compare
+    then, now = json.loads(io.read_bytes(path, options)), fingerprint(settings, base)
+    differ = [
+        f"{section}.{key}"
+        for section in sorted(set(then) | set(now))
+        for key in sorted(set(then.get(section) or {}) | set(now.get(section) or {}))
+        if (then.get(section) or {}).get(key) != (now.get(section) or {}).get(key)
+    ]
+    if differ:
+        raise ConfigError(
+            f"tune: the sweep {settings.name!r} at {settings.experiment_path} was started with other "
+            f"settings ({', '.join(differ)} differ); restoring it would run the old sweep under the new "
+            "config's name. Put them back to finish it, or set tune.name=<new name> for a new sweep"
+        )
+
+
+def saved_trials(settings: TuneSettings, base: dict[str, Any]) -> int:
+    """Trials in the sweep's newest saved state. A sweep whose driver died before its first trial
+    (state written, searcher not yet given its space) has none: it is started anew rather than
+    restored into a searcher with no space; there is nothing in it to keep."""
+    options = base["train"].get("storage_options") or {}
+    fs = io.filesystem(settings.experiment_path, options)
+    states = sorted(fs.glob(io.join(settings.experiment_path, "experiment_state-*.json")))
+    if not states:
+        return 0
+    with fs.open(states[-1], "rb") as f:  # glob gives paths inside the filesystem
+        state = json.load(f)
+    return len(state.get("trial_data") or [])
