@@ -61,8 +61,9 @@ def test_both_schedules_run_the_same_retrain_and_never_overlap():
 
 def test_the_tune_job_s_overrides_reach_the_trials():
     from workflows.cli_config import build_config
+    from workflows.tune.resources import max_concurrent
     from workflows.tune.settings import tune_settings
-    from workflows.tune.sweep import base_config, max_concurrent
+    from workflows.tune.sweep import base_config
 
     (job,) = docs("rayjob_tune.yaml")
     words = shlex.split(job["spec"]["entrypoint"])

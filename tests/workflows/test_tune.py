@@ -326,7 +326,33 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
         raise AssertionError("a finished sweep read test again")
 
     monkeypatch.setattr(outputs, "split_rows", reads_test)
+
+    def restores(*args, **kwargs):
+        # Restored, a finished sweep ran its failed trials again, then returned the old report.
+        raise AssertionError("a finished sweep was restored and run again")
+
+    monkeypatch.setattr(tune.Tuner, "restore", restores)
     assert tune_sweep(cfg) == json.loads((tmp_path / "out" / "bm.json").read_text())
+
+
+def test_the_time_budget_interrupts_as_ctrl_c_does_once_per_command(monkeypatch):
+    # Tune's own time_budget_s marked the searcher finished and the running trials terminated:
+    # the restored sweep had nothing left to run, and "run the same command again" never ended.
+    # The budget interrupts instead (the restorable path above), timed from each command's start.
+    from workflows.tune import progress
+
+    sent = []
+    monkeypatch.setattr(progress.os, "kill", lambda pid, sig: sent.append(sig))
+    budget = progress.TimeBudget()
+    monkeypatch.setenv(progress.BUDGET_ENV, "0")
+    budget.setup()
+    budget.on_step_begin(0, [])
+    budget.on_step_begin(1, [])
+    assert sent == [signal.SIGINT]  # once
+    monkeypatch.setenv(progress.BUDGET_ENV, "")  # the restoring command has no budget
+    budget.setup()
+    budget.on_step_begin(2, [])
+    assert sent == [signal.SIGINT]
 
 
 def test_the_best_yaml_of_a_swept_bench_entry_holds_that_entrys_method_only():

@@ -1,8 +1,11 @@
-"""One progress bar for a sweep (Tune's own trial tables are turned off): trials finished, each
-one's status, and the best valid metric so far."""
+"""The sweep's own Tune callbacks: one progress bar (Tune's trial tables are turned off) with
+trials finished, each one's status and the best valid metric so far; and the time budget."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 from ray.tune import Callback
@@ -41,3 +44,32 @@ class TrialProgress(Callback):
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+# The running command's tune.time_budget_s, set by the driver around fit(): Tune restores a sweep's
+# callbacks as they were pickled, so a restored TimeBudget reads the budget of the command that
+# restores it, not the one that started the sweep.
+BUDGET_ENV = "TOOLSCOUT_TUNE_TIME_BUDGET_S"
+
+
+class TimeBudget(Callback):
+    """Stops the sweep as Ctrl+C does once ``$TOOLSCOUT_TUNE_TIME_BUDGET_S`` seconds have passed
+    since this command started or restored it (no budget when unset).
+
+    Not Tune's ``time_budget_s``: at its end Tune marks the searcher finished and every running
+    trial terminated, so the restored sweep had nothing left to run and stayed unfinished for
+    good ("run the same command again", forever). An interrupt saves the state as it is, and the
+    next command restores it and finishes.
+    """
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+
+    def setup(self, **info: Any) -> None:
+        seconds = os.environ.get(BUDGET_ENV)
+        self.deadline = time.monotonic() + float(seconds) if seconds else None
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.deadline = None  # once: Tune stops at the end of this step
+            os.kill(os.getpid(), signal.SIGINT)

@@ -70,15 +70,22 @@ def check_restorable(settings: TuneSettings, base: dict[str, Any]) -> None:
         )
 
 
-def saved_trials(settings: TuneSettings, base: dict[str, Any]) -> int:
-    """Trials in the sweep's newest saved state. A sweep whose driver died before its first trial
-    (state written, searcher not yet given its space) has none: it is started anew rather than
-    restored into a searcher with no space; there is nothing in it to keep."""
+def saved_trials(settings: TuneSettings, base: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(trial id, status)`` of the trials in the sweep's newest saved state. A sweep whose
+    driver died before its first trial (state written, searcher not yet given its space) has
+    none: it is started anew rather than restored into a searcher with no space."""
     options = base["train"].get("storage_options") or {}
     fs = io.filesystem(settings.experiment_path, options)
     states = sorted(fs.glob(io.join(settings.experiment_path, "experiment_state-*.json")))
     if not states:
-        return 0
+        return []
     with fs.open(states[-1], "rb") as f:  # glob gives paths inside the filesystem
         state = json.load(f)
-    return len(state.get("trial_data") or [])
+    # Each entry is [trial state as a JSON string, run metadata as a JSON string].
+    trials = [json.loads(entry[0]) for entry in state.get("trial_data") or []]
+    return [(t["trial_id"], t["status"]) for t in trials]
+
+
+def finished(saved: list[tuple[str, str]], expected: int) -> bool:
+    """Whether every trial of the sweep ran to an end (completed, stopped or failed)."""
+    return len(saved) >= expected and all(status in ("TERMINATED", "ERROR") for _, status in saved)

@@ -13,7 +13,6 @@ parameters and metric, plots, the best config as a YAML that ``toolscout train``
 from __future__ import annotations
 
 import copy
-import math
 import os
 import sys
 import time
@@ -29,8 +28,9 @@ from components.config import ConfigError
 from components.data import Dataset, dataset_from_config, io
 from workflows.train import run_spec
 from workflows.tune.outputs import best_trial, reported, trial_rows, write_outputs
-from workflows.tune.progress import TrialProgress
-from workflows.tune.restore import check_restorable, saved_trials, write_fingerprint
+from workflows.tune.progress import BUDGET_ENV, TimeBudget, TrialProgress
+from workflows.tune.resources import max_concurrent, train_resources, trial_actor_resources
+from workflows.tune.restore import check_restorable, finished, saved_trials, write_fingerprint
 from workflows.tune.settings import TuneSettings, tune_settings
 from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
 from workflows.tune.trainable import run_trial, trial_method
@@ -95,37 +95,6 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
             f"(epochs + 1 = {epochs + 1}); leave it unset or raise it"
         )
     return method
-
-
-def train_resources(cfg: dict[str, Any], trains: bool, actor: dict[str, float]) -> dict[str, float]:
-    """What one trial holds while it trains: its own ``actor`` plus its Ray Train workers."""
-    t = cfg.get("train") or {}
-    per_worker = {"CPU": 1.0, **{k: float(v) for k, v in (t.get("resources_per_worker") or {}).items()}}
-    if t.get("use_gpu"):
-        per_worker.setdefault("GPU", 1.0)
-    held = dict(actor)
-    if trains:
-        for k, v in per_worker.items():
-            held[k] = held.get(k, 0.0) + v * int(t.get("num_workers", 1))
-    return held
-
-
-def trial_actor_resources(settings: TuneSettings, trains: bool) -> dict[str, float]:
-    """The trial actor's request. A method without a training stage (BM25) works in the trial
-    itself: one CPU. One that trains does so in Ray Train's own workers; but Tune cannot place a
-    trial that asks for nothing, and any CPU share, however small, would leave a 2-CPU node one
-    trial short of two 1-CPU Train runs: so such a trial asks for 1 MiB of memory instead."""
-    wanted = {k: float(v) for k, v in settings.trial_resources.items() if float(v) > 0}
-    return wanted or ({"memory": float(1 << 20)} if trains else {"CPU": 1.0})
-
-
-def max_concurrent(held: dict[str, float], settings: TuneSettings) -> int:
-    """Trials at once: the configured number, else as many as the cluster's resources hold."""
-    if settings.max_concurrent:
-        return int(settings.max_concurrent)
-    total = ray.cluster_resources()
-    fits = [math.floor(total.get(k, 0.0) / v + 1e-9) for k, v in held.items() if v > 0]
-    return max(1, min(fits) if fits else 1)
 
 
 def most_epochs(method_config: dict[str, Any], space: dict[str, Any] | None) -> int:
@@ -204,7 +173,7 @@ def make_tuner(
     # With an explicit filesystem Ray wants paths inside it: "bucket/prefix", no scheme.
     inside = (lambda p: p.split("://", 1)[1]) if fs else (lambda p: p)
     path = inside(settings.experiment_path)
-    if tune.Tuner.can_restore(path, storage_filesystem=fs) and saved_trials(settings, base) > 0:
+    if tune.Tuner.can_restore(path, storage_filesystem=fs) and saved_trials(settings, base):
         if not settings.resume:
             raise ConfigError(
                 f"tune: a sweep named {settings.name!r} exists at {path}; pass tune.resume=true to "
@@ -228,14 +197,13 @@ def make_tuner(
             search_alg=searcher(settings, concurrent),
             scheduler=scheduler(settings, epochs),
             max_concurrent_trials=concurrent,
-            time_budget_s=settings.time_budget_s,
         ),
         run_config=tune.RunConfig(
             name=settings.name,
             storage_path=inside(settings.storage_path),
             storage_filesystem=fs,
             verbose=0,  # Tune's per-result tables; TrialProgress draws one bar instead
-            callbacks=[progress, *callbacks],
+            callbacks=[progress, TimeBudget(), *callbacks],
         ),
     )
 
@@ -257,6 +225,18 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     space = parse_space(settings.space)
     base = base_config(cfg, settings)
     method = check_space(base, space, settings)
+    expected = int(settings.num_samples) * grid_size(space)
+    saved = saved_trials(settings, base)
+    if settings.resume and finished(saved, expected):
+        # Restoring would run its failed trials again (resume_errored) and then hand back the
+        # report written before them: a finished sweep's report is returned as it is.
+        check_restorable(settings, base)
+        done = reported(settings, base, [{"trial_id": t} for t, _ in saved])
+        if done is not None:
+            print(
+                f"tune: sweep {settings.name!r} was finished and reported; report unchanged", file=sys.stderr
+            )
+            return done
     warm_shared_stages(method, base, dataset, settings)
     trains = "train" in method.capabilities
     actor = trial_actor_resources(settings, trains)
@@ -271,10 +251,13 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         ),
         actor,
     )
-    expected = int(settings.num_samples) * grid_size(space)
     epochs = most_epochs(method.config(), settings.space)
     tuner = make_tuner(trainable, space, settings, base, concurrent, expected, list(callbacks or []), epochs)
-    results = tuner.fit()
+    os.environ[BUDGET_ENV] = str(settings.time_budget_s or "")
+    try:
+        results = tuner.fit()
+    finally:
+        os.environ.pop(BUDGET_ENV, None)
     if results.num_terminated + results.num_errors < expected:
         # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
         raise SweepInterrupted(
