@@ -16,6 +16,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -66,12 +67,34 @@ def environment(env: dict[str, str]) -> Iterator[None]:
 
 
 def tune_callbacks(run: RunSpec) -> list:
-    """Ray Train callbacks that forward each epoch's report to the Ray Tune trial running this stage."""
+    """Ray Train callbacks that forward each epoch's report to the Ray Tune trial running this
+    stage, each checked for the key its scheduler reads (``run.report_to_tune``)."""
     if not run.report_to_tune:
         return []
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    return [TuneReportCallback()]
+    key = run.report_to_tune
+
+    class EpochReports(TuneReportCallback):
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            check_epoch_report(key, metrics[0])
+            super().after_report(run_context, metrics, checkpoint)
+
+    return [EpochReports()]
+
+
+def check_epoch_report(key: str, metrics: dict[str, Any]) -> None:
+    """Refuse an epoch report without the key the trial's scheduler stops on.
+
+    Tune's own check stops the whole sweep at the first such result and names an environment
+    variable; this fails the trial, naming the keys the stage does report (the user's choice)."""
+    if key not in metrics:
+        reported = sorted(k for k in metrics if k.startswith("valid_"))
+        raise ValueError(
+            f"tune.metric valid/{key.removeprefix('valid_')}: this stage reports {reported} each "
+            "epoch, which ASHA stops trials on; sweep on one of those, or set tune.scheduler=fifo "
+            "(trials are then compared on their final, whole-method scores)"
+        )
 
 
 def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:

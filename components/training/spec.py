@@ -46,9 +46,10 @@ class RunSpec:
     # How several workers share the model: "ddp" (a replica each) or "fsdp" (parameters, gradients
     # and optimizer state sharded, for models that do not fit one GPU), through Ray Train's prepare_model.
     parallel_strategy: str = "ddp"
-    # Inside a Ray Tune trial: every epoch's report also goes to Tune (its scheduler stops a trial
-    # on them), through Ray Train's TuneReportCallback.
-    report_to_tune: bool = False
+    # Inside a Ray Tune trial: the key its scheduler stops trials on (``valid_ndcg@3``). Every
+    # epoch's report also goes to Tune (Ray Train's TuneReportCallback); one without the key fails
+    # the trial, naming the keys the stage does report. None: epochs are not reported to Tune.
+    report_to_tune: str | None = None
 
 
 @dataclass(frozen=True)

@@ -335,6 +335,17 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
     assert tune_sweep(cfg) == json.loads((tmp_path / "out" / "bm.json").read_text())
 
 
+def test_an_epoch_report_without_the_schedulers_metric_fails_its_trial_naming_the_choices():
+    # Checked by hand end to end (dense, valid/recall@10): under ASHA the trial fails with this
+    # message, and under FIFO, where epochs are not forwarded, the sweep completes; before, Tune's
+    # strict check stopped the whole sweep under either scheduler.
+    from components.training.runner import check_epoch_report
+
+    check_epoch_report("valid_ndcg@3", {"valid_ndcg@3": 0.5, "loss": 1.0})
+    with pytest.raises(ValueError, match=r"valid/recall@10: this stage reports \['valid_ndcg@3'\]"):
+        check_epoch_report("valid_recall@10", {"valid_ndcg@3": 0.5, "loss": 1.0})
+
+
 def test_the_time_budget_interrupts_as_ctrl_c_does_once_per_command(monkeypatch):
     # Tune's own time_budget_s marked the searcher finished and the running trials terminated:
     # the restored sweep had nothing left to run, and "run the same command again" never ended.

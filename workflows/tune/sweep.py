@@ -248,6 +248,7 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
             dataset=dataset,
             experiment=settings.name,
             shared_stages=settings.shared_stages,
+            epoch_metric=settings.report_key if settings.scheduler == "asha" else None,
         ),
         actor,
     )

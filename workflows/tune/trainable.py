@@ -7,11 +7,13 @@ functions in the trial's own process, would skip about 10 s of Ray Train start-u
 would be a second training path with its own device, checkpoint and resume behaviour; a trial of
 the profiles swept here trains for minutes, so the one runner is kept.
 
-The last stage forwards each epoch's validation report to Tune (``RunSpec.report_to_tune``), which
-is what the ASHA scheduler stops a trial on. Earlier stages do not report: a stage every trial
-shares (MassTool's semantic stage) is trained once before the sweep and found in its cache here.
-When the last stage is done the trial indexes the catalogue, scores the whole method on ``valid``
-as ``toolscout bench`` does, and reports that with the saved artifact as the trial's checkpoint.
+Under ASHA the last stage forwards each epoch's validation report to Tune
+(``RunSpec.report_to_tune``), which is what the scheduler stops a trial on; under FIFO only the
+final report goes, so any metric the whole-method score has can be swept on. Earlier stages do
+not report: a stage every trial shares (MassTool's semantic stage) is trained once before the
+sweep and found in its cache here. When the last stage is done the trial indexes the catalogue,
+scores the whole method on ``valid`` as ``toolscout bench`` does, and reports that with the saved
+artifact as the trial's checkpoint.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def run_trial(
     dataset: Dataset,
     experiment: str,
     shared_stages: tuple[str, ...] = (),
+    epoch_metric: str | None = None,
 ) -> None:
     """Train, score on valid and report one trial (called by Ray Tune with the sampled ``params``).
 
@@ -59,6 +62,8 @@ def run_trial(
             that is restarted (``Tuner.restore``) resumes its Ray Train run from its last epoch.
         shared_stages: Stages the driver trained before the sweep; a trial that does not find one
             in the method's cache (``{"reused": 1.0}``) fails instead of training it again.
+        epoch_metric: The key the scheduler stops trials on, forwarded with each epoch of the last
+            stage; None (FIFO): only the final, whole-method report goes to Tune.
     """
     cfg, method = trial_method(base, params)
     trial_id = tune.get_context().get_trial_id()
@@ -66,7 +71,10 @@ def run_trial(
     started = time.perf_counter()
     stages: dict[str, Any] = {}
     for stage in method.stages:
-        stages[stage] = method.fit(stage, dataset, replace(run, report_to_tune=stage == method.stages[-1]))
+        last = stage == method.stages[-1]
+        stages[stage] = method.fit(
+            stage, dataset, replace(run, report_to_tune=epoch_metric if last else None)
+        )
         if stage in shared_stages and not stages[stage].get("reused"):
             raise RuntimeError(
                 f"tune: shared stage {stage!r} was trained again in trial {trial_id}: the swept keys "
