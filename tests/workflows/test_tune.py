@@ -335,6 +335,20 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
     assert tune_sweep(cfg) == json.loads((tmp_path / "out" / "bm.json").read_text())
 
 
+def test_a_gpu_sweep_on_a_cluster_without_a_gpu_is_refused_before_any_trial(ray_session, tmp_path):
+    if ray.cluster_resources().get("GPU", 0) >= 1:
+        pytest.skip("this Ray cluster has a GPU")
+    from components.data.quickstart import generate_quickstart
+
+    generate_quickstart(str(tmp_path / "data"), seed=3, n_queries=60, n_neg=4)
+    cfg = config(str(tmp_path / "data"), tmp_path, {"name": "bm25", "params": {}}, name="gpu", num_samples=1)
+    cfg["tune"]["space"] = {"method.params.k1": {"choice": [1.2]}}
+    cfg["train"]["use_gpu"] = True
+    with pytest.raises(ConfigError, match=r"train\.use_gpu: the Ray cluster has no GPU"):
+        tune_sweep(cfg)  # before: trials started and their Ray Train runs waited for a GPU forever
+    assert not (tmp_path / "tune" / "gpu").exists()
+
+
 def test_an_epoch_report_without_the_schedulers_metric_fails_its_trial_naming_the_choices():
     # Checked by hand end to end (dense, valid/recall@10): under ASHA the trial fails with this
     # message, and under FIFO, where epochs are not forwarded, the sweep completes; before, Tune's

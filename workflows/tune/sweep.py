@@ -83,10 +83,6 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
                 raise ConfigError(
                     f"tune.space.{key}: Optuna cannot sample it ({e}); use tune.search=random"
                 ) from e
-    gpu = (base.get("train") or {}).get("use_gpu")
-    if gpu and ray.is_initialized() and ray.cluster_resources().get("GPU", 0) < 1:
-        # Trials would start and their Ray Train runs wait for a GPU forever.
-        raise ConfigError("train.use_gpu: the Ray cluster has no GPU for the trials' workers")
     epochs = most_epochs(method.config(), settings.space)
     if settings.scheduler == "asha" and settings.max_t is not None and settings.max_t < epochs + 1:
         # ASHA stops every trial at max_t: before the final report, no trial would complete.
@@ -225,6 +221,9 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     space = parse_space(settings.space)
     base = base_config(cfg, settings)
     method = check_space(base, space, settings)
+    if base["train"].get("use_gpu") and ray.cluster_resources().get("GPU", 0) < 1:
+        # Trials would start and their Ray Train runs wait for a GPU forever.
+        raise ConfigError("train.use_gpu: the Ray cluster has no GPU for the trials' workers")
     expected = int(settings.num_samples) * grid_size(space)
     saved = saved_trials(settings, base)
     if settings.resume and finished(saved, expected):
