@@ -47,7 +47,7 @@ class IngestReport:
 
 
 def is_url(source: str) -> bool:
-    return source.startswith(("http://", "https://"))
+    return source.lower().startswith(("http://", "https://"))  # a scheme is case-insensitive
 
 
 async def list_server_tools(
@@ -174,9 +174,16 @@ def ingest_mcp(
             reported, tools = asyncio.run(list_server_tools(source, headers, env))
         except Exception as e:  # nothing is written when a server cannot be read
             raise OSError(f"ingest mcp: cannot list the tools of {source!r}: {reason(e)}") from e
-        name = (names[i] if names else reported) or ""
+        # Stripped: the catalog's reader strips ids, so " srv" would come back as another server
+        # on every run and retire and re-add its tools.
+        name = ((names[i] if names else reported) or "").strip()
         if not name:
             raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
+        if "/" in name:
+            raise ValueError(
+                f"ingest mcp: {source!r} reports the server name {name!r}, whose '/' would split its "
+                "tool ids; give it another with --name"
+            )
         listed.append((name, source, tools))
     names_seen: dict[str, str] = {}
     for name, source, _ in listed:

@@ -149,6 +149,14 @@ def test_one_bearer_token_is_not_sent_to_two_url_servers(tmp_path, monkeypatch):
     assert not (tmp_path / "cat").exists()
 
 
+def test_a_url_scheme_in_capitals_is_still_a_url():
+    from workflows.ingest_mcp import is_url
+
+    # Run as a stdio command before ("HTTP://..." is no program).
+    assert is_url("HTTPS://mcp.example.com/mcp") and is_url("http://127.0.0.1:9/mcp/")
+    assert not is_url("python server.py")
+
+
 def test_two_servers_reporting_one_name_are_refused_before_either_retires_the_other(tmp_path):
     run_ingest(tmp_path, ["forecast"])
     before = (tmp_path / "cat" / "corpus.jsonl").read_text()
@@ -171,8 +179,9 @@ def test_another_source_under_a_catalogued_server_name_is_refused_unless_named(t
         result.output.split()
     )
     assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
-    # Named explicitly, it is that server (moved, say): its tools replace the old ones.
-    args = ["ingest", "mcp", "--out", str(tmp_path / "cat"), "--server", other, "--name", "weather-desk"]
+    # Named explicitly, it is that server (moved, say): its tools replace the old ones. (The name
+    # is stripped: " weather-desk " became another server, whose ids the reader then stripped.)
+    args = ["ingest", "mcp", "--out", str(tmp_path / "cat"), "--server", other, "--name", " weather-desk "]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert list(corpus(tmp_path)) == ["weather-desk/alerts"]
