@@ -100,6 +100,20 @@ def server(
     ]  # fmt: skip
     if allowed_hosts:
         argv += ["--allowed-hosts", allowed_hosts]
+    models = {m.name for m in reg.client.search_registered_models()}  # experiments are named after them
+    local = sorted(
+        e.name
+        for e in reg.client.search_experiments()
+        if e.name in models and (e.artifact_location.startswith("file:") or "://" not in e.artifact_location)
+    )
+    if local:
+        # Logged by the embedded store before the server ran: their files are read by path, which
+        # only processes on this machine can do; the server proxies only what it stores itself.
+        console.print(
+            f"[yellow]warning:[/] {', '.join(local)}: versions logged before this server keep their "
+            "files at local paths, readable by clients on this machine only; clients elsewhere need "
+            "those versions logged again through the server"
+        )
     console.print("running: " + " ".join(argv))
     exe = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
     os.execv(exe, argv)

@@ -148,3 +148,12 @@ def test_a_client_side_tracking_uri_is_refused_as_the_servers_store(tmp_path, mo
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert CliRunner().invoke(app, ["registry", "server", f"registry.root={tmp_path}"]).exit_code == 0
     assert started and "sqlite:///" in " ".join(started[0][1])
+    # A store the embedded registry wrote: its versions' files are local paths, readable on this
+    # machine only; the server says so, naming the models, rather than failing clients later.
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"method": "bm25"}')
+    ModelRegistry(RegistrySettings(root=str(tmp_path))).log_version("tools", str(model))
+    result = CliRunner().invoke(app, ["registry", "server", f"registry.root={tmp_path}"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "warning: tools: versions logged before this server" in said
