@@ -9,6 +9,7 @@ distinct ``k`` separately (:func:`rank_by_k`).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -30,6 +31,28 @@ def apply_batching(method: Any, config: dict[str, Any]) -> None:
         method.set_max_batch_size(int(config["max_batch_size"]))
     if "batch_wait_timeout_s" in config:
         method.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
+
+
+def applied_already(replica: Any, config: dict[str, Any]) -> bool:
+    """Whether ``replica`` already applied this very user config; if not, it is recorded as the
+    one being applied.
+
+    Ray Serve calls ``reconfigure`` again with an unchanged user config when only the replica's
+    rank changes (ranks are renumbered after a scale-down or a replacement;
+    ``ray/serve/_private/replica.py``). Loading the model again then held two copies in memory,
+    took CPU from serving, emptied the caches, and could overlap a real swap: the stale load
+    finishing last put the old version back.
+    """
+    if getattr(replica, "_applied_config", None) == config:
+        return True
+    replica._applied_config = copy.deepcopy(config)
+    return False
+
+
+def apply_failed(replica: Any) -> None:
+    """Forget the config :func:`applied_already` recorded: its load failed, and the next
+    ``reconfigure`` (the same config again, after a rank change) tries it anew."""
+    replica._applied_config = None
 
 
 async def load_new(name: str, load: Callable[[], Loaded], serving: bool) -> tuple[bool, Loaded | None]:

@@ -29,7 +29,14 @@ from ray import serve
 
 from components.generative.deadline import DeadlinePassed, deadline
 from components.serving.answer_cache import AnswerCache, normalise_query
-from components.serving.batch_calls import apply_batching, call_each, load_new, raise_failed
+from components.serving.batch_calls import (
+    applied_already,
+    apply_batching,
+    apply_failed,
+    call_each,
+    load_new,
+    raise_failed,
+)
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.models import DEFAULT_ENCODER_RUNTIME, DetectorModel, same_ranking
 from components.serving.rewriter import build_rewriter, rewriter_settings
@@ -80,6 +87,8 @@ class Detector:
         self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
+        if applied_already(self, config):
+            return  # Serve re-sends it on a rank change: nothing to load (see applied_already)
         keys = ("detector_file", "calibration_data", "splits", "source", "registry")
         settings = {k: config.get(k) for k in (*keys, "lm_engine", "lm_endpoint")}
         settings["encoder_runtime"] = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
@@ -90,6 +99,8 @@ class Detector:
             self.model = model
             self.cache.clear()  # the new version answers from scratch
             apply_batching(self._detect_batch, config)
+        else:
+            apply_failed(self)
 
     async def detect(self, query: str) -> dict[str, Any]:
         """``{"probability", "threshold", "version", "reads_ranking_of"}`` for one query (batched with
@@ -154,6 +165,8 @@ class QueryRewriter:
         self.cache: AnswerCache[str] = AnswerCache(1024)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
+        if applied_already(self, config):
+            return  # Serve re-sends it on a rank change: nothing to load (see applied_already)
         settings = _settings(config)
         self.timeout_s = float(settings.get("timeout_s", 2.0))
         self.cache.resize(int(settings.get("cache_size", 1024)))
@@ -166,6 +179,8 @@ class QueryRewriter:
         if loaded:
             self.rewriter, self.settings = rewriter, settings
             self.cache.clear()
+        else:
+            apply_failed(self)
 
     async def rewrite(self, query: str, history: list[str]) -> str:
         """The rewrite of ``query`` (cached), or ``query`` itself when it takes over ``timeout_s``."""
@@ -240,6 +255,8 @@ class Selector:
         self.deadline_s = DEFAULT_SELECT_DEADLINE_S
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
+        if applied_already(self, config):
+            return  # Serve re-sends it on a rank change: nothing to load (see applied_already)
         settings = _settings(config)
         self.deadline_s = float(settings.pop("deadline_s", DEFAULT_SELECT_DEADLINE_S))
         wanted = settings.pop("catalog_version", None)
@@ -257,6 +274,8 @@ class Selector:
                 # decodes too (four of ~8 s each passed a 30 s deadline together). One at a time.
                 batching["max_batch_size"] = 1
             apply_batching(self._select_batch, batching)
+        else:
+            apply_failed(self)
 
     async def select(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """The call for one ``{"query", "history", "candidates"}``, or None past ``deadline_s``

@@ -22,7 +22,14 @@ from typing import Any
 from ray import serve
 
 from components.serving.answer_cache import AnswerCache, normalise_query
-from components.serving.batch_calls import apply_batching, load_new, raise_failed, rank_by_k
+from components.serving.batch_calls import (
+    applied_already,
+    apply_batching,
+    apply_failed,
+    load_new,
+    raise_failed,
+    rank_by_k,
+)
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE, reread_catalog
 from components.serving.models import DEFAULT_ENCODER_RUNTIME, Ranking, RetrieverModel, named, top_score
@@ -94,6 +101,8 @@ class Retriever:
         self.cache: AnswerCache[dict[str, Any]] = AnswerCache(DEFAULT_CACHE_SIZE)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
+        if applied_already(self, config):
+            return  # Serve re-sends it on a rank change: nothing to load (see applied_already)
         self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         wanted = config.get("catalog_version")
         if wanted is not None and wanted != self.catalog.version:
@@ -114,6 +123,8 @@ class Retriever:
             self.retired = retired(model, self.catalog)
             self.cache.clear()  # the new version answers from scratch
             apply_batching(self._retrieve_batch, config)
+        else:
+            apply_failed(self)
 
     async def _reload_catalog(self, wanted: str) -> None:
         """Read the corpus again; on failure keep serving the catalog already loaded."""

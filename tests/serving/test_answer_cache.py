@@ -4,6 +4,7 @@ after a hot-swap. In-process, with real BM25 artifacts (two versions that rank d
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
@@ -87,6 +88,30 @@ def test_retriever_answers_repeats_from_the_cache_and_forgets_them_on_a_swap(bm2
     asyncio.run(scenario())
 
 
+def test_the_same_user_config_again_loads_nothing(bm25_versions, serving_data, tmp_path):
+    # Ray Serve calls reconfigure with an unchanged user config when only a replica's rank changes
+    # (after a scale-down or a replacement): the model was loaded again, two copies in memory and
+    # the cache emptied, and a real swap arriving meanwhile could be undone by the stale load.
+    async def scenario() -> None:
+        retriever = Retriever(serving_data)
+        unbatched(retriever, "_retrieve_batch")
+        config = {"artifact": bm25_versions["default"], "cache_size": 8}
+        await retriever.reconfigure(config)
+        model = retriever.model
+        await retriever.retrieve((QUERIES[0], 3))
+        await retriever.reconfigure(dict(config))  # equal, as Serve sends it again
+        assert retriever.model is model and len(retriever.cache) == 1
+        # A load that failed (the replica kept serving) is tried again when its config comes back.
+        later = {"artifact": str(tmp_path / "v3"), "cache_size": 8}
+        await retriever.reconfigure(later)
+        assert retriever.model is model
+        shutil.copytree(bm25_versions["lucene"], tmp_path / "v3")
+        await retriever.reconfigure(dict(later))
+        assert retriever.model is not model and len(retriever.cache) == 0
+
+    asyncio.run(scenario())
+
+
 def test_detector_caches_by_version_too(bm25_versions, serving_data):
     good = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
 
@@ -132,7 +157,9 @@ def test_a_detection_in_flight_during_a_reload_under_the_same_version_is_not_cac
 
         async def reloaded_midway(query):
             answer = await answer_now(query)  # computed by the model loaded first
-            await detector.reconfigure({**good, "cache_size": 4})  # same version string, new load
+            # Same version string, new load (another encoder runtime; the same config again loads
+            # nothing: test_the_same_user_config_again_loads_nothing).
+            await detector.reconfigure({**good, "cache_size": 4, "encoder_runtime": "torch"})
             return answer
 
         detector._detect_batch = reloaded_midway
