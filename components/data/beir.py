@@ -19,11 +19,17 @@ def _lines(rows: list[str]) -> bytes:
 
 
 def write_beir(dataset: Dataset, root: str, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
-    """Write ``dataset`` (as loaded, before any split is carved) under ``root``; returns counts."""
+    """Write ``dataset`` (as loaded, before any split is carved) under ``root``; returns counts.
+
+    Each file is replaced whole, one after the other, and ``queries.jsonl`` comes last: a retrain
+    rewriting its base that stops part-way then leaves judgements of queries the base does not
+    have yet, which the loader rejects by name and the increment's rerun adds again. Written
+    first (as before), the base held the increment's queries without their judgements, and the
+    rerun rejected every one of them as already in the base: the judgements were lost.
+    """
     corpus = [json.dumps(rec, ensure_ascii=False) for rec in dataset.corpus.values()]
     io.write_bytes(io.join(root, "corpus.jsonl"), _lines(corpus), storage_options)
     queries = [json.dumps({"_id": q, "text": t}, ensure_ascii=False) for q, t in dataset.queries.items()]
-    io.write_bytes(io.join(root, "queries.jsonl"), _lines(queries), storage_options)
     counts = {"tools": len(corpus), "queries": len(queries)}
     for split, qrels in dataset.qrels.items():
         rows = ["query-id\tcorpus-id\tscore"] + [
@@ -41,4 +47,5 @@ def write_beir(dataset: Dataset, root: str, storage_options: dict[str, Any] | No
         rows = [json.dumps(q, ensure_ascii=False) for q in dataset.neg_queries]
         io.write_bytes(io.join(root, NEG_QUERIES), _lines(rows), storage_options)
         counts["neg_queries"] = len(rows)
+    io.write_bytes(io.join(root, "queries.jsonl"), _lines(queries), storage_options)
     return counts

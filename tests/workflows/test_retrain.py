@@ -291,6 +291,33 @@ def test_serving_follows_a_promotion_before_the_next_base_is_written(
     assert registry.version("tools", 1).tags["toolscout.decision"] == "promoted"
 
 
+def test_a_base_rewrite_stopped_part_way_keeps_the_increment_for_the_rerun(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # The next base is rewritten file by file. queries.jsonl went first: stopped after it, the
+    # base held the increment's queries without their judgements, and the rerun rejected every
+    # one as already in the base, so the judgements were lost for good.
+    from components.data import beir
+
+    cfg, _ = first_round(timeline, tmp_path)
+    base = cfg["retrain"]["data_out"]
+    real = beir.io.write_bytes
+
+    def stops_at_the_judgements(path, data, options=None):
+        if str(path) == f"{base}/qrels/train.tsv":
+            raise OSError(28, "No space left on device")
+        return real(path, data, options)
+
+    monkeypatch.setattr(beir.io, "write_bytes", stops_at_the_judgements)
+    with pytest.raises(OSError):
+        job.retrain(cfg, str(timeline["increment"]))
+    monkeypatch.setattr(beir.io, "write_bytes", real)
+    record = job.retrain(cfg, str(timeline["increment"]))  # the same increment again
+    assert record["increment"]["new_queries"] > 0
+    merged = load_dataset(base)
+    assert len(merged.qrels["train"]) > len(load_dataset(str(timeline["base"])).qrels["train"])
+
+
 def test_a_retrain_out_whose_data_is_the_base_does_not_overwrite_it_before_registering(
     ray_session, timeline, tmp_path, monkeypatch
 ):
