@@ -75,7 +75,12 @@ def cold_start(qrels: dict[str, Qrels], unseen: set[str]) -> dict[str, Qrels]:
         for qid, rel in split.items():
             if not unseen.intersection(t for t, s in rel.items() if s > 0):
                 # It needs no unseen tool; a zero judgement of one goes (training never sees it).
-                out[name][qid] = {t: s for t, s in rel.items() if t not in unseen}
+                kept = {t: s for t, s in rel.items() if t not in unseen}
+                if kept:
+                    # Judged only by zeros on unseen tools, nothing is left of it: an empty entry
+                    # a prepared dir cannot hold (its graphs kept the query, its qrels table had
+                    # no row, and MassTool refused the preparation on every re-run).
+                    out[name][qid] = kept
                 continue
             if qid in came_from:
                 raise ValueError(

@@ -129,6 +129,10 @@ def test_a_zero_judgement_of_an_unseen_tool_neither_moves_its_query_nor_stays() 
     qrels = {"train": {"q1": {"a": 1, "b": 0}, "q2": {"a": 1}}, "test": {"q3": {"b": 1}}}
     out = cold_start(qrels, {"b"})
     assert out == {"train": {"q1": {"a": 1}, "q2": {"a": 1}}, "test": {}, "test_unseen": {"q3": {"b": 1}}}
+    # Judged only by a zero on b, nothing of q4 is left: no empty entry (a prepared dir cannot
+    # hold one, and its graphs then disagreed with its qrels).
+    qrels["train"]["q4"] = {"b": 0}
+    assert cold_start(qrels, {"b"})["train"] == {"q1": {"a": 1}, "q2": {"a": 1}}
 
 
 def test_prepare_splits_cold_start_has_no_unseen_tool_in_train_valid_or_test() -> None:
