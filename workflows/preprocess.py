@@ -34,10 +34,11 @@ def table_rows(dataset: Dataset) -> dict[str, list[dict]]:
     """The prepared tables as rows (corpus rows are normalised later, on Ray Data).
 
     Tool ``metadata`` is kept as a JSON string: its values may differ in type from row to row,
-    which one Arrow struct column cannot hold.
+    which one Arrow struct column cannot hold. Its keys keep their order (an MCP tool's parameters
+    as the server listed them, which a selector's prompt follows).
     """
     corpus = [
-        {"order": i, **rec, "metadata": json.dumps(rec.get("metadata") or {}, sort_keys=True)}
+        {"order": i, **rec, "metadata": json.dumps(rec.get("metadata") or {})}
         for i, rec in enumerate(dataset.corpus.values())
     ]
     queries = [{"order": i, "_id": q, "text": t} for i, (q, t) in enumerate(dataset.queries.items())]
@@ -169,6 +170,11 @@ def preprocess(cfg: dict[str, Any]) -> dict[str, Any]:
         # The prepared tables (qrels/ among them) would overwrite the raw files they are read from.
         raise ValueError(f"preprocess: the output {out} is the input dataset; write it elsewhere")
     opts = data.get("storage_options") or None
+    if io.exists(io.join(out, "corpus.jsonl"), opts):
+        # Another raw dataset: its qrels/ would be replaced by the prepared tables.
+        raise ValueError(
+            f"preprocess: the output {out} holds a raw dataset (corpus.jsonl); write it elsewhere"
+        )
     started = time.perf_counter()
     log = RejectLog()
     sources = discover(root, data.get("splits"), opts)

@@ -97,6 +97,12 @@ def test_strict_mode_fails_with_file_and_line(ray_session, tmp_path):
     with pytest.raises(ValueError, match="is the input dataset"):  # the same place as a file:// URL
         run_job(data, f"file://{data}")
     assert (data / "qrels" / "train.tsv").read_bytes() == before
+    # Nor another raw dataset, whose qrels/ the prepared tables would replace.
+    other = write_tiny_dataset(tmp_path / "other")
+    kept = (other / "qrels" / "train.tsv").read_bytes()
+    with pytest.raises(ValueError, match="holds a raw dataset"):
+        run_job(data, other)
+    assert (other / "qrels" / "train.tsv").read_bytes() == kept
 
 
 def test_rerun_into_the_same_output_leaves_nothing_stale(ray_session, tmp_path):
@@ -117,12 +123,15 @@ def test_rerun_into_the_same_output_leaves_nothing_stale(ray_session, tmp_path):
 def test_tool_metadata_of_any_shape_survives(ray_session, tmp_path):
     data = write_tiny_dataset(tmp_path / "d")
     lines = (data / "corpus.jsonl").read_text().splitlines()
-    metadata = [{"a": 1}, {"a": "x", "tags": ["b"]}, {}, {"nested": {"k": None}}]
+    # The last in its own key order (an MCP tool's parameters are listed as the server wrote
+    # them; sorted, a selector prompt built from a prepared dir listed them otherwise).
+    metadata = [{"a": 1}, {"a": "x", "tags": ["b"]}, {}, {"nested": {"z": None, "k": 2}}]
     rows = [{**json.loads(line), "metadata": m} for line, m in zip(lines, metadata, strict=True)]
     (data / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_job(data, tmp_path / "out")
     got = load_prepared(str(tmp_path / "out"))
     assert [got.corpus[r["_id"]]["metadata"] for r in rows] == metadata
+    assert json.dumps([got.corpus[r["_id"]]["metadata"] for r in rows]) == json.dumps(metadata)
 
 
 def test_manifest_hashes_are_stable(ray_session, tmp_path):
