@@ -27,6 +27,8 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from components.generative.chat_endpoint import EndpointUnavailable
+from components.generative.deadline import DeadlinePassed
 from components.serving.errors import (
     API_KEY_ENV,
     ApiKeyMiddleware,
@@ -43,6 +45,7 @@ logger = logging.getLogger("ray.serve")
 
 # Failures of the replica rather than of the request: worth one more try on another replica.
 RETRYABLE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+MODEL_SERVER_DOWN = (EndpointUnavailable, DeadlinePassed)
 
 # The MCP door (``find_tools`` / ``get_tool`` at ``/mcp/``): one per replica, bound to this replica's
 # Ingress when Serve constructs it; its session manager runs for the life of the app.
@@ -137,6 +140,12 @@ class Ingress:
         for attempt in range(self.retries + 1):
             try:
                 return await method.remote(*args)
+            except MODEL_SERVER_DOWN as e:
+                # A Retriever or Detector whose LM runs on an endpoint (vLLM) that does not answer:
+                # the service is unavailable (503), not broken (500); another replica would ask
+                # the same endpoint, so no retry. (Ray's wrapped error is also the cause's type.)
+                logger.error("a model server did not answer: %s", e)
+                raise BackendUnavailable("a model server did not answer; try again") from e
             except RETRYABLE as e:
                 if attempt == self.retries:
                     # Ray's message names the node's IP, the actor, its PID: for the log, not the client.

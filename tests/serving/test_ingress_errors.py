@@ -53,6 +53,26 @@ def test_a_deployment_that_keeps_dying_is_a_503_that_names_no_internals():
     assert "actor" not in said.lower() and "pid" not in said.lower()
 
 
+def test_a_model_server_that_does_not_answer_is_a_503_tried_once():
+    # A Retriever whose LM runs on a vLLM endpoint that is down raised EndpointUnavailable, which
+    # reached the client as a 500 internal error; another replica would ask the same endpoint.
+    from components.generative.chat_endpoint import EndpointUnavailable
+
+    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
+    retrieve = Method(EndpointUnavailable("http://vllm:8000/v1/completions: connection refused"))
+    ingress = Ingress(Handle(detect=detect), Handle(retrieve=retrieve), retries=3)
+
+    async def scenario() -> str:
+        try:
+            await ingress.answer(SelectRequest(query="weather in Paris"))
+        except BackendUnavailable as e:
+            return str(e)
+        raise AssertionError("the model server's outage was not reported as unavailable")
+
+    assert asyncio.run(scenario()) == "a model server did not answer; try again"
+    assert retrieve.calls == 1
+
+
 def test_a_rewriter_that_fails_leaves_retrieval_on_the_query_as_sent():
     detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
     retrieve = Method(lambda request: {"tools": [{"id": "t", "q": request[0]}], "version": "bm25/v1"})
