@@ -159,7 +159,9 @@ def one_split_per_query(qrels: dict[str, Qrels], rows: dict[str, list], log: Rej
         rel = f"qrels/{split}.tsv"
         repeated = {qid for qid in qrels[split] if qid in owner}
         for number, (qid, tid, score) in sorted(rows[rel], key=lambda r: r[0]):
-            if qid in repeated and tid in qrels[split].get(qid, {}):
+            # Only the row that was kept: one rejected already (a conflicting score of the same
+            # pair) is not rejected a second time.
+            if qid in repeated and qrels[split].get(qid, {}).get(tid) == score:
                 log.add(
                     rel,
                     number,

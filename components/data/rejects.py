@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -67,8 +68,9 @@ class RejectLog:
         return dict(sorted(Counter(r.file for r in self.rejects).items()))
 
     def reason_counts(self) -> dict[str, int]:
-        """Reject counts by reason (the text before any quoted value)."""
-        return dict(Counter(r.reason.split(":")[0] for r in self.rejects).most_common())
+        """Reject counts by reason: the text before a ``:`` or a quoted value, so that "unknown
+        query-id 'q7' ..." and "... 'q8' ..." count as one reason, not one per id."""
+        return dict(Counter(re.split(r"[:'\"]", r.reason)[0].strip() for r in self.rejects).most_common())
 
     def sorted(self) -> list[Reject]:
         """Rejects in file, line order (workers report them out of order)."""

@@ -214,6 +214,18 @@ def test_a_query_judged_in_train_and_test_stays_in_test_only(tmp_path: Path) -> 
     assert_good_rows(ds)
 
 
+def test_a_row_is_rejected_once_though_two_rules_refuse_it(tmp_path: Path) -> None:
+    # q3's second train row conflicts with its first, and q3 is judged in test too: that row was
+    # in rejects.jsonl twice. And rejects count by reason, not one reason per id.
+    root = make_dataset(tmp_path, {"qrels/train.tsv": TRAIN + "q3\tt1\t1\nq3\tt1\t0\nq9\tt1\t1\nq8\tt1\t1\n"})
+    log = RejectLog()
+    load_dataset(root, log=log)
+    lines = [r.line for r in log.rejects if r.file == "qrels/train.tsv"]
+    assert sorted(lines) == sorted(set(lines)) == [4, 5, 6, 7]
+    reasons = log.reason_counts()
+    assert reasons["unknown query-id"] == 2 and sum(reasons.values()) == 4, reasons
+
+
 def test_qrels_header_is_optional(tmp_path: Path) -> None:
     root = make_dataset(tmp_path, {"qrels/train.tsv": "q1\tt1\t1\nq2\tt2\t1\n"})
     assert_good_rows(load_dataset(root, strict=True))
