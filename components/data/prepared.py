@@ -48,6 +48,25 @@ def read_table(path: str, name: str, storage_options: dict[str, Any] | None = No
     return rows
 
 
+def complete(path: str, name: str, rows: list[dict], manifest: dict[str, Any]) -> list[dict]:
+    """``rows`` of table ``name``, if there are as many as the manifest says.
+
+    ``preprocess`` writes the manifest last, but a copy of the directory (a sync stopped
+    part-way, an upload in another order) can hold it before every table: loaded as it was, such
+    a copy trained and evaluated on partial splits without a word.
+
+    Raises:
+        ValueError: the table has another number of rows than the manifest records.
+    """
+    expected = ((manifest.get("outputs") or {}).get(name) or {}).get("rows")
+    if expected is not None and len(rows) != expected:
+        raise ValueError(
+            f"{io.join(path, name)}: {len(rows)} rows where its manifest records {expected}; the "
+            "prepared directory is incomplete (copy it again, or run toolscout preprocess again)"
+        )
+    return rows
+
+
 def in_order(rows: list[dict]) -> list[dict]:
     """Rows sorted by their ``order`` column when they have one (training data order is seeded
     from it, so two loads of one prepared directory must agree)."""
@@ -60,6 +79,10 @@ def load_prepared(
     """Rebuild the dataset (with its train/valid/test splits) from a prepared directory
     (``manifest``: its manifest, if the caller has read it already)."""
     manifest = manifest or read_manifest(path, storage_options)
+
+    def table(name: str) -> list[dict]:
+        return complete(path, name, read_table(path, name, storage_options), manifest)
+
     corpus = {
         r["id"]: {
             "_id": r["id"],
@@ -68,22 +91,22 @@ def load_prepared(
             # A JSON string (see workflows.preprocess.table_rows); older artifacts have no column.
             "metadata": json.loads(r.get("metadata") or "{}"),
         }
-        for r in sorted(read_table(path, "corpus", storage_options), key=lambda r: r["order"])
+        for r in sorted(table("corpus"), key=lambda r: r["order"])
     }
     # Ray Data names parquet files at random, so file order is not row order: every table carries
     # an "order" column (tables written before it existed keep their file order).
-    queries = {r["_id"]: r["text"] for r in in_order(read_table(path, "queries", storage_options))}
+    queries = {r["_id"]: r["text"] for r in in_order(table("queries"))}
     qrels: dict[str, dict[str, dict[str, int]]] = {s: {} for s in manifest["splits"]}
-    for r in in_order(read_table(path, "qrels", storage_options)):
+    for r in in_order(table("qrels")):
         qrels[r["split"]].setdefault(r["query"], {})[r["tool"]] = int(r["score"])
     query_scene: dict[str, dict[str, str]] = {}
     scene_tool: dict[str, list[str]] = {}
-    for r in sorted(read_table(path, "scenes", storage_options), key=lambda r: r["order"]):
+    for r in sorted(table("scenes"), key=lambda r: r["order"]):
         if r["kind"] == "scene_tool":
             scene_tool.setdefault(r["left"], []).append(r["right"])
         else:
             query_scene.setdefault(r["split"], {})[r["left"]] = r["right"]
-    neg = sorted(read_table(path, "neg_queries", storage_options), key=lambda r: r["order"])
+    neg = sorted(table("neg_queries"), key=lambda r: r["order"])
     neg_split: dict[str, list[str]] = {name: [] for name in manifest.get("neg_splits", [])}
     for r in neg:
         neg_split.setdefault(r["split"], []).append(r["text"])

@@ -120,6 +120,22 @@ def test_rerun_into_the_same_output_leaves_nothing_stale(ray_session, tmp_path):
     assert not (out / "graphs" / "scene_tool.npz").exists() and (out / "graphs" / "query_tool.npz").exists()
 
 
+def test_a_prepared_dir_missing_part_of_a_table_is_refused(ray_session, tmp_path):
+    # A copy stopped part-way (the manifest there, a table not whole) loaded as a dataset with
+    # partial splits, and trained and evaluated on them without a word.
+    data = write_tiny_dataset(tmp_path / "d")
+    out = tmp_path / "out"
+    run_job(data, out)
+    load_prepared(str(out))
+    for f in sorted((out / "qrels").rglob("*.parquet"))[:1]:
+        f.unlink()
+    with pytest.raises(
+        ValueError,
+        match=r"qrels: \d+ rows where its manifest records \d+; the prepared directory is incomplete",
+    ):
+        load_prepared(str(out))
+
+
 def test_tool_metadata_of_any_shape_survives(ray_session, tmp_path):
     data = write_tiny_dataset(tmp_path / "d")
     lines = (data / "corpus.jsonl").read_text().splitlines()
