@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from components.data import io
 from components.data.loader import load_dataset
 from components.data.prepared import is_prepared, load_prepared, read_manifest
 from components.data.rejects import DatasetError, RejectLog
@@ -37,11 +38,20 @@ def open_dataset(
 
     A prepared directory (output of ``toolscout preprocess``) is read as written; a raw directory
     is loaded and split in this process with the ``splits`` settings (mode, fractions, seed).
-    ``strict`` and ``name`` apply to raw directories; a prepared one was checked when it was
-    written, and must have read the qrels ``files`` named (when named).
+    ``name`` applies to raw directories; a prepared one was checked when it was written, and must
+    have read the qrels ``files`` named (when named). ``strict`` refuses a prepared directory
+    whose preparation rejected rows, as it refuses a raw one that has them.
     """
     if is_prepared(path, storage_options):
         manifest = read_manifest(path, storage_options)
+        rejected = int((manifest.get("rejects") or {}).get("total", 0))
+        if strict and rejected:
+            # Before, a strict run on such a preparation went ahead without a word: the rows
+            # dropped when it was written are not in it.
+            raise DatasetError(
+                f"{path}: data.strict is set, and preparing it rejected {rejected} row(s) "
+                f"(see {io.join(path, 'rejects.jsonl')})"
+            )
         check_prepared_splits(path, manifest, splits)
         check_prepared_files(path, manifest, files)
         return load_prepared(path, storage_options, manifest)

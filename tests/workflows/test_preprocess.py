@@ -55,6 +55,9 @@ def test_prepared_dataset_equals_single_process_load(ray_session, tmp_path):
     assert open_dataset(str(tmp_path / "out"), files=read).qrels == got.qrels
     with pytest.raises(DatasetError, match=r"prepared from .* but this run asks for"):
         open_dataset(str(tmp_path / "out"), files=read[:1])
+    # data.strict refuses the preparation of data with rejects, as it refuses the raw data.
+    with pytest.raises(DatasetError, match=r"data.strict is set, and preparing it rejected 5 row"):
+        open_dataset(str(tmp_path / "out"), strict=True)
 
 
 def test_graphs_equal_scipy_builds(ray_session, tmp_path):
