@@ -22,10 +22,10 @@ from ray import serve
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeDeploySchema
 
+from components.serving.deploy_checks import IMPORT_PATH, as_deployed, check_config
 from components.serving.replicas import replica_answers
 
 APP_NAME = "toolscout"
-IMPORT_PATH = "components.serving.app:build_app"
 
 
 # Ray Serve's own latency knobs (see ray/serve/_private/constants.py): user code runs on the
@@ -96,8 +96,8 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
 
     config = copy.deepcopy(config)
     app = config["applications"][0]
-    configs = user_configs(ServeArgs.model_validate({**app["args"], "artifact": artifact}))
     deployments = {d["name"]: d for d in app.get("deployments") or []}
+    configs = user_configs(ServeArgs.model_validate(as_deployed(app, artifact)))
     # A pinned detector keeps what it serves: rebuilt, its registry alias was resolved again and
     # the Detector moved, unchecked, to whatever the alias named now.
     names = swapped_deployments(config)
@@ -205,29 +205,6 @@ def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
     if answered != {wanted}:
         raise SwapFailed(f"catalog {wanted}: Retriever replicas answer with catalogs {sorted(answered)}")
     return wanted
-
-
-def check_config(config: dict[str, Any]) -> None:
-    """Validate the toolscout application's args on the driver, before anything is deployed: the
-    checks Serve's build task would run, as a clear :class:`ValueError`, not ``DEPLOY_FAILED``."""
-    from pydantic import ValidationError
-
-    from components.serving.app import ServeArgs, user_configs
-    from components.serving.llm_app import LLM_IMPORT_PATH, LLMAppArgs
-
-    for app in config["applications"]:
-        try:
-            if app.get("import_path") == IMPORT_PATH:
-                # The version the Retriever is to serve; the one the app was built with (args stay
-                # as built, or Serve would restart it) may be gone by now.
-                args = dict(app.get("args") or {})
-                swapped = {d["name"]: d.get("user_config") or {} for d in app.get("deployments") or []}
-                args["artifact"] = swapped.get("Retriever", {}).get("artifact") or args.get("artifact")
-                user_configs(ServeArgs.model_validate(args))
-            elif app.get("import_path") == LLM_IMPORT_PATH:
-                LLMAppArgs.model_validate(app.get("args") or {})
-        except ValidationError as e:
-            raise ValueError(f"application {app.get('name')!r}: bad args: {e}") from e
 
 
 def deploy_config(config: dict[str, Any], timeout_s: float | None = None) -> None:

@@ -21,7 +21,7 @@ from serving_helpers import deploy, half_written, private_registry
 
 from components.serving.app import ServeArgs, user_configs
 from components.serving.batch_calls import call_each, rank_by_k
-from components.serving.deploy import deploy_config, serve_config, swap_artifact
+from components.serving.deploy import check_config, deploy_config, serve_config, swap_artifact
 from components.serving.deployments import Detector, Selector, select_all
 from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, install_error_handlers
 from components.serving.ingress import PUBLIC_PATHS
@@ -180,6 +180,30 @@ def test_the_champion_is_pinned_when_user_configs_are_built(bm25_versions, servi
     # An alias the registry lacks is refused before any replica sees it.
     with pytest.raises(ValueError, match="no alias 'challenger'"):
         user_configs(args.model_copy(update={"artifact": "models:/bm25@challenger"}))
+
+
+def test_a_pinned_detector_whose_alias_is_gone_blocks_no_swap(bm25_versions, serving_data, tmp_path):
+    # The pinned Detector is never moved by a swap, but its URI was resolved again on each one: once
+    # its alias was removed, every follow and catalog refresh failed on "no alias".
+    registry = private_registry(bm25_versions, tmp_path)
+    args = {
+        "artifact": bm25_versions["default"],
+        "detector_artifact": "models:/bm25@champion",
+        "detector_file": bm25_versions["detector_file"],
+        "catalog": serving_data,
+        "registry": registry.settings.as_config(),
+    }
+    check_config(serve_config(args))  # built from the args: the alias is resolved
+    first = swap_artifact(serve_config(args), bm25_versions["lucene"])
+    registry.set_alias("bm25", "champion", None)
+    with pytest.raises(ValueError, match="no alias 'champion'"):
+        check_config(serve_config(args))  # a new build still needs it
+    again = swap_artifact(first, bm25_versions["default"])
+    deployments = {d["name"]: d["user_config"] for d in again["applications"][0]["deployments"]}
+    assert (
+        set(deployments) == {"Retriever"} and deployments["Retriever"]["artifact"] == bm25_versions["default"]
+    )
+    check_config(again)  # what deploy_config checks before the swap
 
 
 def test_bad_artifacts_are_refused_on_the_driver(bm25_versions, serving_data, tmp_path):
