@@ -196,8 +196,15 @@ def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
         SwapFailed: a replica still serves another catalog (it could not read the new one, or read
             other content: a node with its own copy of the corpus); its log says why.
     """
-    serving = serve.get_deployment_handle("Retriever", app_name).serving_version.remote().result()
-    config = swap_artifact(running_config(app_name), serving)
+    versions = replica_answers("Retriever", "serving_version", app_name)
+    if len(versions) != 1:
+        # After a half-failed swap the replicas disagree: asking one, picked by chance, pinned the
+        # whole app to its version (possibly the old one), under cover of a catalog refresh.
+        raise SwapFailed(
+            f"Retriever replicas serve {sorted(versions)}; follow one version first "
+            "(toolscout registry promote|rollback --follow), then refresh the catalog"
+        )
+    config = swap_artifact(running_config(app_name), next(iter(versions)))
     deploy_config(config, timeout_s)
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
     wanted = deployments["Retriever"]["user_config"]["catalog_version"]

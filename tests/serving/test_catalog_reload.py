@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 
+import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import rewrite_corpus, unbatched
 
@@ -153,3 +154,14 @@ def test_the_catalog_reads_every_tool_the_loader_keeps(tmp_path):
     catalog = load_catalog(str(tmp_path))
     assert list(catalog.tools) == ["a", "b", "c"]
     assert catalog.tools["b"].description.startswith("splits")
+
+
+def test_a_refresh_while_replicas_serve_two_versions_pins_neither(monkeypatch):
+    # After a half-failed swap the Retriever replicas disagree; the refresh asked one of them, at
+    # random, and pinned the whole app to its version (the old one, as likely as not).
+    from components.serving import deploy
+
+    monkeypatch.setattr(deploy, "replica_answers", lambda *args, **kwargs: {"/m/bm25/v1", "/m/bm25/v2"})
+    monkeypatch.setattr(deploy, "deploy_config", lambda *args, **kwargs: pytest.fail("deployed a config"))
+    with pytest.raises(deploy.SwapFailed, match=r"serve \['/m/bm25/v1', '/m/bm25/v2'\]; follow one version"):
+        deploy.refresh_catalog()
