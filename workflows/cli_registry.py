@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -104,7 +105,8 @@ def server(
     local = sorted(
         e.name
         for e in reg.client.search_experiments()
-        if e.name in models and (e.artifact_location.startswith("file:") or "://" not in e.artifact_location)
+        # A path or file: URI; not mlflow-artifacts:/ (proxied by the server) nor s3:// and the like.
+        if e.name in models and urlsplit(e.artifact_location).scheme in ("", "file")
     )
     if local:
         # Logged by the embedded store before the server ran: their files are read by path, which

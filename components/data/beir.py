@@ -25,7 +25,8 @@ def write_beir(dataset: Dataset, root: str, storage_options: dict[str, Any] | No
     rewriting its base that stops part-way then leaves judgements of queries the base does not
     have yet, which the loader rejects by name and the increment's rerun adds again. Written
     first (as before), the base held the increment's queries without their judgements, and the
-    rerun rejected every one of them as already in the base: the judgements were lost.
+    rerun rejected every one of them as already in the base: the judgements were lost. (With
+    ``data.strict`` such a base is refused until those rows are removed by hand.)
     """
     corpus = [json.dumps(rec, ensure_ascii=False) for rec in dataset.corpus.values()]
     io.write_bytes(io.join(root, "corpus.jsonl"), _lines(corpus), storage_options)

@@ -68,9 +68,10 @@ class RejectLog:
         return dict(sorted(Counter(r.file for r in self.rejects).items()))
 
     def reason_counts(self) -> dict[str, int]:
-        """Reject counts by reason: the text before a ``:`` or a quoted value, so that "unknown
-        query-id 'q7' ..." and "... 'q8' ..." count as one reason, not one per id."""
-        return dict(Counter(re.split(r"[:'\"]", r.reason)[0].strip() for r in self.rejects).most_common())
+        """Reject counts by reason: its text before any ``:``, with quoted and parenthesised
+        values (ids, pairs) blanked, so that "unknown query-id 'q7' ..." and "... 'q8' ..." count
+        as one reason, not one per id."""
+        return dict(Counter(reason_kind(r.reason) for r in self.rejects).most_common())
 
     def sorted(self) -> list[Reject]:
         """Rejects in file, line order (workers report them out of order)."""
@@ -101,3 +102,9 @@ class RejectLog:
             return
         full = f"\n  every reject: {written_to}" if written_to else ""
         raise StrictModeError(f"--strict: {len(self)} row(s) rejected:{self.listing(limit)}{full}")
+
+
+def reason_kind(reason: str) -> str:
+    """``reason`` without the values that differ from row to row (see :meth:`RejectLog.reason_counts`)."""
+    blanked = re.sub(r"'[^']*'|\"[^\"]*\"|\([^)]*\)", "…", reason).split(":")[0]
+    return re.sub(r"…(\s*…)+", "…", blanked).strip()

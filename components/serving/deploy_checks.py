@@ -18,7 +18,8 @@ def as_deployed(app: dict[str, Any], artifact: str | None = None) -> dict[str, A
     args = dict(app.get("args") or {})
     given = {d["name"]: d.get("user_config") or {} for d in app.get("deployments") or []}
     args["artifact"] = artifact or given.get("Retriever", {}).get("artifact") or args.get("artifact")
-    if (artifact or given.get("Retriever")) and "Detector" not in given:
+    if (artifact or given.get("Retriever")) and not given.get("Detector"):
+        # (A config file's Detector entry may hold options only: no user config, not redeployed.)
         args["detector_artifact"] = None  # not redeployed: its config is not built
     return args
 

@@ -130,6 +130,7 @@ class Retriever:
         """Read the corpus again; on failure keep serving the catalog already loaded."""
         catalog = await reread_catalog("Retriever", self.catalog_path, wanted)
         if catalog is None:
+            apply_failed(self)  # the same config again (a rank change) tries the catalog anew
             return
         self.catalog = catalog
         if self.model is not None:

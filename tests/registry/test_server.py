@@ -153,7 +153,11 @@ def test_a_client_side_tracking_uri_is_refused_as_the_servers_store(tmp_path, mo
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text('{"method": "bm25"}')
-    ModelRegistry(RegistrySettings(root=str(tmp_path))).log_version("tools", str(model))
+    registry = ModelRegistry(RegistrySettings(root=str(tmp_path)))
+    registry.log_version("tools", str(model))
+    # A model logged through a server before (its files proxied, mlflow-artifacts:/) is not named.
+    registry.client.create_experiment("proxied", artifact_location="mlflow-artifacts:/proxied")
+    registry.client.create_registered_model("proxied")
     result = CliRunner().invoke(app, ["registry", "server", f"registry.root={tmp_path}"])
     said = " ".join(result.output.split())
     assert result.exit_code == 0 and "warning: tools: versions logged before this server" in said

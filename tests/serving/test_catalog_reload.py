@@ -59,6 +59,33 @@ def test_a_changed_catalog_is_reloaded_and_its_retired_tools_never_answered(serv
     asyncio.run(scenario())
 
 
+def test_a_catalog_that_could_not_be_read_is_read_when_its_config_comes_again(serving_data, tmp_path):
+    # A replica keeps serving its catalog when the new one cannot be read; Serve sends the same
+    # config again (a rank change), and the read is tried anew rather than skipped as applied.
+    data = tmp_path / "data"
+    shutil.copytree(serving_data, data)
+    method = build("bm25", {"profile": "default"})
+    method.index(open_dataset(str(data)).corpus)
+    method.save(str(tmp_path / "bm25"))
+    args = ServeArgs(artifact=str(tmp_path / "bm25"), catalog=str(data))
+    tool = next(iter(load_catalog(str(data)).tools))
+
+    async def scenario() -> None:
+        retriever = Retriever(str(data))
+        await retriever.reconfigure(user_configs(args)["Retriever"])
+        first = retriever.catalog.version
+        rewrite_corpus(data, drop=tool, rename=tool)
+        config = user_configs(args)["Retriever"]
+        (data / "corpus.jsonl").rename(data / "corpus.moved")  # unreadable for a moment
+        await retriever.reconfigure(config)
+        assert retriever.catalog.version == first  # still serving the catalog it has
+        (data / "corpus.moved").rename(data / "corpus.jsonl")
+        await retriever.reconfigure(dict(config))
+        assert retriever.catalog.version == config["catalog_version"] != first
+
+    asyncio.run(scenario())
+
+
 def test_user_configs_carry_the_catalog_version(serving_data, bm25_versions):
     configs = user_configs(ServeArgs(artifact=bm25_versions["default"], catalog=serving_data))
     assert configs["Retriever"]["catalog_version"] == load_catalog(serving_data).version

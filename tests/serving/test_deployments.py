@@ -193,16 +193,19 @@ def test_a_pinned_detector_whose_alias_is_gone_blocks_no_swap(bm25_versions, ser
         "catalog": serving_data,
         "registry": registry.settings.as_config(),
     }
-    check_config(serve_config(args))  # built from the args: the alias is resolved
-    first = swap_artifact(serve_config(args), bm25_versions["lucene"])
+    # The shipped config file lists the Detector's options (no user config) among its deployments.
+    from workflows.serve import read_serve_config
+
+    shipped = serve_config(args, read_serve_config(None))
+    check_config(shipped)  # built from the args: the alias is resolved
+    first = swap_artifact(shipped, bm25_versions["lucene"])
     registry.set_alias("bm25", "champion", None)
     with pytest.raises(ValueError, match="no alias 'champion'"):
-        check_config(serve_config(args))  # a new build still needs it
+        check_config(shipped)  # a new build still needs it
     again = swap_artifact(first, bm25_versions["default"])
-    deployments = {d["name"]: d["user_config"] for d in again["applications"][0]["deployments"]}
-    assert (
-        set(deployments) == {"Retriever"} and deployments["Retriever"]["artifact"] == bm25_versions["default"]
-    )
+    deployments = {d["name"]: d for d in again["applications"][0]["deployments"]}
+    assert deployments["Retriever"]["user_config"]["artifact"] == bm25_versions["default"]
+    assert "user_config" not in deployments["Detector"]  # not redeployed
     check_config(again)  # what deploy_config checks before the swap
 
 

@@ -407,6 +407,22 @@ def test_a_hand_promotion_just_before_the_rounds_own_is_not_overwritten(
     assert registry.version("tools", 1).tags["toolscout.decision"] == "kept"
 
 
+def test_an_alias_lock_that_is_never_released_keeps_the_challenger(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # A move whose process died on another host leaves the alias lock for good: the round died
+    # after registering its version (tagged "promoting", the next base never written).
+    from components.registry import AliasLock
+
+    cfg, registry = first_round(timeline, tmp_path)
+    monkeypatch.setattr(AliasLock, "wait_s", 0.2)
+    with AliasLock(registry.settings.alias_lock):
+        record = job.retrain(cfg, str(timeline["increment"]))
+    assert record["decision"] == "kept" and "the alias lock is held" in record["reasons"][-1]
+    assert "champion" not in registry.aliases("tools")
+    assert registry.version("tools", 1).tags["toolscout.decision"] == "kept"
+
+
 def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline, tmp_path):
     # The first round has no champion to beat, so BM25 (no training) is promoted; the Serve app it
     # is told to follow is not running on this Ray. The promotion stands, and the run exits 1: a

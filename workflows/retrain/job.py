@@ -34,7 +34,7 @@ from components.data.loader import load_dataset
 from components.data.prepared import is_prepared
 from components.data.rejects import DatasetError, RejectLog
 from components.data.splits import split_settings, splits_from_config
-from components.registry import ChampionMoved, ModelRegistry, RegistrySettings, RetrainLock
+from components.registry import ChampionMoved, LockHeld, ModelRegistry, RegistrySettings, RetrainLock
 from workflows.retrain.gate import GateSettings, decide, measure
 from workflows.retrain.increment import merge, read_increment
 from workflows.train import fit_method, model_name, register, run_spec
@@ -169,6 +169,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
                     registry.promote(name, version.number, replacing=number_of(champion_version))
                 except ChampionMoved:
                     blocker = MOVED
+                except LockHeld as e:
+                    # A move that never ends (its process died on another host): the round keeps
+                    # its challenger, tagged and reported, rather than dying after registering it.
+                    blocker = f"the alias lock is held: {e}"
             if blocker:
                 decision.decision = "kept"
                 decision.reasons.append(blocker)

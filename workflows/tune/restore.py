@@ -21,10 +21,12 @@ FINGERPRINT = "toolscout_sweep.json"
 
 
 def fingerprint(settings: TuneSettings, base: dict[str, Any]) -> dict[str, Any]:
-    """The settings that make a sweep what it is (storage options left out: they hold secrets)."""
+    """The settings that make a sweep what it is."""
 
     def public(section: dict[str, Any] | None) -> dict[str, Any]:
-        return {k: v for k, v in (section or {}).items() if k != "storage_options"}
+        # Not credentials (storage options, train.env's tokens) nor where this machine keeps
+        # local copies: rotating a token or moving a scratch dir does not make another sweep.
+        return {k: v for k, v in (section or {}).items() if k not in ("storage_options", "env", "local_dir")}
 
     own = {
         k: getattr(settings, k)

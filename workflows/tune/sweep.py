@@ -83,13 +83,6 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
                 raise ConfigError(
                     f"tune.space.{key}: Optuna cannot sample it ({e}); use tune.search=random"
                 ) from e
-    epochs = most_epochs(method.config(), settings.space)
-    if settings.scheduler == "asha" and settings.max_t is not None and settings.max_t < epochs + 1:
-        # ASHA stops every trial at max_t: before the final report, no trial would complete.
-        raise ConfigError(
-            f"tune.scheduler.max_t: {settings.max_t} stops every trial before its final report "
-            f"(epochs + 1 = {epochs + 1}); leave it unset or raise it"
-        )
     return method
 
 
