@@ -39,13 +39,14 @@ from components.serving.errors import (
 from components.serving.mcp_endpoint import ToolSearchEndpoint
 from components.serving.models import same_ranking
 from components.serving.origin import ORIGINS_ENV, OriginGuard
-from components.serving.schemas import ErrorResponse, Health, SelectRequest, SelectResponse, ToolsInfo
+from components.serving.schemas import ERRORS, Health, SelectRequest, SelectResponse, ToolsInfo
 
 logger = logging.getLogger("ray.serve")
 
 # Failures of the replica rather than of the request: worth one more try on another replica.
 RETRYABLE = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
 MODEL_SERVER_DOWN = (EndpointUnavailable, DeadlinePassed)
+CALL_TIMEOUT_S = 120.0  # one deployment call (a selector's or rewriter's own deadline is shorter)
 
 # The MCP door (``find_tools`` / ``get_tool`` at ``/mcp/``): one per replica, bound to this replica's
 # Ingress when Serve constructs it; its session manager runs for the life of the app.
@@ -63,18 +64,6 @@ PUBLIC_PATHS = frozenset(p for p in ("/healthz", *DOCS_PATHS) if p)
 api.add_middleware(ApiKeyMiddleware, public=PUBLIC_PATHS)
 api.add_middleware(OriginGuard)  # outermost: a rebinding page learns nothing, not even a 401
 install_error_handlers(api)
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in {
-        400: "Body is not JSON",
-        401: "API key missing or wrong",
-        415: "Content-Type is missing or not application/json",
-        422: "Request does not match the schema",
-        500: "Unexpected server error (details are in the server log)",
-        503: "A model deployment is unavailable",
-    }.items()
-}
 
 
 class BackendUnavailable(Exception):
@@ -106,6 +95,8 @@ class Ingress:
             answer (see :meth:`_detect_and_retrieve`); False encodes each query twice.
         allowed_origins: Web origins whose pages may call the app, besides loopback ones; they
             become ``$TOOLSCOUT_ALLOWED_ORIGINS`` (:mod:`components.serving.origin`) as the key does.
+        call_timeout_s: How long one call to a deployment may take before the request is
+            answered 503 (a replica stuck in a model call still passes its health checks).
     """
 
     def __init__(
@@ -119,7 +110,9 @@ class Ingress:
         api_key: str | None = None,
         share_ranking: bool = True,
         allowed_origins: list[str] | None = None,
+        call_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
+        self.call_timeout_s = call_timeout_s
         if api_key:
             os.environ[API_KEY_ENV] = api_key
         if allowed_origins:
@@ -139,7 +132,13 @@ class Ingress:
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                return await method.remote(*args)
+                return await asyncio.wait_for(method.remote(*args), self.call_timeout_s)
+            except TimeoutError as e:
+                # Without a bound a client waited forever on a replica stuck in a model call.
+                logger.error("a model deployment took over %.0f s: %s", self.call_timeout_s, method)
+                raise BackendUnavailable(
+                    f"a model deployment did not answer within {self.call_timeout_s:g} s; try again"
+                ) from e
             except MODEL_SERVER_DOWN as e:
                 # A Retriever or Detector whose LM runs on an endpoint (vLLM) that does not answer:
                 # the service is unavailable (503), not broken (500); another replica would ask

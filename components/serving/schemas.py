@@ -108,3 +108,17 @@ class ErrorResponse(BaseModel):
     """Every error the API returns has this shape."""
 
     error: ErrorDetail
+
+
+# The error answers the routes document in the OpenAPI schema (bodies: :class:`ErrorResponse`).
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        400: "Body is not JSON",
+        401: "API key missing or wrong",
+        415: "Content-Type is missing or not application/json",
+        422: "Request does not match the schema",
+        500: "Unexpected server error (details are in the server log)",
+        503: "A model deployment is unavailable",
+    }.items()
+}

@@ -73,6 +73,29 @@ def test_a_model_server_that_does_not_answer_is_a_503_tried_once():
     assert retrieve.calls == 1
 
 
+class Stuck:
+    """A deployment method whose replica is stuck in a model call: it never answers."""
+
+    def remote(self, *args):
+        return asyncio.Event().wait()
+
+
+def test_a_deployment_stuck_in_a_call_is_a_503_after_the_call_timeout():
+    # A replica stuck in a model call (off its event loop) still passes Serve's health checks;
+    # with no bound on the call, the client waited for ever.
+    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
+    ingress = Ingress(Handle(detect=detect), Handle(retrieve=Stuck()), retries=3, call_timeout_s=0.05)
+
+    async def scenario() -> str:
+        try:
+            await ingress.answer(SelectRequest(query="weather in Paris"))
+        except BackendUnavailable as e:
+            return str(e)
+        raise AssertionError("the stuck retriever was not reported")
+
+    assert asyncio.run(scenario()) == "a model deployment did not answer within 0.05 s; try again"
+
+
 def test_a_rewriter_that_fails_leaves_retrieval_on_the_query_as_sent():
     detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
     retrieve = Method(lambda request: {"tools": [{"id": "t", "q": request[0]}], "version": "bm25/v1"})
