@@ -11,8 +11,9 @@ Every error body is ``{"error": {"code", "message", "details"}}``:
 422    ``invalid_request``         wrong types, unknown fields, blank / long query, top_k range
 500    ``internal_error``          anything unexpected (a model raised); the traceback is
                                    logged in the replica, never sent
-503    ``backend_unavailable``     a model deployment failed after retries, or its model server
-                                   (a vLLM endpoint) does not answer
+503    ``backend_unavailable``     a model deployment failed after retries or did not answer
+                                   within the call timeout, or its model server (a vLLM
+                                   endpoint) does not answer
 =====  ==========================  ===================================================
 """
 
