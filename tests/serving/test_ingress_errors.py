@@ -33,21 +33,25 @@ class Handle:
 
 
 DIED = ActorDiedError()  # Ray's message names the node IP, actor id and PID of the dead replica
+DETECT = {"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"}
 
 
-def test_a_deployment_that_keeps_dying_is_a_503_that_names_no_internals():
-    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
-    retrieve = Method(DIED)
-    ingress = Ingress(Handle(detect=detect), Handle(retrieve=retrieve), retries=1)
+def unavailable(ingress: Ingress) -> str:
+    """What the client is told when ``ingress`` answers a request with ``BackendUnavailable``."""
 
     async def scenario() -> str:
         try:
             await ingress.answer(SelectRequest(query="weather in Paris"))
         except BackendUnavailable as e:
             return str(e)
-        raise AssertionError("the dead retriever was not reported")
+        raise AssertionError("the failing deployment was not reported as unavailable")
 
-    said = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_deployment_that_keeps_dying_is_a_503_that_names_no_internals():
+    retrieve = Method(DIED)
+    said = unavailable(Ingress(Handle(detect=Method(DETECT)), Handle(retrieve=retrieve), retries=1))
     assert retrieve.calls == 2  # tried again once on another replica
     assert said == "a model deployment did not answer after 2 tries; try again"
     assert "actor" not in said.lower() and "pid" not in said.lower()
@@ -58,18 +62,9 @@ def test_a_model_server_that_does_not_answer_is_a_503_tried_once():
     # reached the client as a 500 internal error; another replica would ask the same endpoint.
     from components.generative.chat_endpoint import EndpointUnavailable
 
-    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
     retrieve = Method(EndpointUnavailable("http://vllm:8000/v1/completions: connection refused"))
-    ingress = Ingress(Handle(detect=detect), Handle(retrieve=retrieve), retries=3)
-
-    async def scenario() -> str:
-        try:
-            await ingress.answer(SelectRequest(query="weather in Paris"))
-        except BackendUnavailable as e:
-            return str(e)
-        raise AssertionError("the model server's outage was not reported as unavailable")
-
-    assert asyncio.run(scenario()) == "a model server did not answer; try again"
+    said = unavailable(Ingress(Handle(detect=Method(DETECT)), Handle(retrieve=retrieve), retries=3))
+    assert said == "a model server did not answer; try again"
     assert retrieve.calls == 1
 
 
@@ -83,21 +78,12 @@ class Stuck:
 def test_a_deployment_stuck_in_a_call_is_a_503_after_the_call_timeout():
     # A replica stuck in a model call (off its event loop) still passes Serve's health checks;
     # with no bound on the call, the client waited for ever.
-    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
-    ingress = Ingress(Handle(detect=detect), Handle(retrieve=Stuck()), retries=3, call_timeout_s=0.05)
-
-    async def scenario() -> str:
-        try:
-            await ingress.answer(SelectRequest(query="weather in Paris"))
-        except BackendUnavailable as e:
-            return str(e)
-        raise AssertionError("the stuck retriever was not reported")
-
-    assert asyncio.run(scenario()) == "a model deployment did not answer within 0.05 s; try again"
+    ingress = Ingress(Handle(detect=Method(DETECT)), Handle(retrieve=Stuck()), retries=3, call_timeout_s=0.05)
+    assert unavailable(ingress) == "a model deployment did not answer within 0.05 s; try again"
 
 
 def test_a_rewriter_that_fails_leaves_retrieval_on_the_query_as_sent():
-    detect = Method({"probability": 0.9, "threshold": 0.5, "version": "bm25/v1"})
+    detect = Method(DETECT)
     retrieve = Method(lambda request: {"tools": [{"id": "t", "q": request[0]}], "version": "bm25/v1"})
     rewrite = Method(DIED)
     ingress = Ingress(
