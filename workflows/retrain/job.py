@@ -158,9 +158,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         version = register(registry, cfg, challenger, name, report, tags)
         registry.set_alias(name, "challenger", version.number)
         if decision.decision == "promoted":
-            blocker = promotion_blocker(
-                registry, version, champion_version, dataset.queries[next(iter(holdout))]
-            )
+            blocker = promotion_blocker(registry, version, dataset.queries[next(iter(holdout))])
             if not blocker:
                 try:
                     # The check and the move as one step under the alias lock: a hand move in
@@ -238,15 +236,11 @@ def splits_mismatch(registry: ModelRegistry, champion: Any, splits: dict[str, An
     )
 
 
-def promotion_blocker(registry: ModelRegistry, version: Any, started_with: Any, query: str) -> str | None:
-    """Why a registered challenger the gate promoted must not become the champion, or None.
-
-    The champion moved during the round (a hand rollback or promotion, which never waits for a
-    round), so the decision was made against the old one;
-    or serving cannot load the registered files on its default runtime (the gate measured the
-    model in memory), and a version it cannot load must not become what it follows."""
-    if champion_moved(registry, version.name, started_with):
-        return MOVED
+def promotion_blocker(registry: ModelRegistry, version: Any, query: str) -> str | None:
+    """Why a registered challenger the gate promoted must not become the champion, or None:
+    serving cannot load the registered files on its default runtime (the gate measured the model
+    in memory), and a version it cannot load must not become what it follows. (A champion moved
+    meanwhile is caught by the promotion itself, ``promote(replacing=...)``.)"""
     problem = serving_load_problem(registry.local_dir(version), query)
     return f"the registered version does not load as serving loads it: {problem}" if problem else None
 

@@ -153,7 +153,7 @@ def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     return "\n".join(md_table(head, body)) + "\n"
 
 
-def reported(settings: TuneSettings, base: dict[str, Any], trials: list[dict[str, Any]]) -> dict | None:
+def reported(settings: TuneSettings, base: dict[str, Any], trial_ids: list[str]) -> dict | None:
     """The report a finished sweep already wrote for these trials, if there is one: the same
     command run again restores the finished sweep, and scoring its best trial again would read
     test a second time (and retrain the baseline, whose test figure may then move)."""
@@ -163,7 +163,7 @@ def reported(settings: TuneSettings, base: dict[str, Any], trials: list[dict[str
         return None
     saved = json.loads(io.read_bytes(out, options))
     ids = sorted(t["trial_id"] for t in saved.get("trials") or [])
-    return saved if ids == sorted(t["trial_id"] for t in trials) else None
+    return saved if ids == sorted(trial_ids) else None
 
 
 def write_outputs(

@@ -223,7 +223,7 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         # Restoring would run its failed trials again (resume_errored) and then hand back the
         # report written before them: a finished sweep's report is returned as it is.
         check_restorable(settings, base)
-        done = reported(settings, base, [{"trial_id": t} for t, _ in saved])
+        done = reported(settings, base, [t for t, _ in saved])
         if done is not None:
             print(
                 f"tune: sweep {settings.name!r} was finished and reported; report unchanged", file=sys.stderr
@@ -257,11 +257,8 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
             f"tune: sweep {settings.name!r} stopped before its {expected} trials finished; "
             "run the same command again to finish it (finished trials are kept)"
         )
+    # (A sweep already reported was returned above, before restoring: none is reported here.)
     trials = trial_rows(results, list(space), settings.report_key, settings.mode)
-    done = reported(settings, base, trials)
-    if done is not None:
-        print(f"tune: sweep {settings.name!r} was finished and reported; report unchanged", file=sys.stderr)
-        return done
     best = best_trial(results, trials, settings.mode)
     return write_outputs(
         cfg, settings, base, dataset, trials, best, sweep_seconds=time.perf_counter() - started
