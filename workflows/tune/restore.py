@@ -18,6 +18,11 @@ from components.data import io
 from workflows.tune.settings import TuneSettings
 
 FINGERPRINT = "toolscout_sweep.json"
+# The tune settings that make a sweep what it is (not its outputs, title or time budget).
+SHAPING = (
+    "space", "entry", "metric", "mode", "num_samples", "search", "scheduler", "seed",
+    "grace_period", "reduction_factor", "max_t", "shared_stages",
+)  # fmt: skip
 
 
 def fingerprint(settings: TuneSettings, base: dict[str, Any]) -> dict[str, Any]:
@@ -28,12 +33,7 @@ def fingerprint(settings: TuneSettings, base: dict[str, Any]) -> dict[str, Any]:
         # local copies: rotating a token or moving a scratch dir does not make another sweep.
         return {k: v for k, v in (section or {}).items() if k not in ("storage_options", "env", "local_dir")}
 
-    own = {
-        k: getattr(settings, k)
-        for k in ("space", "entry", "metric", "mode", "num_samples", "search", "scheduler", "seed")
-    }
-    own |= {k: getattr(settings, k) for k in ("grace_period", "reduction_factor", "max_t")}
-    own["shared_stages"] = list(settings.shared_stages)
+    own = {k: getattr(settings, k) for k in SHAPING}
     parts = {"method": base.get("method"), "train": public(base.get("train")), "splits": base.get("splits")}
     parts["data"] = public(base.get("data"))
     # Through JSON: tuples and lists, int and float keys compare as they will when read back.
