@@ -69,7 +69,6 @@ from components.serving.deploy import (
     deploy_config,
     ingress_urls,
     serve_config,
-    swap_artifact,
 )
 from components.serving.models import (
     DEFAULT_ENCODER_RUNTIME,
@@ -83,6 +82,7 @@ from components.serving.replicas import replica_actor, replica_names, wait_for_r
 from components.serving.rewriter import Rewriter, build_rewriter, rewriter_settings
 from components.serving.selector_lm import LMSelector
 from components.serving.selector_train import train_selector_lm
+from components.serving.swap import swap_artifact
 from components.training.spec import RunSpec
 from workflows.cli_config import packaged_config
 from workflows.ray_env import init_ray

@@ -64,7 +64,7 @@ def ingest_mcp(
     if follow:
         import ray
 
-        from components.serving.deploy import SwapFailed, refresh_catalog
+        from components.serving.swap import SwapFailed, refresh_catalog
 
         ray.init(address=follow, logging_level="ERROR", log_to_driver=False)
         try:

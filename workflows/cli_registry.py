@@ -50,7 +50,7 @@ def _follow(address: str | None, name: str) -> None:
         return
     import ray
 
-    from components.serving.deploy import SwapFailed, follow_model
+    from components.serving.swap import SwapFailed, follow_model
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:

@@ -5,14 +5,14 @@ the deployments as user configs, built here from ``args``; replica settings (aut
 come from the ``deployments`` list, in the same format as a Serve config file's, whose entries
 ``serve run`` / ``serve deploy`` apply on top. Serve hashes ``args`` into the app's code version,
 so a hot-swap changes a deployment's ``user_config`` in the config file instead (see
-:func:`components.serving.deploy.swap_artifact`): replicas then reconfigure in place.
+:func:`components.serving.swap.swap_artifact`): replicas then reconfigure in place.
 
 Artifacts are checked and pinned where the user configs are built (in Serve's build task, or on
 the driver for a swap), not in the replicas: a registry URI such as ``models:/<name>@champion``
 becomes the local directory of the version it names. Replicas started later (autoscaling, a crash
 replacement) get the same user config, so they load the same version as their peers even after a
 promotion. Redeploying an unchanged config does not rebuild the app; to follow a moved alias,
-swap to the URI again (:func:`~components.serving.deploy.follow_model` pins what it names then).
+swap to the URI again (:func:`~components.serving.swap.follow_model` pins what it names then).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def pinned(path: str, registry: dict[str, Any] | None = None) -> dict[str, Any]:
     A registry URI (``models:/<name>@champion``) is resolved here, once, to the version it names now
     (``.../versions/<name>/v<N>`` on this machine): every replica then loads that version, even one
     started after the alias moves. Following the alias is a swap (see
-    :func:`components.serving.deploy.follow_model`). The directory exists where it was resolved;
+    :func:`components.serving.swap.follow_model`). The directory exists where it was resolved;
     a replica on another node of the cluster, where it was never materialised, materialises the
     same version from ``source`` (:func:`components.serving.models.artifact_dir`).
 

@@ -4,7 +4,7 @@ Serve versions the code of a config-deployed application by a hash of its import
 env and ``args``. A redeploy whose only change is a deployment's ``user_config`` (under
 ``deployments:`` in the file) is a lightweight update: the running replicas get ``reconfigure``
 calls, with no restart and no dropped request. That is how a model version is hot-swapped
-(:func:`swap_artifact`). Changing ``args``, or deploying with ``serve.run(app)`` from Python (a new
+(:mod:`components.serving.swap`). Changing ``args``, or deploying with ``serve.run(app)`` from Python (a new
 random code version on every call), restarts the replicas instead. Hence this module, for
 ``toolscout serve``, the tests and the benchmark: they deploy exactly what
 ``serve run deploy/serve_config.yaml`` / ``serve deploy`` would.
@@ -22,8 +22,7 @@ from ray import serve
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ServeDeploySchema
 
-from components.serving.deploy_checks import IMPORT_PATH, as_deployed, check_config
-from components.serving.replicas import replica_answers
+from components.serving.deploy_checks import IMPORT_PATH, check_config
 
 APP_NAME = "toolscout"
 
@@ -81,147 +80,19 @@ def serve_config(
     return config
 
 
-def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
-    """``config`` with the Retriever's user config (and the Detector's, unless the args pin a
-    ``detector_artifact``) pointing at another artifact. Only ``deployments[].user_config``
-    changes, so redeploying it reconfigures replicas in place. Each user config is written whole,
-    as :func:`components.serving.app.user_configs` builds it: Serve replaces a ``user_config`` as
-    a unit, so a partial one would drop the detector file, calibration data and batching settings.
-    ``artifact`` is checked (its ``config.json`` names a known method); a registry URI is pinned.
-
-    Raises:
-        ValueError: ``artifact`` is not a loadable artifact directory.
-    """
-    from components.serving.app import ServeArgs, user_configs
-
-    config = copy.deepcopy(config)
-    app = config["applications"][0]
-    deployments = {d["name"]: d for d in app.get("deployments") or []}
-    configs = user_configs(ServeArgs.model_validate(as_deployed(app, artifact)))
-    # A pinned detector keeps what it serves: rebuilt, its registry alias was resolved again and
-    # the Detector moved, unchecked, to whatever the alias named now.
-    names = swapped_deployments(config)
-    if (app["args"].get("selector") or {}).get("backend", "none") != "none":
-        names.append("Selector")  # it reads the same catalog (catalog_version)
-    for name in names:
-        deployments.setdefault(name, {"name": name})["user_config"] = configs[name]
-    app["deployments"] = list(deployments.values())
-    return config
-
-
-def running_config(app_name: str = APP_NAME) -> dict[str, Any]:
-    """The Serve config the running ``app_name`` was deployed with (as :func:`deploy_config` sent it),
-    followed by the other applications deployed with it: Serve's config deploys are declarative, so
-    a redeploy that left them out would delete them.
-
-    Raises:
-        LookupError: no application of that name was deployed from a config on this cluster.
-    """
-    details = _get_global_client().get_serve_details()
-    deployed = {
-        name: app.get("deployed_app_config") for name, app in (details.get("applications") or {}).items()
-    }
-    if not deployed.get(app_name):
-        raise LookupError(f"no Serve application {app_name!r} deployed from a config is running")
-    others = [config for name, config in sorted(deployed.items()) if name != app_name and config]
-    return {"applications": [deployed[app_name], *others]}
-
-
-class SwapFailed(RuntimeError):
-    """A hot-swap that replicas did not take; the app was put back on what it served."""
-
-
-def serving_artifacts(
-    app_name: str = APP_NAME, calls_per_replica: int = 8, deployment: str = "Retriever"
-) -> set[str]:
-    """The artifact directories the app's ``deployment`` replicas answer with; a replica whose swap
-    failed still answers with its old version (:func:`components.serving.batch_calls.load_new`)."""
-    return replica_answers(deployment, "serving_artifact", app_name, calls_per_replica)
-
-
-def swapped_deployments(config: dict[str, Any]) -> list[str]:
-    """What :func:`swap_artifact` moves: the Retriever, and the Detector unless args pin one."""
-    pinned_detector = config["applications"][0]["args"].get("detector_artifact")
-    return ["Retriever"] if pinned_detector else ["Retriever", "Detector"]
-
-
-def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
-    """Hot-swap the running app to the version ``model_uri`` names now (e.g. after a promotion).
-
-    The URI (``models:/<name>@champion``) is pinned on this driver to that version's directory,
-    and only the deployments' user configs change, so replicas reconfigure in place with no
-    dropped request (as :func:`swap_artifact` explains). Returns the pinned directory.
-
-    A version that passes the driver's checks can still fail to load in the replicas (a partial
-    copy, no detection threshold calibrated for it) or not be healthy in time. The replicas of each
-    deployment it moved (:func:`swapped_deployments`) are asked what they serve; if one did not
-    take it, the app is pinned again to what it served before (if one version), and
-    :class:`SwapFailed` is raised."""
-    running = running_config(app_name)
-    names = swapped_deployments(running)
-    before = replica_answers("Retriever", "serving_version", app_name)  # as any node can load them
-    config = swap_artifact(running, model_uri)
-    deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
-    pinned = deployments["Retriever"]["user_config"]["artifact"]
-    try:
-        deploy_config(config, timeout_s)
-        serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
-        refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
-    except (TimeoutError, RuntimeError) as e:  # not healthy in time: the same way back
-        refused = {"app": [f"{type(e).__name__}: {e}"]}
-    if refused:
-        answers = "; ".join(f"{name} replicas answer with {artifacts}" for name, artifacts in refused.items())
-        back = len(before) == 1  # one version served before: pin it again
-        if back:  # given the usual time, whatever the swap had
-            deploy_config(swap_artifact(running, next(iter(before))), max(timeout_s, 180.0))
-        then = "serves again" if back else "keeps the new one (no one version to go back to); it served"
-        raise SwapFailed(
-            f"{model_uri}: pinned {pinned}, but {answers} (see logs); the app {then} {sorted(before)}"
-        )
-    return pinned
-
-
-def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
-    """Make the running app's Retriever replicas read their catalog again, in place (no restart).
-
-    For a corpus changed under a running server (``toolscout ingest mcp`` run again): the user
-    configs are rebuilt, as :func:`swap_artifact` builds them, for the artifact a Retriever replica
-    answers with now (asked, not read from the args: a ``models:/`` URI there may name another
-    version by now), so only ``catalog_version`` changes and replicas reconfigure in place. They
-    load their model again from the same directory too (a directory can be rewritten in place, so
-    the same path is not taken for the same model): an LM artifact briefly holds two copies.
-    Returns the catalog version now configured, once every Retriever replica answers with it.
-
-    Raises:
-        SwapFailed: a replica still serves another catalog (it could not read the new one, or read
-            other content: a node with its own copy of the corpus); its log says why.
-    """
-    versions = replica_answers("Retriever", "serving_version", app_name)
-    if len(versions) != 1:
-        # After a half-failed swap the replicas disagree: asking one, picked by chance, pinned the
-        # whole app to its version (possibly the old one), under cover of a catalog refresh.
-        raise SwapFailed(
-            f"Retriever replicas serve {sorted(versions)}; follow one version first "
-            "(toolscout registry promote|rollback --follow), then refresh the catalog"
-        )
-    config = swap_artifact(running_config(app_name), next(iter(versions)))
-    deploy_config(config, timeout_s)
-    deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
-    wanted = deployments["Retriever"]["user_config"]["catalog_version"]
-    answered = replica_answers("Retriever", "serving_catalog", app_name)
-    if answered != {wanted}:
-        raise SwapFailed(f"catalog {wanted}: Retriever replicas answer with catalogs {sorted(answered)}")
-    return wanted
-
-
-def deploy_config(config: dict[str, Any], timeout_s: float | None = None) -> None:
+def deploy_config(config: dict[str, Any], timeout_s: float | None = None, others: bool = True) -> None:
     """Apply ``config`` to the running Serve instance and wait until its applications are RUNNING.
 
     Serve must be started (``serve.start``) on this Ray cluster first. ``timeout_s`` defaults to
     180 s, or 900 s when the config has an LLM app (vLLM's start took 95-150 s on 2 CPU cores).
+    ``others=False`` waits for the first application only: for a swap, which changes nothing in
+    the others. Serve redeploys every application a config names, so an unchanged LLM app that was
+    UNHEALTHY before is UNHEALTHY again, and failed the swap, which was then undone.
 
     Raises:
         ValueError: the args or an artifact are bad (see :func:`check_config`); nothing was deployed.
+        RuntimeError: an application waited for failed to deploy or is unhealthy.
+        TimeoutError: not all of them RUNNING in time.
     """
     check_config(config)
     if timeout_s is None:
@@ -235,18 +106,19 @@ def deploy_config(config: dict[str, Any], timeout_s: float | None = None) -> Non
     before = previous.last_deployed_time_s if previous else -1.0
     _get_global_client().deploy_apps(schema)  # what `serve run <file>` calls
     deadline = time.monotonic() + timeout_s
+    watched = [app.name for app in (schema.applications if others else schema.applications[:1])]
     while True:
         apps = serve.status().applications
         status = apps.get(name)
-        for app in schema.applications:
-            if app.name in apps and apps[app.name].status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise RuntimeError(f"deploying {app.name!r} failed: {apps[app.name].message}")
-        others = [apps.get(app.name) for app in schema.applications[1:]]
+        for app in watched:
+            if app in apps and apps[app].status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"deploying {app!r} failed: {apps[app].message}")
+        rest = [apps.get(app) for app in watched[1:]]
         if (
             status
             and status.last_deployed_time_s > before
             and status.status == "RUNNING"
-            and all(other and other.status == "RUNNING" for other in others)
+            and all(other and other.status == "RUNNING" for other in rest)
         ):
             return
         if time.monotonic() > deadline:

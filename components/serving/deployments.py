@@ -2,7 +2,7 @@
 
 Each model-holding deployment loads its model in ``reconfigure(user_config)``, so a new artifact
 version is swapped in by changing only the deployments' ``user_config`` in the Serve config and
-deploying it again (:func:`components.serving.deploy.swap_artifact`): the running replicas load the
+deploying it again (:func:`components.serving.swap.swap_artifact`): the running replicas load the
 new version off the event loop, then replace the old one in a single assignment, and requests in
 flight finish on the version they started with. Responses carry the version that answered. A
 version that fails to load is logged and the replica keeps serving the one it has (see

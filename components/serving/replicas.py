@@ -49,14 +49,29 @@ def wait_for_replicas(deployment: str, count: int, timeout_s: float = 60.0, app:
 
 
 def replica_answers(
-    deployment: str, method: str, app: str = "toolscout", calls_per_replica: int = 8
+    deployment: str,
+    method: str,
+    app: str = "toolscout",
+    calls_per_replica: int = 8,
+    timeout_s: float = 60.0,
 ) -> set[str]:
     """What the running replicas of ``app``'s ``deployment`` answer to ``method`` (no arguments).
 
     Asked through the deployment handle, ``calls_per_replica`` times per running replica: Serve
     routes each call to one replica (the less loaded of two drawn), so with 8 calls a replica of two
     goes unasked with probability 2**-16.
+
+    Raises:
+        TimeoutError: a call was not answered within ``timeout_s``. A replica stuck in a model call
+            on its event loop still passes health checks, and the driver (a hot-swap, a catalog
+            refresh) waited for it for ever.
     """
     handle = serve.get_deployment_handle(deployment, app)
     calls = calls_per_replica * max(1, running_replicas(deployment, app))
-    return {getattr(handle, method).remote().result() for _ in range(calls)}
+    answers = set()
+    for _ in range(calls):
+        try:
+            answers.add(getattr(handle, method).remote().result(timeout_s=timeout_s))
+        except TimeoutError as e:
+            raise TimeoutError(f"{app}/{deployment}.{method}: no answer within {timeout_s} s") from e
+    return answers

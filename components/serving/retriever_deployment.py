@@ -6,7 +6,7 @@ catalog (a dataset's corpus, :mod:`.catalog`). That corpus changes under a runni
 therefore carries ``catalog_version`` (the corpus's content hash, written by
 :func:`components.serving.app.user_configs`); when it differs from the loaded catalog, the replica
 reads the corpus again in ``reconfigure``, with no restart
-(:func:`components.serving.deploy.refresh_catalog` deploys it). A tool the artifact knows but the
+(:func:`components.serving.swap.refresh_catalog` deploys it). A tool the artifact knows but the
 catalog no longer lists is retired: it is never answered, and the ranking is filled from further
 down so a request still gets ``k`` tools. (New tools reach answers when the artifact is indexed
 again over the new corpus and swapped in; until then the catalog describes them for ``get_tool``.)

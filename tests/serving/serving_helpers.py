@@ -88,7 +88,8 @@ def deploy(args: dict[str, Any], artifact: str | None = None, base: dict[str, An
     """Deploy the toolscout app with these args, as ``serve run <config>`` does; with ``artifact``,
     hot-swap the retriever (and detector) to it through user configs; ``base`` is a Serve config
     file's contents whose deployment options apply."""
-    from components.serving.deploy import deploy_config, serve_config, swap_artifact
+    from components.serving.deploy import deploy_config, serve_config
+    from components.serving.swap import swap_artifact
 
     config = serve_config(args, base)
     deploy_config(swap_artifact(config, artifact) if artifact else config)

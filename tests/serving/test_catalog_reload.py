@@ -95,8 +95,9 @@ def test_the_selector_reads_the_changed_catalog_with_the_retriever(serving_data,
     # A tool the Retriever ranks after a re-ingest must be callable with the schema it has now.
     import json
 
-    from components.serving.deploy import serve_config, swap_artifact
+    from components.serving.deploy import serve_config
     from components.serving.deployments import Selector
+    from components.serving.swap import swap_artifact
 
     data = tmp_path / "data"
     shutil.copytree(serving_data, data)
@@ -186,9 +187,9 @@ def test_the_catalog_reads_every_tool_the_loader_keeps(tmp_path):
 def test_a_refresh_while_replicas_serve_two_versions_pins_neither(monkeypatch):
     # After a half-failed swap the Retriever replicas disagree; the refresh asked one of them, at
     # random, and pinned the whole app to its version (the old one, as likely as not).
-    from components.serving import deploy
+    from components.serving import swap
 
-    monkeypatch.setattr(deploy, "replica_answers", lambda *args, **kwargs: {"/m/bm25/v1", "/m/bm25/v2"})
-    monkeypatch.setattr(deploy, "deploy_config", lambda *args, **kwargs: pytest.fail("deployed a config"))
-    with pytest.raises(deploy.SwapFailed, match=r"serve \['/m/bm25/v1', '/m/bm25/v2'\]; follow one version"):
-        deploy.refresh_catalog()
+    monkeypatch.setattr(swap, "replica_answers", lambda *args, **kwargs: {"/m/bm25/v1", "/m/bm25/v2"})
+    monkeypatch.setattr(swap, "deploy_config", lambda *args, **kwargs: pytest.fail("deployed a config"))
+    with pytest.raises(swap.SwapFailed, match=r"serve \['/m/bm25/v1', '/m/bm25/v2'\]; follow one version"):
+        swap.refresh_catalog()

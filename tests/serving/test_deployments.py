@@ -21,7 +21,7 @@ from serving_helpers import deploy, half_written, private_registry
 
 from components.serving.app import ServeArgs, user_configs
 from components.serving.batch_calls import call_each, rank_by_k
-from components.serving.deploy import check_config, deploy_config, serve_config, swap_artifact
+from components.serving.deploy import check_config, deploy_config, serve_config
 from components.serving.deployments import Detector, Selector, select_all
 from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, install_error_handlers
 from components.serving.ingress import PUBLIC_PATHS
@@ -29,6 +29,7 @@ from components.serving.models import RetrieverModel
 from components.serving.retriever_deployment import Retriever
 from components.serving.selector_http import OpenAISelector
 from components.serving.selector_lm import LMSelector
+from components.serving.swap import swap_artifact
 
 
 class BeamRetriever:

@@ -13,7 +13,7 @@ from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtu
 from serving_helpers import vllm_python
 
 from components.generative.chat_endpoint import post_chat_completion
-from components.serving.deploy import check_config, serve_config, swap_artifact
+from components.serving.deploy import check_config, serve_config
 from components.serving.llm_app import (
     LLM_APP_NAME,
     endpoint_url,
@@ -22,6 +22,7 @@ from components.serving.llm_app import (
     llm_config_kwargs,
 )
 from components.serving.llm_app import LLMAppArgs as Args
+from components.serving.swap import swap_artifact
 
 
 def test_cpu_and_gpu_settings_become_ray_serve_llm_configs():
@@ -247,7 +248,8 @@ def test_the_selector_on_ray_serve_llm_names_only_offered_tools(
 ):
     from ray import serve
 
-    from components.serving.deploy import deploy_config, running_config
+    from components.serving.deploy import deploy_config
+    from components.serving.swap import running_config
 
     llm_url = llm_graph
 

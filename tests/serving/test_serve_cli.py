@@ -313,7 +313,8 @@ def test_a_swap_is_checked_against_the_version_it_serves_not_the_one_the_app_was
 def test_a_swap_leaves_a_pinned_detector_as_it_serves(bm25_versions, serving_data):
     # Rebuilt on a swap, a detector_artifact given as a registry alias was resolved again and the
     # Detector moved, unchecked and never rolled back, to what the alias named then.
-    from components.serving.deploy import IMPORT_PATH, swap_artifact
+    from components.serving.deploy import IMPORT_PATH
+    from components.serving.swap import swap_artifact
 
     args = {
         "artifact": bm25_versions["default"],

@@ -268,7 +268,8 @@ def champion_moved(registry: ModelRegistry, name: str, started_with: Any) -> boo
 
 def follow_serving(name: str, app_name: str | None = None) -> dict[str, Any]:
     """Swap the running Serve app (on the Ray cluster this job is connected to) to the champion."""
-    from components.serving.deploy import APP_NAME, follow_model
+    from components.serving.deploy import APP_NAME
+    from components.serving.swap import follow_model
 
     try:
         pinned = follow_model(f"models:/{name}@champion", app_name or APP_NAME)
