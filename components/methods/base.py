@@ -28,6 +28,8 @@ CAPABILITIES = {
     "generate": "retrieves by generating tool tokens; generate(queries, k, constrained) gives beams",
     "candidates": "retrieve(queries, k, candidates) narrows each query to given tools",
     "text_encoders": "text_encoders() -> its TextEncoders (serving runs them on another runtime)",
+    "shared_stages": "stage_settings(stage, seed) -> what a stage it caches is keyed by besides the "
+    "data (ValueError: not cached): a Tune sweep trains it once for the trials that agree on it",
 }
 
 

@@ -129,6 +129,43 @@ def test_what_the_sweep_cannot_run_is_refused_before_any_trial(tmp_path):
     assert local.storage_path == f"{tmp_path}/sweeps"
 
 
+def test_a_shared_stage_a_swept_key_changes_is_refused_before_any_training(tmp_path):
+    # Before, the driver trained the shared stage, then the first trial trained it again (its
+    # settings differed) and only then failed the sweep: two trainings lost.
+    masstool = {
+        "name": "masstool",
+        "params": {"encoder": TINY_ENCODER, "semantic_cache": str(tmp_path / "c")},
+    }
+    space = {
+        "method.params.epsilon": {"uniform": [0.3, 0.9]},  # the joint stage's: shared stage kept
+        "method.params.semantic.lr": {"loguniform": [1e-4, 1e-2]},  # the semantic stage's own
+        "train.seed": {"choice": [0, 1]},  # the cached stage is keyed by the seed too
+    }
+
+    def check(method: dict, space: dict, shared: list[str]) -> None:
+        cfg = config("unused", tmp_path, method, space=space, shared_stages=shared)
+        settings = tune_settings(cfg, "x")
+        check_space(base_config(cfg, settings), parse_space(settings.space), settings)
+
+    with pytest.raises(
+        ConfigError, match=r"'semantic' .* \['method.params.semantic.lr', 'train.seed'\] change"
+    ):
+        check(masstool, space, ["semantic"])
+    check(masstool, {"method.params.epsilon": space["method.params.epsilon"]}, ["semantic"])
+    # Not cached: every trial would train it.
+    uncached = {"name": "masstool", "params": {"encoder": TINY_ENCODER}}
+    with pytest.raises(
+        ConfigError, match=r"'semantic' stage is not cached \(set method.params.semantic_cache\)"
+    ):
+        check(uncached, {"method.params.epsilon": space["method.params.epsilon"]}, ["semantic"])
+    with pytest.raises(ConfigError, match="dense caches no training stage"):
+        check(
+            {"name": "dense", "params": {"encoder": TINY_ENCODER}},
+            {"method.params.lr": {"uniform": [0.1, 0.2]}},
+            ["contrastive"],
+        )
+
+
 def test_asha_lets_the_longest_swept_epochs_finish():
     # ASHA stops every trial at max_t: taken from the base epochs alone, a swept 6-epoch trial
     # would be stopped before its last report and could never count as completed.

@@ -32,6 +32,7 @@ from workflows.tune.progress import BUDGET_ENV, TimeBudget, TrialProgress
 from workflows.tune.resources import max_concurrent, train_resources, trial_actor_resources
 from workflows.tune.restore import check_restorable, finished, saved_trials, write_fingerprint
 from workflows.tune.settings import TuneSettings, tune_settings
+from workflows.tune.shared import check_shared_stages
 from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
 from workflows.tune.trainable import run_trial, trial_method
 
@@ -67,6 +68,7 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
     missing = [s for s in settings.shared_stages if s not in method.stages]
     if missing:
         raise ConfigError(f"tune.shared_stages: {missing} are not stages of {method.name} {method.stages}")
+    check_shared_stages(base, space, settings.shared_stages)
     if settings.search == "optuna" and has_grid(space):
         raise ConfigError(
             "tune.space: grid_search needs tune.search=random (Optuna samples, it does not enumerate)"

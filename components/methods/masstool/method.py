@@ -56,7 +56,7 @@ class MassToolMethod:
     stages: ClassVar[tuple[str, ...]] = ("semantic", "joint")
     # cold_start: a tool added after training gets its vector from its text (the frozen entry).
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"train", "detect", "cold_start", "text_encoders", "exact_scores"}
+        {"train", "detect", "cold_start", "text_encoders", "exact_scores", "shared_stages"}
     )
 
     def __init__(self, **params: Any) -> None:
@@ -124,10 +124,8 @@ class MassToolMethod:
         counts) means a different split seed or an edited dataset never reuses an encoder that was
         trained on what is now the validation split.
         """
-        # How the tool vectors are searched does not change what the stage trains: index_* stay out.
-        trained = {k: v for k, v in asdict(self.params.dense_params()).items() if not k.startswith("index_")}
         # The tools known at training time decide the scratch tokenizer's texts (cold start).
-        settings = [SEMANTIC_CACHE_VERSION, trained, data.name, seed, data.known_tools()]
+        settings = [SEMANTIC_CACHE_VERSION, self._semantic_settings(), data.name, seed, data.known_tools()]
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
         for split in ("train", "valid"):
             for qid, rel in sorted(data.qrels.get(split, {}).items()):
@@ -138,6 +136,25 @@ class MassToolMethod:
         for tid, text in zip(tool_ids, texts, strict=True):
             digest.update(json.dumps([tid, text]).encode())
         return digest.hexdigest()[:16]
+
+    def _semantic_settings(self) -> dict[str, Any]:
+        # How the tool vectors are searched does not change what the stage trains: index_* stay out.
+        return {k: v for k, v in asdict(self.params.dense_params()).items() if not k.startswith("index_")}
+
+    def stage_settings(self, stage: str, seed: int) -> dict[str, Any]:
+        """What a cached ``stage`` is keyed by besides the data (capability ``shared_stages``):
+        a Tune sweep's trials that agree on it reuse one training of the semantic stage.
+
+        Raises:
+            ValueError: the stage is not cached (the joint stage; the semantic one without
+                ``semantic_cache`` or ``semantic_init``), so every trial would train it.
+        """
+        if stage == "semantic" and self.params.semantic_init:
+            return {"semantic_init": self.params.semantic_init}
+        if stage == "semantic" and self.params.semantic_cache:
+            return {"settings": self._semantic_settings(), "seed": seed}
+        why = "set method.params.semantic_cache" if stage == "semantic" else "only the semantic stage is"
+        raise ValueError(f"masstool: the {stage!r} stage is not cached ({why})")
 
     def _fit_semantic(self, data: Dataset, run: RunSpec) -> dict[str, float]:
         from components.training.runner import run_stage
