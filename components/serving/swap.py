@@ -168,7 +168,12 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
         deploy_config(config, timeout_s, others=False)
         serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
         refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
-    except (TimeoutError, RuntimeError) as e:  # not healthy in time: the same way back
+    except TimeoutError as e:  # not healthy in time: the same way back
+        # Replicas calibrating a detection threshold for the new version (calibration_data) run the
+        # model over the valid queries first, which on CPU can take longer than the swap waits.
+        hint = "if replicas calibrate it, calibrate first (serve --calibrate-only) or wait longer"
+        refused = {"app": [f"TimeoutError: {e}; {hint}"]}
+    except RuntimeError as e:
         refused = {"app": [f"{type(e).__name__}: {e}"]}
     if not refused:
         return pinned
