@@ -22,12 +22,14 @@ replica without an LM rewriter should not pay.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Protocol
 
 from components.methods.base import read_config
 
 Request = tuple[str, list[str]]  # (query, history)
+log = logging.getLogger(__name__)
 
 
 class Rewriter(Protocol):
@@ -111,7 +113,21 @@ class QueryGenRewriter:
         from components.methods.querygen.generator import make_generator
         from components.methods.querygen.params import QueryGenParams
 
-        saved = {**read_config(path)["params"], "eval_batch_size": batch_size}
+        config = read_config(path)
+        if config.get("method") != "querygen":
+            raise ValueError(
+                f"rewriter.path {path}: a {config.get('method')!r} artifact; the querygen rewriter "
+                "takes one trained with method querygen"
+            )
+        if config.get("fusion") == "rrf":
+            # The artifact retrieves best fusing the original and the rewritten query (chosen on
+            # valid); in front of a Retriever, the rewrite alone is searched.
+            log.warning(
+                "rewriter.path %s chose fusion 'rrf' on valid; as a rewriter only its rewrite is "
+                "searched ('generated'): serve the artifact itself as the retriever to fuse",
+                path,
+            )
+        saved = {**config["params"], "eval_batch_size": batch_size}
         if endpoint is not None:  # the server holds the trained weights: nothing trains here
             saved |= {"generator": dict(endpoint), "sft": {"epochs": 0}, "align": {"rounds": 0}}
         params = QueryGenParams(**saved)

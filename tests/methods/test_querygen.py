@@ -43,6 +43,28 @@ def test_reward_ranks_a_rewrite_with_the_relevant_tools_words_above_an_unrelated
     assert rewrite_reward(relevant, found["bad"], "ndcg@3") < 1.0
 
 
+def test_a_sample_cut_by_the_token_cap_is_never_an_alignment_target(tiny):
+    from components.methods.querygen.align import choose_rewrites
+
+    bm25 = methods.build("bm25")
+    bm25.index(tiny.corpus)
+    queries = {"q3": "recipes with salmon"}  # its own words find Chef (tool 3) first: reward 1
+    # "" is a sample the cap cut (generate_texts(finished_only=True)); the other finds no Chef.
+    candidates = {"q3": ["", "flights between airports"]}
+    pairs, stats = choose_rewrites(queries, candidates, bm25, {"q3": {"3": 1}}, "ndcg@3")
+    # Before, "" was searched as the query itself: it tied with it and was kept, an echo.
+    assert pairs == [] and stats["kept"] == 0.0
+    assert stats["sampled_reward"] == 0.0 and stats["original_reward"] == 1.0
+    # A finished sample as good as the query is still kept.
+    pairs, _ = choose_rewrites(
+        queries, {"q3": ["", "Chef recipes using an ingredient"]}, bm25, {"q3": {"3": 1}}, "ndcg@3"
+    )
+    assert pairs == [("recipes with salmon", "Chef recipes using an ingredient")]
+    # A round whose every sample was cut keeps nothing and still reports the originals.
+    pairs, stats = choose_rewrites(queries, {"q3": ["", ""]}, bm25, {"q3": {"3": 1}}, "ndcg@3")
+    assert pairs == [] and stats["original_reward"] == 1.0
+
+
 def test_reciprocal_rank_fusion_adds_one_over_k_plus_rank():
     a = {"q": {"x": 3.0, "y": 2.0}}
     b = {"q": {"y": 9.0, "z": 1.0}}
@@ -64,6 +86,9 @@ def test_bad_settings_fail_on_the_driver():
         ({"align": {"epochs": 0}}, r"align.epochs must be >= 1, got 0"),
         ({"align": {"lr": 0}}, r"align.lr must be > 0"),
         ({"sft": {"batch_size": 0}}, r"sft.batch_size must be >= 1"),
+        ({"valid_queries": 0}, r"valid_queries must be >= 1 \(or null: all of them\), got 0"),
+        ({"sft": {"max_examples": -1}}, r"sft.max_examples must be >= 1"),
+        ({"target_tools": 0}, r"target_tools must be >= 1, got 0"),
     ]:
         with pytest.raises(ValueError, match=says):
             methods.build("querygen", given)

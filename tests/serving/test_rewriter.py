@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import pytest
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
@@ -73,6 +75,20 @@ def test_a_querygen_artifact_is_not_served_behind_a_querygen_rewriter(
     assert user_configs(ServeArgs.model_validate({**args, "artifact": bm25_versions["default"]}))[
         "QueryRewriter"
     ]
+
+
+def test_the_querygen_rewriter_takes_querygen_artifacts_and_says_what_it_does_not_fuse(
+    querygen_artifact, bm25_versions, caplog
+):
+    # A BM25 artifact failed with "unexpected keyword argument" from the params' constructor.
+    with pytest.raises(ValueError, match=r"a 'bm25' artifact; the querygen rewriter takes one trained"):
+        QueryGenRewriter(bm25_versions["default"])
+    # An artifact that chose RRF on valid retrieves worse with its rewrite alone: said, once.
+    config = json.loads((Path(querygen_artifact) / "config.json").read_text())
+    (Path(querygen_artifact) / "config.json").write_text(json.dumps({**config, "fusion": "rrf"}))
+    with caplog.at_level("WARNING", logger="components.serving.rewriter"):
+        QueryGenRewriter(querygen_artifact)
+    assert "chose fusion 'rrf' on valid; as a rewriter only its rewrite is searched" in caplog.text
 
 
 def test_querygen_rewriter_batches_and_matches_one_by_one(querygen_artifact):

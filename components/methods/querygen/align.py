@@ -24,21 +24,26 @@ def choose_rewrites(
     metric: str,
 ) -> tuple[list[tuple[str, str]], dict[str, float]]:
     """The (query text, best rewrite) pairs to fine-tune on, and the round's figures: mean reward of
-    all samples, of the kept ones and of the original queries, and the share of queries kept."""
-    flat = {f"{q}\t{j}": c or queries[q] for q, cs in candidates.items() for j, c in enumerate(cs)}
+    all samples, of the kept ones and of the original queries, and the share of queries kept.
+
+    An empty candidate is a sample cut by the token cap (``generate_texts(finished_only=True)``):
+    it earns no reward and is never kept. Searched as the user's own words instead, it tied with
+    them and was kept as a "rewrite" that copies the query, teaching the generator to echo.
+    """
+    flat = {f"{q}\t{j}": c for q, cs in candidates.items() for j, c in enumerate(cs) if c}
     depth = int(metric.partition("@")[2])
-    found = retriever.retrieve(flat, depth)
+    found = retriever.retrieve(flat, depth) if flat else {}
     own = retriever.retrieve(dict(queries), depth)
     pairs, sampled, kept, original = [], [], [], []
     for q, text in queries.items():
         relevant = relevant_tools(qrels[q])
-        scored = [
-            (rewrite_reward(relevant, found[f"{q}\t{j}"], metric), flat[f"{q}\t{j}"])
-            for j in range(len(candidates[q]))
-        ]
-        sampled += [reward for reward, _ in scored]
-        best_reward, best = max(scored, key=lambda x: x[0])  # the first of equals: sampling order
+        keys = [f"{q}\t{j}" for j in range(len(candidates[q]))]
+        scored = [(rewrite_reward(relevant, found[key], metric), flat[key]) for key in keys if key in flat]
+        sampled += [reward for reward, _ in scored] + [0.0] * (len(keys) - len(scored))
         original.append(rewrite_reward(relevant, own[q], metric))
+        if not scored:
+            continue
+        best_reward, best = max(scored, key=lambda x: x[0])  # the first of equals: sampling order
         if best_reward > 0 and best_reward >= original[-1]:
             pairs.append((text, best))
             kept.append(best_reward)

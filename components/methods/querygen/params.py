@@ -123,6 +123,18 @@ class QueryGenParams:
                     raise ValueError(f"querygen: {name}.{key} must be >= {low}, got {given[key]}")
             if runs and float(given["lr"]) <= 0:
                 raise ValueError(f"querygen: {name}.lr must be > 0, got {given['lr']}")
+        # At least one, or None (all): 0 checked no valid query, so every alignment round was
+        # accepted (0 >= 0) and fusion always chose "generated"; a negative count failed only in
+        # random.sample, after the retriever stage. No target tool taught the generator to stop.
+        for key, value in (
+            ("valid_queries", self.valid_queries),
+            ("sft.max_examples", self.sft["max_examples"]),
+        ):
+            if value is not None and int(value) < 1:
+                raise ValueError(f"querygen: {key} must be >= 1 (or null: all of them), got {value}")
+        for key in ("target_tools", "max_new_tokens", "query_max_length", "target_max_length"):
+            if int(getattr(self, key)) < 1:
+                raise ValueError(f"querygen: {key} must be >= 1, got {getattr(self, key)}")
         if (
             int(self.align["rounds"]) > 0
             and float(self.align["temperature"]) <= 0
