@@ -294,6 +294,25 @@ def test_the_generator_loads_in_the_precision_its_settings_name(tiny, tmp_path):
         assert next(generator.model()[0].parameters()).dtype == want, dtype
 
 
+def test_a_bfloat16_generator_exports_its_adapter_against_the_base_in_bfloat16(tiny, tmp_path):
+    import torch
+
+    from components.generative.lm import build_causal_lm, lm_spec_from, save_causal_lm
+    from components.methods.base import write_config
+    from components.methods.querygen.adapter import export_generator_adapter
+
+    lm, tokenizer = build_causal_lm(lm_spec_from(TINY_LM), list(tiny.queries.values()), seed=0)
+    save_causal_lm(lm, tokenizer, str(tmp_path / "base"))  # a pretrained base, stored in float32
+    tuned = lm.to(torch.bfloat16)  # trained in bfloat16 (generator.dtype): the base's values here
+    with torch.no_grad():
+        tuned.model.layers[0].self_attn.q_proj.weight[0, :4] += 0.5  # one LoRA target moved
+    save_causal_lm(tuned, tokenizer, str(tmp_path / "artifact" / "generator"))
+    generator = {"name_or_path": str(tmp_path / "base"), "dtype": "bfloat16"}
+    write_config(str(tmp_path / "artifact"), {"method": "querygen", "params": {"generator": generator}})
+    report = export_generator_adapter(str(tmp_path / "artifact"), str(tmp_path / "adapter"))
+    assert report.rank == 1 and report.max_residual < 1e-3
+
+
 def test_a_pretrained_generator_named_by_its_directory_is_shared_with_the_workers(tiny, tmp_path):
     # Workers on other nodes cannot read the driver's directory: it goes to the run's storage, as
     # the scratch LM does (a packaged or hub name is read by each node itself, unchanged).

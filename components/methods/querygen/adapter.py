@@ -38,8 +38,12 @@ def export_generator_adapter(
     spec = params.lora_spec()
     if spec is None:
         raise ValueError(f"{artifact}: the generator fine-tuned whole (no lora): serve generator/ as a model")
-    base, _ = load_causal_lm(base_name)
-    tuned, _ = load_causal_lm(os.path.join(local, "generator"))
+    # Both in the precision training loaded the base in: the base read in its stored float32
+    # against a bfloat16 generator differed by rounding in every weight, and the export failed
+    # naming an untargeted one ("differs from the base but is not a LoRA target").
+    dtype = lm_spec_from(params.generator).dtype
+    base, _ = load_causal_lm(base_name, dtype)
+    tuned, _ = load_causal_lm(os.path.join(local, "generator"), dtype)
     with tempfile.TemporaryDirectory() as tmp:
         report = export_adapter(base, tuned, spec.targets, tmp)
         io.put_dir(tmp, dest, storage_options)
