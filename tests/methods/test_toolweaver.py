@@ -21,11 +21,17 @@ from components.generative.lm import train_bpe
 from components.generative.targeted import TargetedLM
 from components.generative.tool_tokens import ToolCodebook, add_code_tokens, code_token
 from components.methods import load
-from components.methods.toolweaver.codes import assign, collision_rate, resolve_collisions
+from components.methods.toolweaver.codes import assign, collided, collision_rate, resolve_collisions
 from components.methods.toolweaver.method import QUANTIZER_TASK, ToolWeaverMethod, normalise
 from components.methods.toolweaver.model import RQVAE, QuantizerConfig, balanced_last_level
 from components.methods.toolweaver.params import ToolWeaverParams
-from components.methods.toolweaver.task import COOCCURRENCE, TOOLS, VECTORS
+from components.methods.toolweaver.task import (
+    COOCCURRENCE,
+    TOOLS,
+    VECTORS,
+    QuantizerTask,
+    first_level_sharing,
+)
 from components.metrics import evaluate_retrieval
 from components.training.checkpoints import STAGE_OUTPUT
 from components.training.plain import train_in_process
@@ -170,12 +176,57 @@ def test_the_collision_pass_says_when_codebooks_are_too_small(tmp_path):
 
 
 def test_quantizer_save_load_round_trip(tmp_path):
+    # The model saved is the one built here (not itself a reload, which would lose what a reload
+    # loses on both sides): standardised on shifted data, codebooks from k-means.
     x = hierarchical_vectors(groups=3, members=3, seed=4)
-    model, _ = train_quantizer(tmp_path, x, levels=2, codebook_size=8)
+    model = RQVAE(QuantizerConfig(x.shape[1], (8,), 4, levels=2, codebook_size=8))
+    model.fit_scaling(torch.as_tensor(x) * 3 + 1)
+    model.init_codebooks(torch.as_tensor(x), 5, seed=0)
     model.save(str(tmp_path / "q"))
     again = RQVAE.load(str(tmp_path / "q"))
+    state, loaded = model.state_dict(), again.state_dict()
+    assert state.keys() == loaded.keys() and all(torch.equal(state[k], loaded[k]) for k in state)
     assert (assign(model, x, 0.003) == assign(again, x, 0.003)).all()
     assert {f.suffix for f in (tmp_path / "q").iterdir()} == {".json", ".safetensors"}
+
+
+def test_codebooks_larger_than_the_batch_start_with_every_code_distinct(tmp_path):
+    # k-means on one batch of 8 rows into K = 32 codes left 24 empty clusters, reset to copies of
+    # those rows, which the nearest-code tie-break never picks: dead codes from the start.
+    x = hierarchical_vectors(groups=6, members=6, seed=5)  # 108 tools
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    np.save(inputs / VECTORS, x)
+    sp.save_npz(inputs / COOCCURRENCE, sp.csr_matrix((len(x), len(x))))
+    params = ToolWeaverParams(hidden_dims=(32,), latent_dim=16, levels=2, codebook_size=32)
+    config = StageConfig(
+        task=QUANTIZER_TASK,
+        stage="codes",
+        params=params,
+        inputs=StageInputs(dataset=None, init_dir=str(inputs)),
+        epochs=1,
+        lr=1e-3,
+        batch_size=8,
+        score="valid_score",
+    )
+    model = QuantizerTask(config).build_model()
+    assert len(torch.unique(model.codebooks[0], dim=0)) == 32
+
+
+def test_cold_start_collisions_count_each_tool_once():
+    new = np.array([[1, 2], [1, 2], [3, 4], [5, 6]])  # twins, then one on a taken code, one free
+    # Before: the twins on a taken code counted 2 (taken) + 1 (shared) for 2 tools.
+    assert collided(new, taken=[(3, 4), (1, 2)]) == 3
+    assert collided(new, taken=[(3, 4)]) == 3
+    assert collided(new[2:], taken=[]) == 0 and collided(new[:0], taken=[(1, 2)]) == 0
+
+
+def test_first_level_sharing_weighs_each_pair_by_both_directions():
+    # Row-normalised co-occurrence (D^-1 A) is not symmetric: pair (0, 1) weighs 1 from tool 0 and
+    # 0.2 from tool 1. Each pair now weighs the mean of both: (0,1) 0.6 shared, (1,2) 0.9 not.
+    weights = sp.csr_matrix(np.array([[0, 1.0, 0], [0.2, 0, 0.8], [0, 1.0, 0]]))
+    codes = np.array([[0, 0], [0, 1], [1, 0]])
+    assert first_level_sharing(codes, weights) == pytest.approx(0.6 / 1.5)  # was 1 / 1.8
 
 
 def test_cooccurrence_normalisations():

@@ -10,7 +10,7 @@ tools (cold start) are assigned the same way against the codes already taken.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +35,19 @@ def collision_rate(codes: np.ndarray) -> float:
         return 0.0
     _, inverse, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
     return float((counts[inverse.reshape(-1)] > 1).mean())
+
+
+def collided(codes: np.ndarray, taken: Iterable[tuple[int, ...]] = ()) -> int:
+    """How many of ``codes`` are in ``taken`` or another row's too (each row counted once, as
+    :func:`collision_rate` counts): the tools the collision pass has to look at."""
+    if len(codes) == 0:
+        return 0
+    used = {tuple(int(c) for c in code) for code in taken}
+    _, inverse, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
+    shared = counts[inverse.reshape(-1)] > 1
+    return int(
+        sum(bool(s) or tuple(int(c) for c in code) in used for code, s in zip(codes, shared, strict=True))
+    )
 
 
 def _free(prefix: tuple[int, ...], order: list[int], used: set[tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -70,6 +83,7 @@ def resolve_collisions(
     codes: np.ndarray,
     taken: Iterable[tuple[int, ...]] = (),
     fallback_prefixes: int | None = None,
+    names: Sequence[str] | None = None,
 ) -> np.ndarray:
     """``codes`` with every full code unique (also against ``taken``, the codes already in use).
 
@@ -79,6 +93,9 @@ def resolve_collisions(
     ``fallback_prefixes`` nearest, or all of them by default), else, changing ever higher levels,
     to the nearest free code below the longest prefix of their own that still has one: while the
     catalog fits in the K^L addresses every tool finds one.
+
+    Args:
+        names: The tools' ids, row by row, for the error (else their row numbers).
 
     Raises:
         ValueError: A tool found no free address (more tools than addresses).
@@ -91,6 +108,7 @@ def resolve_collisions(
     last = residuals[-1]
     fit = squared_distances(last, model.codebooks[-1]).gather(1, torch.as_tensor(codes[:, -1:])).squeeze(1)
     used = {tuple(int(c) for c in code) for code in taken}
+    in_use = len(used)
     groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
     for i, code in enumerate(codes):
         groups[tuple(int(c) for c in code)].append(i)
@@ -112,9 +130,11 @@ def resolve_collisions(
             if new is not None:
                 break
         if new is None:
+            tool = f"tool {names[i]!r}" if names is not None else f"tool row {i}"
             raise ValueError(
-                f"no free code for tool row {i}: every one of the {model.config.codebook_size}^{levels} "
-                f"addresses is in use ({len(codes)} tools coded here); raise codebook_size or levels"
+                f"no free code for {tool}: every one of the {model.config.codebook_size}^{levels} "
+                f"addresses is in use ({in_use} already taken + {len(codes)} coded here); "
+                "raise codebook_size or levels"
             )
         used.add(new)
         codes[i] = new

@@ -36,7 +36,7 @@ from components.generative.bundle import load_bundle, save_bundle
 from components.generative.lm import lm_spec_from
 from components.generative.tool_tokens import add_code_tokens, init_code_rows
 from components.methods.codelm import CodeLMMethod
-from components.methods.toolweaver.codes import assign, collision_rate, resolve_collisions
+from components.methods.toolweaver.codes import assign, collided, collision_rate, resolve_collisions
 from components.methods.toolweaver.model import RQVAE
 from components.methods.toolweaver.params import STAGES, ToolWeaverParams
 from components.methods.toolweaver.task import COOCCURRENCE, TOOLS, VECTORS, first_level_sharing
@@ -210,13 +210,8 @@ class ToolWeaverMethod(CodeLMMethod):
         texts = list(td.tool_documents(corpus, new, self.params.tool_fields).values())
         vectors = embed_local(self._encoder, texts)
         codes = assign(self.quantizer, vectors)  # nearest codes: a few tools cannot be balanced
-        used = set(taken)
-        clashes = (
-            sum(tuple(int(c) for c in code) in used for code in codes)
-            + len(codes)
-            - len(np.unique(codes, axis=0))
-        )
-        codes = resolve_collisions(self.quantizer, vectors, codes, taken)
+        clashes = collided(codes, taken)  # once per tool: never more than the tools added
+        codes = resolve_collisions(self.quantizer, vectors, codes, taken, names=new)
         for tool, code in zip(new, codes, strict=True):
             self.codebook.add(tool, [ids[level][int(c)] for level, c in enumerate(code)])
             self.tool_codes[tool] = tuple(int(c) for c in code)
@@ -226,7 +221,11 @@ class ToolWeaverMethod(CodeLMMethod):
 
     def untrained_dir(self) -> str:
         """The LM with its code tokens added, before memorization."""
-        assert self.coded_dir is not None, "toolweaver: no LM stage has run"
+        if self.coded_dir is None:
+            raise RuntimeError(
+                "toolweaver: the LM before memorization exists only in the process that trained it "
+                "(no LM stage has run here; a loaded artifact does not keep it)"
+            )
         return self.coded_dir
 
     def share_codes(self, trained: CodeLMMethod) -> None:

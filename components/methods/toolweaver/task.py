@@ -27,8 +27,11 @@ TOOLS = "tools.json"
 
 
 def first_level_sharing(codes: np.ndarray, weights: sp.csr_matrix) -> float:
-    """Weighted share of co-used tool pairs (A_uv > 0, u ≠ v) whose first-level codes agree."""
-    coo = sp.triu(weights, k=1).tocoo()
+    """Weighted share of co-used tool pairs (A_uv > 0, u ≠ v) whose first-level codes agree.
+
+    A pair weighs (A_uv + A_vu) / 2: the row normalisation (D^-1 A) is not symmetric, and the upper
+    triangle alone weighed each pair by whichever of its tools came first in catalog order."""
+    coo = sp.triu((weights + weights.T) / 2, k=1).tocoo()
     if coo.nnz == 0:
         return 0.0
     same = codes[coo.row, 0] == codes[coo.col, 0]
@@ -61,9 +64,11 @@ class QuantizerTask(StageTask):
         )
         model.fit_scaling(self.vectors)
         # The paper's k-means initialisation on the first batch; seeded, so every DDP worker
-        # computes the same codebooks.
+        # computes the same codebooks. At least K rows: k-means on fewer than K has empty clusters,
+        # reset to copies of data rows that the tie-break never picks (codes dead from the start).
         generator = torch.Generator().manual_seed(int(self.config.seed))
-        first = torch.randperm(len(self.vectors), generator=generator)[: int(self.config.batch_size)]
+        rows = max(int(self.config.batch_size), p.codebook_size)
+        first = torch.randperm(len(self.vectors), generator=generator)[:rows]
         model.init_codebooks(self.vectors[first], p.kmeans_iters, int(self.config.seed))
         return model
 
