@@ -17,9 +17,9 @@ TOOLLENS = Path(
 # Ray Train's local mode (``train.num_workers: 0``): the shared fixtures' stages run in the test
 # process through the same TorchTrainer and loop, without the worker start-up that dominates a
 # small stage on 2 cores (benchmarks/results/train_local_mode.md). Worker actors are tested where
-# they are the point: tests/training/test_runner.py (1 and 2 workers, DDP, FSDP, a killed worker, a
-# local run resumed on a worker and then killed), S3 storage in tests/workflows/test_s3.py, query
-# generation's alignment (an LM stage), and every Ray Tune trial.
+# they are the point: tests/training/test_runner.py (1 and 2 workers, FSDP, a killed worker, a
+# local run resumed on a worker and then killed), two DDP workers on S3 storage in
+# tests/workflows/test_s3.py, query generation's alignment (an LM stage), and every Ray Tune trial.
 LOCAL_MODE = {"num_workers": 0}
 
 # Ray Train starts a preemption watcher actor (one more process importing Ray) with every worker

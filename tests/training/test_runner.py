@@ -1,4 +1,5 @@
-"""Ray Train stage runs: per-epoch checkpoints, best-checkpoint choice, resume, and 2 workers."""
+"""Ray Train stage runs: per-epoch checkpoints, best-checkpoint choice, resume, and 2 FSDP workers
+(two DDP workers: tests/workflows/test_s3.py, with checkpoints on S3)."""
 
 from __future__ import annotations
 
@@ -140,14 +141,6 @@ def test_local_mode_refuses_what_needs_a_worker(ray_session, small_quickstart, t
     with pytest.raises(ValueError, match="local mode"):
         launch(small_quickstart, tmp_path, "local-chaos", epochs=2, workers=0, chaos=chaos)
     assert not os.path.exists(chaos.marker)
-
-
-def test_two_gloo_workers_match_one_worker(runs, small_quickstart, tmp_path):
-    one, _ = runs["straight"]  # the same 4 epochs in one process
-    two, _ = launch(small_quickstart, tmp_path, "two", epochs=4, workers=2)
-    a, b = one.metrics["valid_ndcg@3"], two.metrics["valid_ndcg@3"]
-    assert b == pytest.approx(a, abs=0.1), (a, b)
-    assert b > 0.2, (a, b)  # an untrained model scores about 0.1 here
 
 
 def test_two_fsdp_workers_train_and_checkpoint_the_whole_model(ray_session, small_quickstart, tmp_path):
