@@ -13,6 +13,7 @@ checkpoint that fails is passed over, so a resume falls back to the newest compl
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Callable
@@ -24,6 +25,15 @@ from components.training.state import OPTIMIZER_META, OPTIMIZER_TENSORS, TRAINER
 MODEL_STATE = "model_state.safetensors"
 STAGE_OUTPUT = "model"  # sub-directory of each checkpoint holding the task's reloadable model
 REQUIRED = (MODEL_STATE, OPTIMIZER_META, OPTIMIZER_TENSORS, TRAINER_STATE, STAGE_OUTPUT)
+
+
+def file_sizes(directory: str) -> dict[str, int]:
+    """Size of every file under a local checkpoint ``directory``, by its path relative to it."""
+    return {
+        os.path.relpath(os.path.join(root, name), directory): os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
 
 
 def run_dir(storage_path: str, run_name: str) -> str:
@@ -53,15 +63,34 @@ def persisted(
         try:
             with fs.open(f"{path.rstrip('/')}/{TRAINER_STATE}") as f:
                 state = json.load(f)
-            files_complete = all(_complete(fs, file) for file in fs.find(path))
+            stored = fs.find(path, detail=True)
+            files_complete = all(_complete(fs, file) for file in stored)
         except (OSError, ValueError):  # truncated or unreadable: not a checkpoint to trust
             continue
-        if not files_complete or not {"epoch", "history"} <= set(state):
+        if (
+            not files_complete
+            or not {"epoch", "history"} <= set(state)
+            or not _all_listed(path, stored, state)
+        ):
             continue
         found.append(
             (path if not io.is_remote(storage_path) else f"{storage_path.split('://')[0]}://{path}", state)
         )
     return sorted(found, key=lambda item: item[1]["epoch"])
+
+
+def _all_listed(path: str, stored: dict[str, Any], state: dict[str, Any]) -> bool:
+    """Whether every file the trainer state lists is stored, at the size it was written with.
+
+    A checkpoint's files reach storage in no set order, so one cut short can lack whole files
+    (the weights under ``model/``, the RNG state) while every file it has is whole. Checkpoints
+    written before the list existed pass (their other checks still apply)."""
+    listed = state.get("files")
+    if listed is None:
+        return True
+    root = path.rstrip("/")
+    sizes = {name[len(root) + 1 :]: info.get("size") for name, info in stored.items()}
+    return all(sizes.get(name.replace(os.sep, "/")) == size for name, size in listed.items())
 
 
 def _complete(fs: Any, path: str) -> bool:
@@ -95,15 +124,25 @@ def latest(storage_path: str, run_name: str, storage_options: dict | None = None
     return found[-1] if found else None
 
 
-def _rank(score: str) -> Callable[[tuple[str, dict]], tuple[float, int]]:
-    """Sort key of a :func:`persisted` checkpoint: its own epoch's ``score``, the earlier epoch on a tie."""
-    return lambda item: (item[1]["history"][-1][score], -item[1]["epoch"])
+def _rank(score: str) -> Callable[[tuple[str, dict]], tuple[bool, float, int]]:
+    """Sort key of a :func:`persisted` checkpoint: its own epoch's ``score``, NaN below every number
+    (as Ray ranks it; compared as is, a NaN epoch could win and the real best be pruned), the
+    earlier epoch on a tie."""
+
+    def key(item: tuple[str, dict]) -> tuple[bool, float, int]:
+        value = float(item[1]["history"][-1][score])
+        return (not math.isnan(value), value if not math.isnan(value) else 0.0, -item[1]["epoch"])
+
+    return key
 
 
 def best_of(found: list[tuple[str, dict]], score: str) -> tuple[str, dict]:
     """Of :func:`persisted` checkpoints, the one whose own epoch scored highest on ``score``."""
     if not found:
-        raise FileNotFoundError("no complete checkpoint found for this run")
+        raise FileNotFoundError(
+            "no complete checkpoint found for this run (on a cluster, storage_path must be storage "
+            "every node reaches: a node-local path leaves each worker's checkpoints on its own disk)"
+        )
     return max(found, key=_rank(score))
 
 

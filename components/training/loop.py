@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from components.training.batches import EvenBatches
-from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT, persist
+from components.training.checkpoints import MODEL_STATE, STAGE_OUTPUT, file_sizes, persist
 from components.training.parallel import (
     WholeModel,
     clip_gradients,
@@ -87,9 +87,11 @@ def save_checkpoint(
 ) -> None:
     save_model(model, os.path.join(path, MODEL_STATE))
     write_optimizer(optimizer_state, path)
-    save_trainer_state(path, epoch, history, settings)
     save_rng_state(path)
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
+    # Last, listing every file above: an upload cut short (Ray copies the files in no set order)
+    # that lost a whole file, the model's weights or the RNG state, is then not taken as complete.
+    save_trainer_state(path, epoch, history, settings, file_sizes(path))
 
 
 def build_model(task: StageTask, config: StageConfig) -> torch.nn.Module:

@@ -88,12 +88,20 @@ def read_optimizer(path: str) -> dict[str, Any]:
 
 
 def save_trainer_state(
-    path: str, epoch: int, history: list[dict[str, float]], settings: str | None = None
+    path: str,
+    epoch: int,
+    history: list[dict[str, float]],
+    settings: str | None = None,
+    files: dict[str, int] | None = None,
 ) -> None:
-    """The epoch just finished, the metrics of every epoch so far and the settings' fingerprint."""
+    """The epoch just finished, the metrics of every epoch so far, the settings' fingerprint and
+    ``files``, the size of every other file of the checkpoint by its relative path (a copy missing
+    one is then told from a whole one, see :func:`components.training.checkpoints.persisted`)."""
     state: dict[str, Any] = {"epoch": epoch, "history": history}
     if settings is not None:
         state["settings"] = settings
+    if files is not None:
+        state["files"] = files
     with open(os.path.join(path, TRAINER_STATE), "w") as f:
         json.dump(state, f, indent=1)
 

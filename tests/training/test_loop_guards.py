@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from components.encoders.retriever import BiEncoderParams
-from components.training.checkpoints import latest, persisted
+from components.training.checkpoints import best_of, file_sizes, latest, persisted, prune
 from components.training.loop import make_loader, run_epoch
 from components.training.resume import check_resumable, settings_fingerprint
 from components.training.spec import StageConfig, StageInputs
@@ -111,17 +111,62 @@ def test_an_epoch_trains_on_every_example_the_last_batch_smaller():
     assert sorted(task.seen) == list(range(10))
 
 
-def write_checkpoint(root, name, epoch, state_text=None, model_files=("weights.safetensors",)):
-    path = root / "run" / name
+def write_checkpoint(
+    root,
+    name,
+    epoch,
+    state_text=None,
+    model_files=("weights.safetensors",),
+    score=None,
+    run="run",
+    listed=False,
+):
+    """A checkpoint as the loop writes it; ``listed``: its trainer state lists the other files."""
+    path = root / run / name
     (path / "model").mkdir(parents=True)
-    for f in ("model_state.safetensors", "optimizer.safetensors"):
+    for f in ("model_state.safetensors", "optimizer.safetensors", "rng_state.safetensors"):
         save_file({"w": torch.ones(4, 3)}, str(path / f))
     (path / "optimizer.json").write_text(json.dumps({"state": {}, "param_groups": []}))
     for f in model_files:
         save_file({"w": torch.ones(2)}, str(path / "model" / f))
-    text = state_text if state_text is not None else json.dumps({"epoch": epoch, "history": [{"s": epoch}]})
+    state = {"epoch": epoch, "history": [{"s": epoch if score is None else score}]}
+    if listed:
+        state["files"] = file_sizes(str(path))
+    text = state_text if state_text is not None else json.dumps(state)
     (path / "trainer_state.json").write_text(text)
     return path
+
+
+@pytest.mark.parametrize("lost", ["model/weights.safetensors", "rng_state.safetensors"])
+def test_a_checkpoint_missing_a_whole_file_is_passed_over(tmp_path, lost):
+    # Every file it has is whole, but the upload was cut before one arrived: resumed from, it lost
+    # the RNG state silently, or handed the next stage a model directory without weights.
+    write_checkpoint(tmp_path, "checkpoint_a", 0, listed=True)
+    path = write_checkpoint(
+        tmp_path, "checkpoint_b", 1, model_files=("meta.safetensors", "weights.safetensors"), listed=True
+    )
+    (path / lost).unlink()
+    assert [os.path.basename(p) for p, _ in persisted(str(tmp_path), "run")] == ["checkpoint_a"]
+
+
+def test_a_nan_epoch_is_never_the_best_nor_keeps_the_best_from_being_kept(tmp_path):
+    for epoch, score in enumerate([float("nan"), 0.9, 0.5]):
+        write_checkpoint(tmp_path, f"checkpoint_{epoch}", epoch, score=score)
+    found = persisted(str(tmp_path), "run")
+    assert best_of(found, "s")[1]["epoch"] == 1
+    # Keep one (and the newest, for a resume): before, the NaN epoch 0 was kept and the best deleted.
+    assert [state["epoch"] for _, state in prune(found, 1, "s")] == [1, 2]
+
+
+def test_a_finished_run_restarted_with_fewer_epochs_is_refused(tmp_path):
+    from components.training.runner import run_stage
+    from components.training.spec import RunSpec
+
+    # Nothing would train, and the best of its 6 epochs came back as a 3-epoch model.
+    write_checkpoint(tmp_path, "checkpoint_5", 5, run="r-contrastive")
+    run = RunSpec(name="r", storage_path=str(tmp_path), num_workers=0)
+    with pytest.raises(ValueError, match="already hold 6 epochs, more than the 3 asked for"):
+        run_stage(stage(epochs=3), run)
 
 
 def test_persisted_skips_truncated_or_partial_checkpoints(tmp_path):
