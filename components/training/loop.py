@@ -39,7 +39,7 @@ from components.training.parallel import (
     sharded,
     unwrap,
 )
-from components.training.resume import resume_checkpoint, settings_fingerprint
+from components.training.resume import resume_checkpoint, settings_fingerprint, settings_values
 from components.training.spec import StageConfig, import_object
 from components.training.state import (
     load_rng_state,
@@ -84,6 +84,7 @@ def save_checkpoint(
     epoch: int,
     history: list[dict],
     settings: str | None = None,
+    values: Any = None,
 ) -> None:
     save_model(model, os.path.join(path, MODEL_STATE))
     write_optimizer(optimizer_state, path)
@@ -91,7 +92,7 @@ def save_checkpoint(
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
     # Last, listing every file above: an upload cut short (Ray copies the files in no set order)
     # that lost a whole file, the model's weights or the RNG state, is then not taken as complete.
-    save_trainer_state(path, epoch, history, settings, file_sizes(path))
+    save_trainer_state(path, epoch, history, settings, file_sizes(path), values)
 
 
 def build_model(task: StageTask, config: StageConfig) -> torch.nn.Module:
@@ -235,7 +236,7 @@ def _train(config: StageConfig) -> None:
     # built on the wrapped model; DDP keeps the same parameters, built before (as ever).
     optimizer = None if fsdp else build_optimizer(model, config, task)
     whole = WholeModel(model, fsdp)
-    settings = settings_fingerprint(config)
+    settings, values = settings_fingerprint(config), settings_values(config)
     start, history = 0, []
     checkpoint = resume_checkpoint(config)
     opened = checkpoint.as_directory() if checkpoint is not None else contextlib.nullcontext()
@@ -273,7 +274,7 @@ def _train(config: StageConfig) -> None:
             saved = whole(model)  # every rank: gathering FSDP's shards is a collective
             moments = optimizer_state(model, optimizer)  # a collective too, under FSDP
             if rank == 0:
-                save_checkpoint(tmp, saved, moments, task, epoch, history, settings)
+                save_checkpoint(tmp, saved, moments, task, epoch, history, settings, values)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
                 if config.local:

@@ -59,7 +59,13 @@ RESUMABLE_KEYS = frozenset(
 
 
 def settings_fingerprint(config: StageConfig | dict[str, Any]) -> str:
-    """A hash of the stage's JSON-valued settings, saved with each checkpoint.
+    """A hash of the stage's JSON-valued settings (:func:`settings_values`), saved with each
+    checkpoint, with the values themselves (so a refusal can name what changed)."""
+    return hashlib.sha256(json.dumps(settings_values(config), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def settings_values(config: StageConfig | dict[str, Any]) -> Any:
+    """The stage's JSON-valued settings, as :func:`settings_fingerprint` hashes them.
 
     Resuming a run under the same name with other settings (another learning rate, model size,
     starting model) would silently continue the old run; run_stage refuses instead. Values that are
@@ -84,14 +90,27 @@ def settings_fingerprint(config: StageConfig | dict[str, Any]) -> str:
             return value
         return _SKIP
 
-    return hashlib.sha256(json.dumps(plain(config), sort_keys=True).encode()).hexdigest()[:16]
+    return plain(config)
+
+
+def _dotted(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _dotted(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
 
 
 def check_resumable(state: dict[str, Any], config: StageConfig) -> None:
-    """Raise if a checkpoint was written by a run with other settings (see :func:`settings_fingerprint`)."""
+    """Raise if a checkpoint was written by a run with other settings (see :func:`settings_fingerprint`),
+    naming the settings that differ when the checkpoint kept them."""
     saved = state.get("settings")
-    if saved is not None and saved != settings_fingerprint(config):
-        raise ValueError(
-            f"run {config.run_name!r} has checkpoints from other settings; resuming would continue "
-            "that run. Use a new train.run_name (or remove the old run) to start afresh."
-        )
+    if saved is None or saved == settings_fingerprint(config):
+        return
+    differ = ""
+    if state.get("settings_values") is not None:
+        old, new = _dotted(state["settings_values"]), _dotted(settings_values(config))
+        keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        differ = f" ({', '.join(keys)} differ)"
+    raise ValueError(
+        f"run {config.run_name!r} has checkpoints from other settings{differ}; resuming would continue "
+        "that run. Use a new train.run_name (or remove the old run) to start afresh."
+    )

@@ -93,6 +93,7 @@ def save_trainer_state(
     history: list[dict[str, float]],
     settings: str | None = None,
     files: dict[str, int] | None = None,
+    settings_values: Any = None,
 ) -> None:
     """The epoch just finished, the metrics of every epoch so far, the settings' fingerprint and
     ``files``, the size of every other file of the checkpoint by its relative path (a copy missing
@@ -100,6 +101,8 @@ def save_trainer_state(
     state: dict[str, Any] = {"epoch": epoch, "history": history}
     if settings is not None:
         state["settings"] = settings
+    if settings_values is not None:
+        state["settings_values"] = settings_values
     if files is not None:
         state["files"] = files
     with open(os.path.join(path, TRAINER_STATE), "w") as f:

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from components.encoders.retriever import BiEncoderParams
 from components.training.checkpoints import best_of, file_sizes, latest, persisted, prune
 from components.training.loop import make_loader, run_epoch
-from components.training.resume import check_resumable, settings_fingerprint
+from components.training.resume import check_resumable, settings_fingerprint, settings_values
 from components.training.spec import StageConfig, StageInputs
 from components.training.task import StageTask
 
@@ -54,6 +54,10 @@ def test_fingerprint_ignores_resumable_and_non_json_settings():
     check_resumable({"settings": settings_fingerprint(base)}, same)
     with pytest.raises(ValueError, match="other settings"):
         check_resumable({"settings": settings_fingerprint(base)}, stage(lr=2e-3))
+    # Checkpoints keep the values too: the refusal names what changed.
+    kept = {"settings": settings_fingerprint(base), "settings_values": settings_values(base)}
+    with pytest.raises(ValueError, match=r"other settings \(lr, params.encoder.hidden_size differ\)"):
+        check_resumable(kept, stage(lr=2e-3, params=BiEncoderParams(encoder={"hidden_size": 128}, epochs=2)))
 
 
 def test_stage_config_rejects_bad_settings():

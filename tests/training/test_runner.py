@@ -119,7 +119,7 @@ def test_resumed_run_trains_exactly_like_an_uninterrupted_one(runs):
 
 def test_restarted_run_with_other_settings_is_refused(runs, small_quickstart):
     # Refused on the driver, before any worker starts: the run's checkpoints were made with lr 2e-3.
-    with pytest.raises(Exception, match="has checkpoints from other settings"):
+    with pytest.raises(Exception, match=r"has checkpoints from other settings \(lr, params.lr differ\)"):
         launch(small_quickstart, runs["root"], "split", epochs=4, lr=1e-3)
 
 
