@@ -133,7 +133,10 @@ class RetrieverModel:
 
     @staticmethod
     def _rankings(results: dict[str, dict[str, float]], n: int, k: int) -> list[Ranking]:
-        return [sorted(results.get(str(i), {}).items(), key=lambda item: -item[1])[:k] for i in range(n)]
+        # Ties broken by tool id, as evaluation ranks (components.metrics.ranked): the ranking
+        # served is the one the committed figures scored (BM25 ties often, e.g. at the cut-off).
+        order = lambda item: (-item[1], item[0])  # noqa: E731 (the key, named once)
+        return [sorted(results.get(str(i), {}).items(), key=order)[:k] for i in range(n)]
 
     def size(self) -> int:
         return len(self.method.tool_ids)
