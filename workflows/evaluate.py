@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 
 from components import methods
-from components.config import as_list
+from components.config import ConfigError, as_list
 from components.data import Dataset, dataset_from_config, io
 from components.methods.base import Method
 from components.metrics import DEFAULT_KS, detection_metrics, evaluate_retrieval
-from components.registry import resolve
+from components.registry import ModelRegistry, RegistrySettings, resolve_version
+from components.registry.splits import splits_differ
 from workflows.train import model_name
 
 
@@ -78,9 +79,23 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
         if not cfg.get("method", {}).get("name"):
             raise ValueError("evaluate: pass --artifact (a dir or models:/ URI), or set method.name")
         artifact = f"models:/{model_name(cfg, dataset.name)}/latest"
-    method = methods.load(resolve(artifact, cfg.get("registry")))
+    local, version = resolve_version(artifact, cfg.get("registry"))
+    splits = as_list(ecfg.get("splits", ["valid"]), "evaluate.splits")
+    if version is not None and "valid" in splits:
+        # Valid is carved from train by the config's splits: under other settings than the
+        # version trained with, most of it is queries it trained on, and the score is memorised.
+        differ = splits_differ(
+            ModelRegistry(RegistrySettings.from_config(cfg.get("registry"))), version, cfg.get("splits")
+        )
+        if differ:
+            raise ConfigError(
+                f"evaluate: {artifact} (v{version.number}) was trained with other splits, as "
+                f"(trained with, given): {differ}; its valid split would hold queries it trained on. "
+                "Set splits to those it was trained with"
+            )
+    method = methods.load(local)
     rows = []
-    for split in as_list(ecfg.get("splits", ["valid"]), "evaluate.splits"):
+    for split in splits:
         rows.append(
             {
                 "method": method.name,

@@ -125,6 +125,11 @@ def test_train_then_evaluate(ray_session, tiny_dataset, tmp_path):
     assert runner.invoke(app, args).exit_code == 0
     report = json.loads(out.read_text())
     assert report["results"][0]["split"] == "valid"  # valid unless asked for test
+    # Valid carved with another fraction (or seed) is partly the version's training queries: refused.
+    result = runner.invoke(app, [*args[:5], "splits.valid_fraction=0.5", reg])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "was trained with other splits" in said, said
+    assert "'valid_fraction': (0.1, 0.5)" in said
     # A split the data does not have, on a real artifact: the error names it and what there is.
     args = ["evaluate", "--data", str(tiny_dataset), "--split", "nope", "--artifact", "models:/tiny-bm25/1"]
     result = runner.invoke(app, [*args, reg])

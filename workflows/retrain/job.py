@@ -33,8 +33,9 @@ from components.data.beir import write_beir
 from components.data.loader import load_dataset
 from components.data.prepared import is_prepared
 from components.data.rejects import DatasetError, RejectLog
-from components.data.splits import split_settings, splits_from_config
+from components.data.splits import splits_from_config
 from components.registry import ChampionMoved, LockHeld, ModelRegistry, RegistrySettings, RetrainLock
+from components.registry.splits import splits_differ
 from workflows.retrain.gate import GateSettings, decide, measure
 from workflows.retrain.increment import merge, read_increment
 from workflows.train import fit_method, model_name, register, run_spec
@@ -221,14 +222,9 @@ def splits_mismatch(registry: ModelRegistry, champion: Any, splits: dict[str, An
     ``valid_fraction`` and ``seed`` while the base has none), and its no-tool queries are split by
     ``seed`` and ``neg_fractions``: with other settings it holds requests the champion trained on,
     and the gate compares a memorised score with a held-out one."""
-    try:
-        logged = registry.params(champion, "splits")
-    except LookupError:
-        return None  # registered by hand without params, or its run is gone: nothing to compare
-    trained_with, ours = split_settings(logged if isinstance(logged, dict) else None), split_settings(splits)
-    if trained_with == ours:
+    differ = splits_differ(registry, champion, splits)
+    if differ is None:
         return None
-    differ = {k: (trained_with[k], ours[k]) for k in ours if trained_with[k] != ours[k]}
     return (
         f"splits differ from the champion's (v{champion.number}), as (champion, this round): "
         f"{differ}; its holdout would hold requests the champion trained on. Set splits to the "
