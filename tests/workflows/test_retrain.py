@@ -517,3 +517,28 @@ def test_an_increment_judging_a_base_query_is_told_why_and_repeated_no_tool_text
     reasons = [r.reason for r in log.rejects if r.file == "qrels/train.tsv"]
     assert f"query-id {old!r} is a base query; an increment judges only its own new queries" in reasons
     assert inc.neg_queries == ["tell me a joke about cats", "what is your name"]
+
+
+class AlwaysNeedsATool:
+    """A detecting method that says every request needs a tool (what the gate counts is the point)."""
+
+    capabilities = frozenset({"detect"})
+    detect_threshold = 0.5
+    tool_ids = ("t",)
+
+    def retrieve(self, queries, k):
+        return {q: {"t": 1.0} for q in queries}
+
+    def detect(self, queries):
+        return {q: 0.9 for q in queries}
+
+
+def test_the_gate_counts_as_needing_a_tool_only_queries_with_a_relevant_one():
+    # As evaluation counts: a holdout query judged only irrelevant says nothing about needing a tool.
+    # Before, it was a positive, so this model scored 2/3 (it is right on one of its two requests).
+    from workflows.retrain.gate import GateSettings, measure
+
+    holdout = {"q1": {"t": 1}, "q2": {"t": 0}}
+    queries = {"q1": "weather in Paris", "q2": "what is the time"}
+    m = measure(AlwaysNeedsATool(), holdout, queries, ["hello"], {"t"}, [], GateSettings.from_config({}))
+    assert m.metrics["detect_accuracy"] == 0.5

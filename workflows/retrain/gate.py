@@ -24,7 +24,13 @@ import numpy as np
 
 from components.data.types import Qrels
 from components.methods.base import Method
-from components.metrics import detection_metrics, evaluate_retrieval, paired_bootstrap, per_query
+from components.metrics import (
+    detection_metrics,
+    evaluate_retrieval,
+    paired_bootstrap,
+    per_query,
+    relevant_tools,
+)
 
 # How deep the gate ranks the holdout: its metric's cut-off cannot go past it.
 GATE_DEPTH = 10
@@ -98,7 +104,7 @@ def measure(
     returned = [t for ranking in results.values() for t in ranking]
     metrics["hallucination_rate"] = float(np.mean([t not in catalog for t in returned])) if returned else 0.0
     if "detect" in method.capabilities and negatives:
-        pos = list(texts.values())
+        pos = [text for q, text in texts.items() if relevant_tools(holdout[q])]  # as evaluation counts
         probs = method.detect({str(i): t for i, t in enumerate(pos + negatives)})
         labels = np.array([1] * len(pos) + [0] * len(negatives))
         scores = np.array([probs[str(i)] for i in range(len(labels))])
