@@ -26,6 +26,8 @@ CAPABILITIES = {
     "exact_scores": "a query's scores do not depend on the k asked for: its top score at any k is "
     "its top-1 score (exhaustive or exact search, no beams or depth-dependent fusion)",
     "generate": "retrieves by generating tool tokens; generate(queries, k, constrained) gives beams",
+    "free_decoding": "retrieve decodes without the trie (decoding: unconstrained) and drops generated "
+    "names that match no tool; generate(queries, k, constrained=False) shows them",
     "candidates": "retrieve(queries, k, candidates) narrows each query to given tools",
     "text_encoders": "text_encoders() -> its TextEncoders (serving runs them on another runtime)",
     "shared_stages": "stage_settings(stage, seed) -> what a stage it caches is keyed by besides the "

@@ -51,6 +51,8 @@ class CodeLMMethod(CodeLMStages):
 
     def __init__(self, **params: Any) -> None:
         self.params = self.params_class(**params)
+        if self.params.decoding == "unconstrained":  # declared per instance: it is a setting
+            self.capabilities = type(self).capabilities | {"free_decoding"}
         self.stage_dirs: dict[str, str] = {}  # each stage's model on this machine
         self._stage_sources: dict[str, str] = {}  # the same, where workers read it (see inputs.share)
         self.report: dict[str, Any] = {}

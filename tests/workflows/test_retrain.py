@@ -542,3 +542,36 @@ def test_the_gate_counts_as_needing_a_tool_only_queries_with_a_relevant_one():
     queries = {"q1": "weather in Paris", "q2": "what is the time"}
     m = measure(AlwaysNeedsATool(), holdout, queries, ["hello"], {"t"}, [], GateSettings.from_config({}))
     assert m.metrics["detect_accuracy"] == 0.5
+
+
+class FreeDecoder:
+    """A method that decodes freely: its answers hold only real tools, its beams name others too."""
+
+    capabilities = frozenset({"generate", "free_decoding"})
+    tool_ids = ("t",)
+
+    def retrieve(self, queries, k):
+        return {q: {"t": 1.0} for q in queries}  # the invented names were dropped
+
+    def generate(self, queries, k, constrained):
+        from components.generative.hallucination import Output
+
+        assert constrained is False
+        return [
+            [Output([1], -0.1, "t"), Output([2], -0.5, None), Output([3], -0.9, "retired")] for _ in queries
+        ]
+
+
+def test_the_gate_counts_the_beams_a_freely_decoding_method_dropped():
+    # Its answers name only real tools, so the returned-ids check always read 0 and the guardrail
+    # max_hallucination_rate passed a model whose beams were mostly invented.
+    from components.methods import build
+    from workflows.retrain.gate import GateSettings, measure
+
+    m = measure(
+        FreeDecoder(), {"q1": {"t": 1}}, {"q1": "weather"}, [], {"t"}, [], GateSettings.from_config({})
+    )
+    assert m.metrics["hallucination_rate"] == pytest.approx(2 / 3)  # None, and a tool not in the catalog
+    # Declared by the setting: a ToolGen that decodes freely says so, a constrained one does not.
+    assert "free_decoding" in build("toolgen", {"decoding": "unconstrained"}).capabilities
+    assert "free_decoding" not in build("toolgen").capabilities

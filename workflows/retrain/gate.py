@@ -6,8 +6,8 @@ bootstrap over queries (:func:`components.metrics.paired_bootstrap`: the interva
 per-query difference lies above 0 at ``level``), and break no guardrail:
 
 - detection accuracy: no more than ``max_detect_drop`` below the champion's (methods with detect);
-- hallucination rate: the share of returned tool ids that are not in the catalog, at most
-  ``max_hallucination_rate``;
+- hallucination rate: the share of returned tool ids that are not in the catalog (for a method
+  that decodes freely, of its generated beams), at most ``max_hallucination_rate``;
 - latency: the challenger's p50 over single-query calls within ``latency_budget_ms``;
 - coverage: at least ``min_new_tool_coverage`` of the increment's new tools in its index.
 
@@ -101,8 +101,7 @@ def measure(
     texts = {q: queries[q] for q in holdout}
     results = method.retrieve(texts, k)
     metrics = evaluate_retrieval(holdout, results, (3, 5, 10))
-    returned = [t for ranking in results.values() for t in ranking]
-    metrics["hallucination_rate"] = float(np.mean([t not in catalog for t in returned])) if returned else 0.0
+    metrics["hallucination_rate"] = hallucination(method, texts, results, catalog, k)
     if "detect" in method.capabilities and negatives:
         pos = [text for q, text in texts.items() if relevant_tools(holdout[q])]  # as evaluation counts
         probs = method.detect({str(i): t for i, t in enumerate(pos + negatives)})
@@ -121,6 +120,21 @@ def measure(
     indexed = set(method.tool_ids)
     metrics["new_tool_coverage"] = float(np.mean([t in indexed for t in new_tools])) if new_tools else 1.0
     return Measurement(metrics, per_query(holdout, results, settings.metric))
+
+
+def hallucination(
+    method: Method, texts: dict[str, str], results: dict[str, dict[str, float]], catalog: set[str], k: int
+) -> float:
+    """Share of what the method answers with that names no catalog tool.
+
+    A method that decodes freely (capability ``free_decoding``) drops the generated names that
+    match no tool before it answers, so its answers alone always scored 0: its beams are counted
+    instead. For any other method, the returned ids outside the catalog."""
+    if "free_decoding" in method.capabilities:
+        beams = [o for outputs in method.generate(texts, k, constrained=False) for o in outputs]
+        return float(np.mean([o.tool is None or o.tool not in catalog for o in beams])) if beams else 0.0
+    returned = [t for ranking in results.values() for t in ranking]
+    return float(np.mean([t not in catalog for t in returned])) if returned else 0.0
 
 
 @dataclass
