@@ -163,8 +163,15 @@ def training_graphs(dataset: Dataset) -> dict[str, SparseGraph]:
     """
     if dataset.graphs:
         qt = dataset.graphs.get("query_tool")
+        if qt is None:
+            # Nothing to check the others against (the co-occurrence could be stale), and the
+            # graph methods would fail on a bare KeyError.
+            raise ValueError(
+                f"{dataset.name}: the prepared directory has graphs but no graphs/query_tool.npz "
+                f"(has {sorted(dataset.graphs)}); re-run toolscout preprocess"
+            )
         wanted = set(training_pairs(dataset))
-        if qt is not None and set(qt.pairs()) != wanted:
+        if set(qt.pairs()) != wanted:
             raise ValueError(
                 f"{dataset.name}: the prepared query_tool graph's {qt.matrix.nnz} edges are not the "
                 f"{len(wanted)} query-tool pairs of the dataset's {GRAPH_SPLIT} qrels; re-run preprocessing"

@@ -310,15 +310,21 @@ def test_detector_separates_tool_queries_from_chitchat(trained, with_negatives):
     assert auroc(labels, scores) > 0.7, (np.mean(list(tool.values())), np.mean(list(chat.values())))
 
 
-def test_one_pass_retrieves_and_detects_as_the_two_calls_do(trained, with_negatives):
+def test_one_pass_over_many_queries_answers_each_as_alone(trained, with_negatives):
+    # retrieve is retrieve_detected's first half, so comparing the two would compare one path with
+    # itself: each query is compared with a call that holds it alone (padding, batch order).
     method = trained[0]
     queries = {**dict(list(with_negatives.split_queries("test").items())[:6]), "chat": "hi, how are you?"}
     found, detected = method.retrieve_detected(queries, 5)
-    alone = method.retrieve(queries, 5)
-    assert {q: list(r) for q, r in found.items()} == {q: list(r) for q, r in alone.items()}
-    for q in queries:
+    for q, text in queries.items():
+        alone, p = method.retrieve_detected({q: text}, 5)
+        assert list(found[q]) == list(alone[q]), q
         assert list(found[q].values()) == pytest.approx(list(alone[q].values()), abs=1e-5)
-    assert detected == pytest.approx(method.detect(queries), abs=1e-6)
+        assert (
+            detected[q]
+            == pytest.approx(p[q], abs=1e-6)
+            == pytest.approx(method.detect({q: text})[q], abs=1e-6)
+        )
     assert method.retrieve_detected({}, 5) == ({}, {})
 
 
@@ -549,6 +555,19 @@ def test_small_pool_with_self_exclusion_gives_finite_gradients(small_quickstart,
     out = model(tokens["input_ids"], tokens["attention_mask"], own)
     (out["scores"].sum() + out["logit"].sum()).backward()
     assert torch.isfinite(model.suim.w_sim.grad).all()
+
+
+def test_a_batch_holding_most_of_the_training_graph_is_warned_about(with_negatives, caplog):
+    # Each step hides its batch's edges: a batch of 256 over a pool of ~240 queries trained on a
+    # graph with no edge left, while inference propagates over all of them.
+    logger = "components.methods.masstool.task"
+    with caplog.at_level("WARNING", logger=logger):
+        MassToolTask(joint_stage(MassToolParams(dim=16, detection_hidden=8), with_negatives, "unused"))
+    assert "hides up to 100% of the" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=logger):
+        MassToolTask(joint_stage(MassToolParams(dim=16, batch_size=16), with_negatives, "unused"))
+    assert "hides" not in caplog.text
 
 
 def test_detection_labels_come_from_where_the_example_came_from(with_negatives, tmp_path):

@@ -250,6 +250,11 @@ def test_masstool_trains_on_the_graphs_preprocess_built(ray_session, tmp_path):
     with pytest.raises(ValueError, match="edges are not the"):
         catalog_cooccurrence(stale, list(prepared.corpus), "none")
     assert catalog_cooccurrence(prepared, list(prepared.corpus), "none").shape == (len(prepared.corpus),) * 2
+    # A prepared directory missing its query_tool graph: said, not a bare KeyError (and the
+    # co-occurrence, with nothing to check it against, is not used unchecked).
+    partial = replace(prepared, graphs={k: v for k, v in prepared.graphs.items() if k != "query_tool"})
+    with pytest.raises(ValueError, match=r"no graphs/query_tool.npz .*re-run toolscout preprocess"):
+        build_graphs(partial)
 
 
 def test_a_bom_and_crlf_line_ends_read_as_the_loader_reads_them_and_an_empty_corpus_is_refused(

@@ -11,6 +11,7 @@ queries (detection negatives). The loss is ``L_retrieval + λ · L_detection + �
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,9 @@ def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor
     return per_pair.sum() / relevant.sum()
 
 
+log = logging.getLogger(__name__)
+
+
 class MassToolTask(StageTask):
     """The joint stage, starting from the semantic stage's bi-encoder (``config.inputs.init_dir``)."""
 
@@ -60,6 +64,18 @@ class MassToolTask(StageTask):
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
         self.graphs = build_graphs(self.data)
         self.tool_index = {t: i for i, t in enumerate(self.graphs.tool_ids)}
+        pool, per_worker = len(self.graphs.query_ids), int(config.batch_size)  # split across workers
+        if self.params.hide_batch_edges and pool and per_worker > pool / 2:
+            # Each step hides its batch's edges (and takes no SUIM neighbour from it): a batch
+            # holding most of the pool trains on a graph with few edges left, or none, while
+            # inference propagates over all of them.
+            log.warning(
+                "masstool: a batch of up to %d queries hides up to %.0f%% of the %d-query training "
+                "graph each step (inference sees all of it); lower the batch size below half the pool",
+                per_worker,
+                100 * min(1.0, per_worker / pool),
+                pool,
+            )
         self._refreshed = False
         self._semantic: torch.Tensor | None = None  # per-example embeddings when the encoder is frozen
 
