@@ -39,19 +39,25 @@ def hash_ngrams(
         order: Longest n-gram.
 
     Returns:
-        ``(ids (B, N), real (B, N) bool)`` with ``N = Σ_n max(L - n + 1, 0)``.
+        ``(ids (B, N), real (B, N) bool)`` with ``N = order · L``: every start position of every
+        order, those that run past the text (or into padding) not real.
     """
     ids, mask = input_ids.long(), attention_mask.bool()
     length = ids.shape[1]
+    # Padded with order - 1 columns outside the text, every order takes all L start positions:
+    # the loop does not depend on L. It did (orders up to min(order, L)), and an ONNX export
+    # traced it with its sample's length, so a shorter batch sliced a negative width and failed in
+    # ONNX Runtime, and orders beyond the sample's length were dropped from every served query.
+    ids = torch.nn.functional.pad(ids, (0, order - 1))
+    mask = torch.nn.functional.pad(mask, (0, order - 1))
     hashed, real = [], []
-    for n in range(1, min(order, length) + 1):
-        width = length - n + 1
-        h = torch.zeros_like(ids[:, :width])
-        keep = torch.ones_like(mask[:, :width])
+    for n in range(1, order + 1):
+        h = torch.zeros_like(ids[:, :length])
+        keep = torch.ones_like(mask[:, :length])
         for k in range(n):
             # int64 wraps on overflow for long n-grams: still deterministic, just another hash.
-            h = h * _BASE + ids[:, k : k + width] + 1
-            keep = keep & mask[:, k : k + width]
+            h = h * _BASE + ids[:, k : k + length] + 1
+            keep = keep & mask[:, k : k + length]
         hashed.append((h + n * _ORDER_SALT).remainder(buckets))
         real.append(keep)
     return torch.cat(hashed, dim=1), torch.cat(real, dim=1)
