@@ -29,6 +29,7 @@ from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, Be
 
 from components.encoders.ngram_bag import TokenNgramBag
 from components.encoders.packaged import PACKAGED_ENCODERS, resolve_encoder
+from components.encoders.sentence_config import checkpoint_pooling
 from components.encoders.tokenizer import train_wordpiece
 
 ENCODER_CONFIG = "encoder.json"
@@ -68,6 +69,8 @@ class EncoderSpec:
         elif self.name_or_path in PACKAGED_ENCODERS:
             # The short name stays (it resolves on each machine, where the package may sit elsewhere).
             self.pooling = self.pooling or PACKAGED_ENCODERS[self.name_or_path].pooling
+        elif self.name_or_path:
+            self.pooling = self.pooling or checkpoint_pooling(self.name_or_path)
         self.pooling = self.pooling or "mean"
         if self.pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
