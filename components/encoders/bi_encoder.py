@@ -116,7 +116,10 @@ def contrastive_loss(
             target are masked out: another tool the same query needs is not a negative.
         temperature: Softmax temperature.
     """
-    logits = query @ keys.T / temperature
+    # In fp32 even under bf16 autocast: at 1/temperature = 20, bf16 rounds logits near 16-20 to
+    # steps of 0.125, so cosines closer than ~0.006 (the hard negatives) looked equal to the loss.
+    with torch.autocast(query.device.type, enabled=False):
+        logits = query.float() @ keys.float().T / temperature
     positive = F.one_hot(target, keys.shape[0]).bool()
     logits = logits.masked_fill(relevant & ~positive, float("-inf"))
     return F.cross_entropy(logits, target)

@@ -144,7 +144,9 @@ class TextEncoder(nn.Module):
         ngrams = None
         if spec.ngram_buckets:
             ngrams = TokenNgramBag(spec.ngram_buckets, int(backbone.config.hidden_size), spec.ngram_order)
-        return cls(backbone, tokenizer, spec.pooling, spec.max_length, ngrams)
+        encoder = cls(backbone, tokenizer, spec.pooling, spec.max_length, ngrams)
+        encoder.tokenize([""])  # a max_length past its positions: said now, not after an epoch
+        return encoder
 
     @property
     def max_positions(self) -> int:

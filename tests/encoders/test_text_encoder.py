@@ -99,6 +99,12 @@ def test_name_or_path_loads_any_hf_checkpoint(tmp_path):
     # Longer inputs than the position table would fail mid-batch with an index error.
     with pytest.raises(ValueError, match="exceeds the backbone's"):
         enc.tokenize(["weather"], max_length=enc.max_positions + 1)
+    # Asked for in the spec, it is refused when the encoder is built: training's collate calls the
+    # tokenizer itself, so the refusal came only at the first validation, after an epoch.
+    with pytest.raises(ValueError, match="exceeds the backbone's"):
+        TextEncoder.from_spec(
+            EncoderSpec(name_or_path=str(tmp_path / "hf"), max_length=enc.max_positions + 1)
+        )
 
 
 def test_max_positions_knows_roberta_offsets_and_scratch_sizes():

@@ -35,6 +35,19 @@ def test_false_negatives_are_masked_out_of_the_loss():
     torch.testing.assert_close(got, (expected_0 + expected_1) / 2)
 
 
+def test_the_loss_under_bf16_autocast_is_the_fp32_loss():
+    # Under bf16 autocast the similarities were a bf16 matmul: logits near 1/temperature rounded to
+    # steps of 0.125, so hard negatives closer than ~0.006 in cosine looked equal to the loss.
+    torch.manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(16, 32), dim=-1)
+    keys = torch.nn.functional.normalize(torch.randn(16, 32), dim=-1)
+    target, relevant = torch.arange(16), torch.eye(16, dtype=torch.bool)
+    exact = contrastive_loss(q, keys, target, relevant, 0.05)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = contrastive_loss(q, keys, target, relevant, 0.05)
+    torch.testing.assert_close(got.float(), exact, atol=1e-6, rtol=1e-6)
+
+
 def test_mixing_uses_text_score_for_tools_without_an_id_vector():
     q = torch.nn.functional.normalize(torch.randn(3, 4), dim=-1)
     tools = torch.nn.functional.normalize(torch.randn(5, 4), dim=-1)
