@@ -104,6 +104,12 @@ class CodeLMParams:
                     f"expected some of {sorted(self.STAGE_KEYS)}"
                 )
             merged[stage] = {**self.DEFAULT_STAGES[stage], **given}
+            cap = merged[stage].get("max_examples")
+            if cap is not None and int(cap) < 1:
+                # 0 meant "none" in some stages and "all" in the agent stage's trajectories.
+                raise ValueError(
+                    f"{self.method}: stages.{stage}.max_examples must be >= 1 (or null: all), got {cap}"
+                )
         self.stages = merged
         self.tool_fields = tuple(self.tool_fields)
         check_select_metric(self.method, self.select_metric)
@@ -114,6 +120,13 @@ class CodeLMParams:
                 f"{self.method}: decoding must be constrained or unconstrained, got {self.decoding!r}"
             )
         check_engine(self.engine, self.method)
+        if self.decoding == "unconstrained" and self.engine == "vllm":
+            # Free generation runs on the LM in this process, which engine vllm does not keep:
+            # every retrieve would fail.
+            raise ValueError(
+                f"{self.method}: decoding unconstrained generates in process; engine vllm keeps no LM "
+                "here (serve it on transformers, or decode constrained on vllm)"
+            )
         if self.engine_dtype not in ("f32", "f16"):
             raise ValueError(f"{self.method}: engine_dtype must be f32 or f16, got {self.engine_dtype!r}")
         check_engine_endpoint(self.engine, self.engine_endpoint, self.method)

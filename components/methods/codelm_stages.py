@@ -102,8 +102,10 @@ class CodeLMStages:
             init = self.initial_model(data, run)
             source = share(init, run, f"{run.name}-init")
         else:
-            init = self.stage_dirs[LM_STAGES[index - 1]]
-            source = self._stage_sources[LM_STAGES[index - 1]]
+            before = LM_STAGES[index - 1]
+            if before not in self.stage_dirs:
+                raise ValueError(f"{self.name}: stage {stage!r} starts from {before!r}; fit {before!r} first")
+            init, source = self.stage_dirs[before], self._stage_sources[before]
         init, source = self.before_stage(stage, init, source, data, run)
         out: dict[str, float] = {"stage_seconds": 0.0}
         epochs = int(self.params.stages[stage]["epochs"])

@@ -112,6 +112,28 @@ def test_a_pretrained_path_skips_building_and_stages_start_from_it(quickstart_12
 def test_select_metric_is_checked_on_the_driver():
     with pytest.raises(ValueError, match="select_metric must be one of"):
         ToolGenMethod(select_metric="mrr")
+    # Free decoding needs the LM in process, which engine vllm does not keep: every retrieve failed.
+    with pytest.raises(ValueError, match="decoding unconstrained generates in process; engine vllm"):
+        ToolGenMethod(
+            decoding="unconstrained",
+            engine="vllm",
+            engine_endpoint={"endpoint": "http://127.0.0.1:9/v1", "model": "m"},
+        )
+    # 0 examples meant none in one stage and every trajectory in the agent stage.
+    with pytest.raises(ValueError, match=r"stages.agent.max_examples must be >= 1 \(or null: all\), got 0"):
+        ToolGenMethod(stages={"agent": {"max_examples": 0}})
+
+
+def test_a_stage_fitted_before_the_one_it_starts_from_is_refused_by_name(quickstart_1200, tmp_path):
+    from components.training.spec import RunSpec
+
+    run = RunSpec(
+        name="early", storage_path=str(tmp_path / "s"), local_dir=str(tmp_path / "l"), num_workers=0
+    )
+    with pytest.raises(
+        ValueError, match="stage 'retrieval' starts from 'memorization'; fit 'memorization' first"
+    ):
+        ToolGenMethod(lm={**TINY_LM}).fit("retrieval", quickstart_1200, run)
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +185,13 @@ def test_the_constraint_makes_every_output_a_real_tool(trained, quickstart_1200)
     results = method.retrieve(queries, 10)
     assert all(len(r) == 10 and set(r) <= set(quickstart_1200.corpus) for r in results.values())
     constrained = method.generate(queries, 5, constrained=True)
-    assert hallucination_rate(constrained) == 0.0
+    # (hallucination_rate of constrained outputs is 0 by how they are built; what the search must
+    # give is a catalog tool per beam, each tool once, best first.)
     assert all(o.tool in quickstart_1200.corpus for beams in constrained for o in beams)
+    assert all(len({o.tool for o in beams}) == len(beams) for beams in constrained)
+    assert all(
+        [o.score for o in beams] == sorted((o.score for o in beams), reverse=True) for beams in constrained
+    )
     free = method.generate(queries, 5, constrained=False)
     assert len(free) == 40 and all(len(b) == method.params.num_beams for b in free)
     # Free decoding may name no tool (a hallucination), but never a tool the catalog lacks.
