@@ -188,6 +188,49 @@ def test_serving_follows_promotions_and_rollbacks_under_load(live, follow_regist
     assert retriever["user_config"]["source"] == "models:/bm25/2"
 
 
+def test_two_followers_at_once_end_on_the_champion_and_neither_undoes_the_other(
+    live, follow_registry, bm25_versions, monkeypatch
+):
+    # A retrain round's --follow and an operator's rollback --follow, run at once: the other
+    # driver's moves are made at the points where they hurt, through the real registry and Serve.
+    import components.serving.swap as swap
+
+    url, args, bodies = live
+    probe, registry = bodies[0], follow_registry
+    followed = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
+    deploy(followed)  # serving v2, as built (the first champion)
+    v3 = registry.log_version("bm25", bm25_versions["default"])  # v1's files as a new version
+    real = swap.deploy_config
+    moves = []
+
+    def other_follower_after(config, *a, **kw):
+        real(config, *a, **kw)  # this follower's swap is in ...
+        if not moves:  # ... when the other promotes v3 and follows it before it can check
+            moves.append(registry.promote("bm25", v3.number))
+            real(swap.swap_artifact(running_config(), "models:/bm25@champion"), others=False)
+
+    registry.promote("bm25", 1)  # champion v1: this follower reads it ...
+    monkeypatch.setattr(swap, "deploy_config", other_follower_after)
+    # Before, it found v3 where it had put v1, "undid" its swap to v2, and raised: serving ended on
+    # neither champion. Now the other deploy stands, and it names what the alias names.
+    assert follow_model("models:/bm25@champion").endswith(f"/bm25/v{v3.number}")
+    assert select(url, probe)["versions"]["retriever"] == f"bm25/v{v3.number}"
+
+    moves.clear()
+
+    def other_follower_before(config, *a, **kw):
+        if not moves:  # the other promotes v2 and follows it before this follower's stale swap lands
+            moves.append(registry.promote("bm25", 2))
+            real(swap.swap_artifact(running_config(), "models:/bm25@champion"), others=False)
+        real(config, *a, **kw)
+
+    registry.promote("bm25", 1)  # champion v1 again: this follower reads it
+    monkeypatch.setattr(swap, "deploy_config", other_follower_before)
+    # Before, it returned v1 and left serving on it while the champion was v2.
+    assert follow_model("models:/bm25@champion").endswith("/bm25/v2")
+    assert select(url, probe)["versions"]["retriever"] == "bm25/v2"
+
+
 def test_a_catalog_changed_under_load_is_reloaded_in_place_and_its_retired_tool_never_served(
     live, serving_data, tmp_path
 ):
@@ -300,46 +343,3 @@ def test_following_a_version_the_replicas_cannot_load_is_reported_and_undone(
     with pytest.raises(SwapFailed, match=r"TimeoutError: .*calibrate first \(serve --calibrate-only\)"):
         follow_model("models:/bm25@champion", timeout_s=0.001)
     pinned_back_to_v2()
-
-
-def test_two_followers_at_once_end_on_the_champion_and_neither_undoes_the_other(
-    live, follow_registry, bm25_versions, monkeypatch
-):
-    # A retrain round's --follow and an operator's rollback --follow, run at once: the other
-    # driver's moves are made at the points where they hurt, through the real registry and Serve.
-    import components.serving.swap as swap
-
-    url, args, bodies = live
-    probe, registry = bodies[0], follow_registry
-    followed = {**args, "artifact": "models:/bm25@champion", "registry": registry.settings.as_config()}
-    deploy(followed)  # serving v2, as built (the first champion)
-    v3 = registry.log_version("bm25", bm25_versions["default"])  # v1's files as a new version
-    real = swap.deploy_config
-    moves = []
-
-    def other_follower_after(config, *a, **kw):
-        real(config, *a, **kw)  # this follower's swap is in ...
-        if not moves:  # ... when the other promotes v3 and follows it before it can check
-            moves.append(registry.promote("bm25", v3.number))
-            real(swap.swap_artifact(running_config(), "models:/bm25@champion"), others=False)
-
-    registry.promote("bm25", 1)  # champion v1: this follower reads it ...
-    monkeypatch.setattr(swap, "deploy_config", other_follower_after)
-    # Before, it found v3 where it had put v1, "undid" its swap to v2, and raised: serving ended on
-    # neither champion. Now the other deploy stands, and it names what the alias names.
-    assert follow_model("models:/bm25@champion").endswith(f"/bm25/v{v3.number}")
-    assert select(url, probe)["versions"]["retriever"] == f"bm25/v{v3.number}"
-
-    moves.clear()
-
-    def other_follower_before(config, *a, **kw):
-        if not moves:  # the other promotes v2 and follows it before this follower's stale swap lands
-            moves.append(registry.promote("bm25", 2))
-            real(swap.swap_artifact(running_config(), "models:/bm25@champion"), others=False)
-        real(config, *a, **kw)
-
-    registry.promote("bm25", 1)  # champion v1 again: this follower reads it
-    monkeypatch.setattr(swap, "deploy_config", other_follower_before)
-    # Before, it returned v1 and left serving on it while the champion was v2.
-    assert follow_model("models:/bm25@champion").endswith("/bm25/v2")
-    assert select(url, probe)["versions"]["retriever"] == "bm25/v2"
