@@ -32,7 +32,7 @@ from typing import Any
 from components.generative import deadline
 from components.generative.gguf_requantize import TARGETS, requantized
 from components.generative.packaged import PACKAGED_LMS, packaged_gguf
-from components.generative.text import rewrite_line
+from components.generative.text import fits_context, rewrite_in_context
 
 LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed", "weights"})
 # ``weights``: ``file`` runs the GGUF as stored; a re-encoding (:mod:`.gguf_requantize`) reads prompts
@@ -211,14 +211,14 @@ class LlamaCppLM(_OneCallAtATime):
         return "".join(parts)
 
     def rewrite(self, system: str, texts: Sequence[str], max_tokens: int) -> list[str]:
-        """The first line of the greedy answer to each text (:func:`rewrite_line`)."""
-        return [rewrite_line(partial(self.complete, system, text, max_tokens), text) for text in texts]
+        """The first line of the greedy answer to each text (:func:`rewrite_line`), or the text."""
+        fits = partial(fits_context, self.llm().tokenize, self.n_ctx, max_tokens, system)
+        return [rewrite_in_context(partial(self.complete, system, t, max_tokens), t, fits) for t in texts]
 
     def choose(self, system: str, text: str, options: Sequence[str]) -> str:
         """The option the model generates for ``text``, decoding bound to the options' grammar."""
         grammar = choice_grammar(options)
-        # The grammar may spell an option in more, shorter tokens than its own tokenization; every
-        # token is at least one byte, so its length in bytes always suffices.
+        # An option may be spelled in more tokens than its own tokenization: one byte each suffices.
         longest = max(len(o.encode()) for o in options)
         return self.complete(system, text, longest + 1, grammar=grammar)
 

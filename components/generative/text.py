@@ -3,9 +3,11 @@ engines import it without loading a model framework)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 LINE_BREAK = ("\n",)
+log = logging.getLogger(__name__)
 
 
 def first_line(text: str) -> str:
@@ -26,3 +28,24 @@ def rewrite_line(complete: Callable[..., str], text: str) -> str:
     if not line:
         line = first_line(complete(stop=()))
     return line or text
+
+
+def fits_context(
+    tokenize: Callable[[bytes], list[int]], n_ctx: int, max_tokens: int, system: str, text: str
+) -> bool:
+    """Whether ``system`` + ``text`` and an answer of ``max_tokens`` fit a context of ``n_ctx``
+    tokens, with room for a chat template's markers (32 tokens; SmolLM2's take about 15)."""
+    return len(tokenize(f"{system}\n{text}".encode())) + max_tokens + 32 <= n_ctx
+
+
+def rewrite_in_context(complete: Callable[..., str], text: str, fits: Callable[[str], bool]) -> str:
+    """:func:`rewrite_line`, or ``text`` itself when its prompt does not fit the engine's context.
+
+    llama.cpp fails on a prompt past ``n_ctx`` (a ValueError, worded by where it overflows): one
+    long request stopped a whole evaluation, where the in-process LM cuts its prompts to
+    ``query_max_length``. Kept as it is, the request is what a failed rewrite leaves too.
+    """
+    if not fits(text):
+        log.warning("a %d-character request does not fit the LM's context; kept unrewritten", len(text))
+        return text
+    return rewrite_line(complete, text)

