@@ -136,6 +136,18 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``); an empty dict stays a value."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        dotted_key = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out |= flatten(value, dotted_key + ".")
+        else:
+            out[dotted_key] = value
+    return out
+
+
 def dotted(cfg: dict[str, Any], key: str) -> Any:
     """The value at ``a.b.c`` in ``cfg``, or None where a level is missing."""
     node: Any = cfg

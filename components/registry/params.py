@@ -1,6 +1,7 @@
 """A config section as MLflow params and back: nested dicts as dotted keys, values as text.
 
-MLflow keeps a run's params flat and as strings. :func:`flatten` writes a section that way, and
+MLflow keeps a run's params flat and as strings. :func:`components.config.flatten` writes a section
+that way, and
 :func:`unflatten` reads it back typed (YAML scalars: ``0.1`` is a float, ``None`` null), so a
 later job can compare what a version was trained with against its own settings (a retrain's
 splits against the champion's, :mod:`workflows.retrain.job`).
@@ -13,21 +14,9 @@ from typing import Any
 import yaml
 
 
-def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config dicts as dotted keys (MLflow params are flat)."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out |= flatten(value, dotted + ".")
-        else:
-            out[dotted] = value
-    return out
-
-
 def unflatten(params: dict[str, str], prefix: str) -> Any:
-    """The section under ``prefix`` of params :func:`flatten` wrote and MLflow stored as text,
-    typed again.
+    """The section under ``prefix`` of params :func:`components.config.flatten` wrote and MLflow
+    stored as text, typed again.
 
     Raises:
         KeyError: no param has that prefix (the section was not logged).

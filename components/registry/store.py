@@ -26,9 +26,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from components.config import flatten
 from components.registry.local import MODEL_PATH, materialise
 from components.registry.lock import AliasLock
-from components.registry.params import flatten, unflatten
+from components.registry.params import unflatten
 from components.registry.settings import ALIASES, RegistrySettings, Version, parse_model_uri, quiet_mlflow
 from components.registry.sqlite_template import create_from_template
 

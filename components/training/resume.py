@@ -9,6 +9,7 @@ from typing import Any
 
 import ray.train
 
+from components.config import flatten
 from components.data import io
 from components.training import checkpoints
 from components.training.spec import StageConfig
@@ -93,12 +94,6 @@ def settings_values(config: StageConfig | dict[str, Any]) -> Any:
     return plain(config)
 
 
-def _dotted(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _dotted(item, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): value}
-
-
 def check_resumable(state: dict[str, Any], config: StageConfig) -> None:
     """Raise if a checkpoint was written by a run with other settings (see :func:`settings_fingerprint`),
     naming the settings that differ when the checkpoint kept them."""
@@ -107,7 +102,7 @@ def check_resumable(state: dict[str, Any], config: StageConfig) -> None:
         return
     differ = ""
     if state.get("settings_values") is not None:
-        old, new = _dotted(state["settings_values"]), _dotted(settings_values(config))
+        old, new = flatten(state["settings_values"]), flatten(settings_values(config))
         keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         differ = f" ({', '.join(keys)} differ)"
     raise ValueError(
