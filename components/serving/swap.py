@@ -138,7 +138,7 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
     for _ in range(FOLLOW_ROUNDS):
         pinned = swap_once(model_uri, app_name, timeout_s)
         running = running_config(app_name)
-        named = retriever_config(swap_artifact(running, model_uri))["artifact"]
+        named = names_now(running, model_uri)
         if pinned is None:  # another deploy came after this one; its driver checks its replicas
             serves = retriever_config(running).get("artifact")
             if serves == named:
@@ -150,6 +150,14 @@ def follow_model(model_uri: str, app_name: str = APP_NAME, timeout_s: float = 18
         if named == pinned:
             return pinned
     raise SwapFailed(f"{model_uri} named another version after each of {FOLLOW_ROUNDS} swaps")
+
+
+def names_now(config: dict[str, Any], model_uri: str) -> str:
+    """The directory ``model_uri`` names now, resolved as a swap pins it (through the app's registry
+    settings), without building the deployments' user configs (which read the catalog again)."""
+    from components.serving.app import pinned
+
+    return pinned(model_uri, config["applications"][0]["args"].get("registry"))["artifact"]
 
 
 def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
