@@ -4,10 +4,12 @@ Ray Train registers a checkpoint when its controller next polls the worker that 
 worker that dies right after ``ray.train.report`` leaves its checkpoint uploaded but unregistered,
 so ``ray.train.get_checkpoint()`` hands back the one before, and that epoch would run twice. The
 loop and the runner therefore also look at what is actually in storage, trusting a checkpoint
-only when every file the loop writes is present, its model directory is not empty, every JSON
-file in it parses and every safetensors file holds all the bytes its header promises (a worker
-killed mid-upload can leave any of them short, and Ray uploads them in no set order). A
-checkpoint that fails is passed over, so a resume falls back to the newest complete one.
+only when every file the loop writes is present, its model directory is not empty, and every
+file the trainer state lists is stored at the size it was written with (a worker killed
+mid-upload can leave any file short or missing, and Ray uploads them in no set order); for a
+checkpoint written before that list, every JSON file must parse and every safetensors file hold
+all the bytes its header promises. A checkpoint that fails is passed over, so a resume falls back
+to the newest complete one.
 """
 
 from __future__ import annotations
@@ -64,14 +66,15 @@ def persisted(
             with fs.open(f"{path.rstrip('/')}/{TRAINER_STATE}") as f:
                 state = json.load(f)
             stored = fs.find(path, detail=True)
-            files_complete = all(_complete(fs, file) for file in stored)
+            # The sizes the trainer state lists settle it; a checkpoint written before it listed
+            # them has each file's own framing read instead.
+            if "files" in state:
+                whole = _all_listed(path, stored, state["files"])
+            else:
+                whole = all(_complete(fs, file, info["size"]) for file, info in stored.items())
         except (OSError, ValueError):  # truncated or unreadable: not a checkpoint to trust
             continue
-        if (
-            not files_complete
-            or not {"epoch", "history"} <= set(state)
-            or not _all_listed(path, stored, state)
-        ):
+        if not whole or not {"epoch", "history"} <= set(state):
             continue
         found.append(
             (path if not io.is_remote(storage_path) else f"{storage_path.split('://')[0]}://{path}", state)
@@ -79,21 +82,17 @@ def persisted(
     return sorted(found, key=lambda item: item[1]["epoch"])
 
 
-def _all_listed(path: str, stored: dict[str, Any], state: dict[str, Any]) -> bool:
+def _all_listed(path: str, stored: dict[str, Any], listed: dict[str, int]) -> bool:
     """Whether every file the trainer state lists is stored, at the size it was written with.
 
     A checkpoint's files reach storage in no set order, so one cut short can lack whole files
-    (the weights under ``model/``, the RNG state) while every file it has is whole. Checkpoints
-    written before the list existed pass (their other checks still apply)."""
-    listed = state.get("files")
-    if listed is None:
-        return True
+    (the weights under ``model/``, the RNG state) or hold some of them short."""
     root = path.rstrip("/")
     sizes = {name[len(root) + 1 :]: info.get("size") for name, info in stored.items()}
     return all(sizes.get(name.replace(os.sep, "/")) == size for name, size in listed.items())
 
 
-def _complete(fs: Any, path: str) -> bool:
+def _complete(fs: Any, path: str, size: int) -> bool:
     """Whether one checkpoint file is whole: JSON that parses, or safetensors whose size is its
     header's length plus the end of its last tensor (the format's own framing). Other files pass."""
     if path.endswith(".json"):
@@ -102,7 +101,6 @@ def _complete(fs: Any, path: str) -> bool:
         return True
     if not path.endswith(".safetensors"):
         return True
-    size = fs.size(path)
     with fs.open(path) as f:
         head = f.read(8)
         if len(head) < 8:
