@@ -55,8 +55,10 @@ def hierarchical_vectors(groups: int, members: int, dim: int = 32, seed: int = 0
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def train_quantizer(tmp_path, vectors: np.ndarray, weights: sp.spmatrix | None = None, **params) -> tuple:
-    """(model, last epoch's metrics) of the codes stage on ``vectors`` with co-occurrence ``weights``."""
+def codes_stage(
+    tmp_path, vectors: np.ndarray, weights: sp.spmatrix | None = None, batch_size: int = 64, **params
+) -> StageConfig:
+    """The codes stage over ``vectors`` with co-occurrence ``weights``, its inputs written to tmp_path."""
     inputs = tmp_path / "inputs"
     inputs.mkdir(parents=True)
     np.save(inputs / VECTORS, vectors)
@@ -64,16 +66,21 @@ def train_quantizer(tmp_path, vectors: np.ndarray, weights: sp.spmatrix | None =
     sp.save_npz(inputs / COOCCURRENCE, sp.csr_matrix(weights if weights is not None else (n, n)))
     (inputs / TOOLS).write_text(json.dumps([str(i) for i in range(n)]))
     p = ToolWeaverParams(**{"passes_per_epoch": 20, "hidden_dims": (32,), "latent_dim": 16, **params})
-    config = StageConfig(
+    return StageConfig(
         task=QUANTIZER_TASK,
         stage="codes",
         params=p,
         inputs=StageInputs(dataset=None, init_dir=str(inputs)),
         epochs=4,
         lr=3e-3,
-        batch_size=64,
+        batch_size=batch_size,
         score="valid_score",
     )
+
+
+def train_quantizer(tmp_path, vectors: np.ndarray, weights: sp.spmatrix | None = None, **params) -> tuple:
+    """(model, last epoch's metrics) of the codes stage on ``vectors`` with co-occurrence ``weights``."""
+    config = codes_stage(tmp_path, vectors, weights, **params)
     history = train_in_process(config, str(tmp_path / "ckpt"))
     return RQVAE.load(str(tmp_path / "ckpt" / "epoch_3" / STAGE_OUTPUT)), history[-1]
 
@@ -194,21 +201,7 @@ def test_codebooks_larger_than_the_batch_start_with_every_code_distinct(tmp_path
     # k-means on one batch of 8 rows into K = 32 codes left 24 empty clusters, reset to copies of
     # those rows, which the nearest-code tie-break never picks: dead codes from the start.
     x = hierarchical_vectors(groups=6, members=6, seed=5)  # 108 tools
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    np.save(inputs / VECTORS, x)
-    sp.save_npz(inputs / COOCCURRENCE, sp.csr_matrix((len(x), len(x))))
-    params = ToolWeaverParams(hidden_dims=(32,), latent_dim=16, levels=2, codebook_size=32)
-    config = StageConfig(
-        task=QUANTIZER_TASK,
-        stage="codes",
-        params=params,
-        inputs=StageInputs(dataset=None, init_dir=str(inputs)),
-        epochs=1,
-        lr=1e-3,
-        batch_size=8,
-        score="valid_score",
-    )
+    config = codes_stage(tmp_path, x, batch_size=8, levels=2, codebook_size=32)
     model = QuantizerTask(config).build_model()
     assert len(torch.unique(model.codebooks[0], dim=0)) == 32
 
