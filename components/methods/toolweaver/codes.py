@@ -29,25 +29,25 @@ def assign(
     return codes.numpy()
 
 
+def shared_codes(codes: np.ndarray) -> np.ndarray:
+    """Per row of ``codes``: whether another row has the same full code."""
+    if len(codes) == 0:
+        return np.zeros(0, dtype=bool)
+    _, inverse, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
+    return counts[inverse.reshape(-1)] > 1
+
+
 def collision_rate(codes: np.ndarray) -> float:
     """Share of tools whose full code is also another tool's."""
-    if len(codes) == 0:
-        return 0.0
-    _, inverse, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
-    return float((counts[inverse.reshape(-1)] > 1).mean())
+    return float(shared_codes(codes).mean()) if len(codes) else 0.0
 
 
 def collided(codes: np.ndarray, taken: Iterable[tuple[int, ...]] = ()) -> int:
     """How many of ``codes`` are in ``taken`` or another row's too (each row counted once, as
     :func:`collision_rate` counts): the tools the collision pass has to look at."""
-    if len(codes) == 0:
-        return 0
     used = {tuple(int(c) for c in code) for code in taken}
-    _, inverse, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
-    shared = counts[inverse.reshape(-1)] > 1
-    return int(
-        sum(bool(s) or tuple(int(c) for c in code) in used for code, s in zip(codes, shared, strict=True))
-    )
+    in_use = [tuple(int(c) for c in code) in used for code in codes]
+    return int((shared_codes(codes) | np.asarray(in_use, dtype=bool)).sum())
 
 
 def _free(prefix: tuple[int, ...], order: list[int], used: set[tuple[int, ...]]) -> tuple[int, ...] | None:
