@@ -178,8 +178,7 @@ class ModelRegistry:
             if "previous" not in aliases:
                 raise LookupError(f"model {name!r} has no 'previous' version to roll back to")
             if aliases["previous"] == aliases.get("champion"):
-                # Left by a promotion or rollback whose second alias write failed: "rolling
-                # back" would move nothing while saying it had.
+                # Left by a move whose second alias write failed: rolling back would move nothing.
                 raise LookupError(
                     f"model {name!r}: 'previous' and 'champion' are both v{aliases['previous']}; "
                     "nothing to roll back to (promote the version wanted by number)"
