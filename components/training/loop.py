@@ -40,7 +40,7 @@ from components.training.parallel import (
     unwrap,
 )
 from components.training.resume import resume_checkpoint, settings_fingerprint, settings_values
-from components.training.spec import StageConfig, import_object
+from components.training.spec import StageConfig, import_object, unpack
 from components.training.state import (
     load_rng_state,
     load_trainer_state,
@@ -203,10 +203,10 @@ def autocast(config: StageConfig) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=config.device, dtype=torch.bfloat16)
 
 
-def train_loop_per_worker(loop_config: dict[str, StageConfig]) -> None:
-    """Ray Train entry point: build the task from ``loop_config["stage"].task`` and train it epoch
-    by epoch (Ray Train passes a dict; it holds the one :class:`StageConfig`)."""
-    config = loop_config["stage"]
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point: build the task from the stage's ``task`` and train it epoch by epoch
+    (Ray Train passes a dict: the one :class:`StageConfig`, packed by :func:`spec.pack`)."""
+    config = unpack(loop_config)
     # Restored afterwards: in Ray Train's local mode this runs in the driver's process.
     with deterministic_kernels(bool(config.deterministic)):
         _train(config)

@@ -16,7 +16,6 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -27,7 +26,8 @@ from components.training import checkpoints
 from components.training.checkpoints import STAGE_OUTPUT
 from components.training.loop import train_loop_per_worker
 from components.training.resume import check_resumable
-from components.training.spec import RunSpec, StageConfig
+from components.training.spec import RunSpec, StageConfig, pack
+from components.training.tune_reports import tune_callbacks
 
 
 @dataclass
@@ -66,37 +66,6 @@ def environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def tune_callbacks(run: RunSpec) -> list:
-    """Ray Train callbacks that forward each epoch's report to the Ray Tune trial running this
-    stage, each checked for the key its scheduler reads (``run.report_to_tune``)."""
-    if not run.report_to_tune:
-        return []
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    key = run.report_to_tune
-
-    class EpochReports(TuneReportCallback):
-        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-            check_epoch_report(key, metrics[0])
-            super().after_report(run_context, metrics, checkpoint)
-
-    return [EpochReports()]
-
-
-def check_epoch_report(key: str, metrics: dict[str, Any]) -> None:
-    """Refuse an epoch report without the key the trial's scheduler stops on.
-
-    Tune's own check stops the whole sweep at the first such result and names an environment
-    variable; this fails the trial, naming the keys the stage does report (the user's choice)."""
-    if key not in metrics:
-        reported = sorted(k for k in metrics if k.startswith("valid_"))
-        raise ValueError(
-            f"tune.metric valid/{key.removeprefix('valid_')}: this stage reports {reported} each "
-            "epoch, which ASHA stops trials on; sweep on one of those, or set tune.scheduler=fifo "
-            "(trials are then compared on their final, whole-method scores)"
-        )
-
-
 def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
     """Train one stage with ``TorchTrainer``; the best checkpoint is chosen by ``stage.score`` (max).
 
@@ -130,8 +99,8 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
         )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        # Ray Train takes a dict here; it carries the one typed object.
-        train_loop_config={"stage": config},
+        # Ray Train takes a dict here; it carries the one typed object (its params as bytes).
+        train_loop_config=pack(config),
         torch_config=TorchConfig(backend="nccl" if run.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=run.num_workers,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import subprocess
+import sys
 from dataclasses import FrozenInstanceError, replace
 
 import pytest
@@ -14,7 +17,7 @@ from components.encoders.retriever import BiEncoderParams
 from components.training.checkpoints import best_of, file_sizes, latest, persisted, prune
 from components.training.loop import make_loader, run_epoch
 from components.training.resume import check_resumable, settings_fingerprint, settings_values
-from components.training.spec import StageConfig, StageInputs
+from components.training.spec import StageConfig, StageInputs, pack, unpack
 from components.training.task import StageTask
 
 
@@ -202,3 +205,19 @@ def test_settings_added_later_keep_old_checkpoints_resumable_at_their_default():
     assert settings_fingerprint(stage(gradient_checkpointing=True, parallel_strategy="fsdp")) == (
         settings_fingerprint(stage())
     )
+
+
+def test_what_ray_train_s_controller_unpickles_imports_no_method_code(tmp_path):
+    # Each run's controller (a process of its own, started before any worker) receives Ray Train's
+    # train_loop_config and only passes it on: the method's params travel as bytes, so unpickling
+    # it there imports no model code (it imported torch and transformers, ~2 s per run on 2 cores).
+    config = stage(inputs=StageInputs(dataset=None, init_dir="/store/init"))
+    blob = tmp_path / "loop_config.pkl"
+    blob.write_bytes(pickle.dumps(pack(config)))
+    heavy = ("torch", "transformers", "components.encoders.retriever")
+    code = "import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read()); "
+    code += f"print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code, str(blob)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    # The worker gets the very config back.
+    assert unpack(pickle.loads(blob.read_bytes())) == config

@@ -383,7 +383,7 @@ def test_an_epoch_report_without_the_schedulers_metric_fails_its_trial_naming_th
     # Checked by hand end to end (dense, valid/recall@10): under ASHA the trial fails with this
     # message, and under FIFO, where epochs are not forwarded, the sweep completes; before, Tune's
     # strict check stopped the whole sweep under either scheduler.
-    from components.training.runner import check_epoch_report
+    from components.training.tune_reports import check_epoch_report
 
     check_epoch_report("valid_ndcg@3", {"valid_ndcg@3": 0.5, "loss": 1.0})
     with pytest.raises(ValueError, match=r"valid/recall@10: this stage reports \['valid_ndcg@3'\]"):
