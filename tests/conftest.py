@@ -19,7 +19,7 @@ TOOLLENS = Path(
 # small stage on 2 cores (benchmarks/results/train_local_mode.md). Worker actors are tested where
 # they are the point: tests/training/test_runner.py (1 and 2 workers, FSDP, a killed worker, a
 # local run resumed on a worker and then killed), two DDP workers on S3 storage in
-# tests/workflows/test_s3.py, query generation's alignment (an LM stage), and every Ray Tune trial.
+# tests/workflows/test_s3.py, and every Ray Tune trial.
 LOCAL_MODE = {"num_workers": 0}
 
 # Ray Train starts a preemption watcher actor (one more process importing Ray) with every worker
