@@ -252,16 +252,6 @@ def test_asha_stops_the_planted_bad_trial_and_the_good_one_finishes(dense_sweep)
     assert released
 
 
-def test_the_second_trial_runs_in_the_first_trial_s_process(dense_sweep):
-    # reuse_actors: a new trial process would import the method, torch and transformers again
-    # (~5 s on 2 cores) before training. Tune writes each result's process id into result.json.
-    _, report, root, _ = dense_sweep
-    results = list(root.rglob("result.json"))
-    assert len(results) == len(report["trials"]) == 2
-    pids = {json.loads(line)["pid"] for path in results for line in path.read_text().splitlines() if line}
-    assert len(pids) == 1, pids
-
-
 def test_sweep_writes_every_trial_a_table_plots_and_one_test_reading(dense_sweep):
     _, _, root, _ = dense_sweep
     out = root / "out"

@@ -188,13 +188,6 @@ def make_tuner(
             search_alg=searcher(settings, concurrent),
             scheduler=scheduler(settings, epochs),
             max_concurrent_trials=concurrent,
-            # A finished trial's process runs the next trial instead of a new one starting: each
-            # new trial process imports the method, torch and transformers before it trains (~5 s
-            # on 2 cores, measured in the ASHA test). Every stage seeds its own initialisation,
-            # and training runs in Ray Train's worker processes, started per stage, so nothing a
-            # trial trains carries over. A trial stopped mid-stage is not reused: its thread is
-            # still in the stage, the reset fails, and Tune starts a new process as before.
-            reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             name=settings.name,
