@@ -190,7 +190,8 @@ def serve_instance(ray_session, request) -> Iterator[str]:
 def _needed_later(request: pytest.FixtureRequest, fixture: str) -> bool:
     """Whether a test after the requesting module, in this session's run order, uses ``fixture``."""
     items = request.session.items
-    last = max(i for i, item in enumerate(items) if item.module is request.module)
+    # getattr: an item that is no Python test (a doctest) has no module.
+    last = max(i for i, item in enumerate(items) if getattr(item, "module", None) is request.module)
     return any(fixture in item.fixturenames for item in items[last + 1 :])
 
 

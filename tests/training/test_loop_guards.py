@@ -7,7 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
-from dataclasses import FrozenInstanceError, replace
+from dataclasses import FrozenInstanceError, dataclass, replace
 
 import pytest
 import torch
@@ -221,3 +221,14 @@ def test_what_ray_train_s_controller_unpickles_imports_no_method_code(tmp_path):
     assert out.stdout.strip() == "[]"
     # The worker gets the very config back.
     assert unpack(pickle.loads(blob.read_bytes())) == config
+
+
+def test_params_of_a_class_defined_in_a_script_travel_by_value():
+    # As Ray pickles the rest of the config (cloudpickle): a params class from a notebook, a script's
+    # __main__ or a function is not importable on a worker and must travel by value.
+    @dataclass
+    class Local:
+        lr: float = 0.1
+
+    config = stage(params=Local(0.5), inputs=StageInputs(dataset=None, init_dir="/store/init"))
+    assert unpack(pickle.loads(pickle.dumps(pack(config)))).params.lr == 0.5
