@@ -195,24 +195,24 @@ class StageConfig:
 
 
 def pack(config: StageConfig) -> dict[str, Any]:
-    """Ray Train's ``train_loop_config`` for ``config``: the config, its method params as pickled bytes.
+    """Ray Train's ``train_loop_config`` for ``config``: the config, its method params in Ray's
+    object store (as the dataset is), by reference.
 
     Ray Train's controller (a process of its own per run, started before any worker) receives the
-    config and only passes it on. Unpickled there, a params dataclass would import its method's
+    config and only passes it on. Holding the params themselves, it would import their method's
     package, model code, torch and transformers included: ~2 s on 2 cores, on the path to the
-    first epoch of every run. Bytes import nothing; :func:`unpack` restores them in the worker.
-    Pickled by Ray's cloudpickle, as Ray pickles the rest: a params class defined in a script or a
-    notebook travels by value, as it did inside the config."""
-    from ray import cloudpickle
+    first epoch of every run. A reference imports nothing; :func:`unpack` fetches the params in
+    the worker, which needs them."""
+    import ray
 
-    return {"stage": replace(config, params=None), "params": cloudpickle.dumps(config.params)}
+    return {"stage": replace(config, params=None), "params": ray.put(config.params)}
 
 
 def unpack(loop_config: dict[str, Any]) -> StageConfig:
     """The :class:`StageConfig` that :func:`pack` packed."""
-    from ray import cloudpickle
+    import ray
 
-    return replace(loop_config["stage"], params=cloudpickle.loads(loop_config["params"]))
+    return replace(loop_config["stage"], params=ray.get(loop_config["params"]))
 
 
 def import_object(path: str) -> Any:
