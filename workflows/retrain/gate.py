@@ -17,12 +17,14 @@ The first model of a name has nothing to beat and is promoted as such.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from components.data.types import Qrels
+from components.generative.hallucination import Output, outputs_to_results
 from components.methods.base import Method
 from components.metrics import (
     detection_metrics,
@@ -99,9 +101,16 @@ def measure(
     """Score ``method`` on the holdout: retrieval, per-query metric, detection, hallucination,
     single-query latency and new-tool coverage."""
     texts = {q: queries[q] for q in holdout}
-    results = method.retrieve(texts, k)
+    beams = None
+    if "free_decoding" in method.capabilities:
+        # One beam search gives both the answers (built from the beams as the method's retrieve
+        # builds them) and the beams the hallucination rate counts; it ran twice before.
+        beams = method.generate(texts, k, constrained=False)
+        results = outputs_to_results(list(texts), beams, k)
+    else:
+        results = method.retrieve(texts, k)
     metrics = evaluate_retrieval(holdout, results, (3, 5, 10))
-    metrics["hallucination_rate"] = hallucination(method, texts, results, catalog, k)
+    metrics["hallucination_rate"] = hallucination(results, beams, catalog)
     if "detect" in method.capabilities and negatives:
         pos = [text for q, text in texts.items() if relevant_tools(holdout[q])]  # as evaluation counts
         probs = method.detect({str(i): t for i, t in enumerate(pos + negatives)})
@@ -123,16 +132,16 @@ def measure(
 
 
 def hallucination(
-    method: Method, texts: dict[str, str], results: dict[str, dict[str, float]], catalog: set[str], k: int
+    results: dict[str, dict[str, float]], beams: Sequence[Sequence[Output]] | None, catalog: set[str]
 ) -> float:
     """Share of what the method answers with that names no catalog tool.
 
     A method that decodes freely (capability ``free_decoding``) drops the generated names that
-    match no tool before it answers, so its answers alone always scored 0: its beams are counted
-    instead. For any other method, the returned ids outside the catalog."""
-    if "free_decoding" in method.capabilities:
-        beams = [o for outputs in method.generate(texts, k, constrained=False) for o in outputs]
-        return float(np.mean([o.tool is None or o.tool not in catalog for o in beams])) if beams else 0.0
+    match no tool before it answers, so its answers alone always scored 0: its ``beams`` are
+    counted instead. For any other method (``beams`` None), the returned ids outside the catalog."""
+    if beams is not None:
+        flat = [o for outputs in beams for o in outputs]
+        return float(np.mean([o.tool is None or o.tool not in catalog for o in flat])) if flat else 0.0
     returned = [t for ranking in results.values() for t in ranking]
     return float(np.mean([t not in catalog for t in returned])) if returned else 0.0
 
