@@ -32,6 +32,11 @@ def check_select_metric(method: str, metric: str, allowed: tuple[str, ...] = EPO
         raise ValueError(f"{method}: select_metric must be one of {list(allowed)}, got {metric!r}")
 
 
+def by_score(item: tuple[str, float]) -> tuple[float, str]:
+    """Sort key of a ``(tool id, score)`` pair: best score first, ties broken by tool id."""
+    return (-item[1], item[0])
+
+
 def ranked(scores: dict[str, float], k: int) -> list[str]:
     """Top-``k`` ids by score, ties broken by id so results are reproducible.
 
@@ -41,7 +46,7 @@ def ranked(scores: dict[str, float], k: int) -> list[str]:
     bad = next((d for d, s in scores.items() if s != s), None)
     if bad is not None:
         raise ValueError(f"score of {bad!r} is NaN: the model's outputs cannot be ranked")
-    return [d for d, _ in sorted(scores.items(), key=lambda x: (-x[1], x[0]))[:k]]
+    return [d for d, _ in sorted(scores.items(), key=by_score)[:k]]
 
 
 def query_metrics(relevant: set[str], top: list[str], k: int) -> dict[str, float]:

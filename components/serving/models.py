@@ -16,6 +16,7 @@ from components import methods
 from components.data import open_dataset
 from components.encoders.runtimes import check_runtime
 from components.methods.base import Method
+from components.metrics import by_score
 from components.registry import resolve
 from components.serving.calibration import (
     ScoreThreshold,
@@ -135,8 +136,7 @@ class RetrieverModel:
     def _rankings(results: dict[str, dict[str, float]], n: int, k: int) -> list[Ranking]:
         # Ties broken by tool id, as evaluation ranks (components.metrics.ranked): the ranking
         # served is the one the committed figures scored (BM25 ties often, e.g. at the cut-off).
-        order = lambda item: (-item[1], item[0])  # noqa: E731 (the key, named once)
-        return [sorted(results.get(str(i), {}).items(), key=order)[:k] for i in range(n)]
+        return [sorted(results.get(str(i), {}).items(), key=by_score)[:k] for i in range(n)]
 
     def size(self) -> int:
         return len(self.method.tool_ids)
