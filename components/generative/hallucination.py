@@ -10,6 +10,7 @@ if its tokens are exactly a tool's code, or if its text is a tool's token string
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from components.generative.constrained import Hits
 from components.generative.tool_tokens import ToolCodebook
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,7 +40,7 @@ class OutputParser:
         tokenizer: To decode outputs that are not an exact code.
         names: Tool id -> human-readable name, for every tool of the catalog (no other tool is
             real); an output whose text equals a name (case-folded) or a tool's token string also
-            counts as that tool.
+            counts as that tool. A name held by several tools counts as none of them.
     """
 
     def __init__(
@@ -47,7 +50,23 @@ class OutputParser:
         self.tokenizer = tokenizer
         self.stop = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
         self.catalog = set(names)
-        self.by_text = {n.strip().casefold(): t for t, n in names.items()}
+        holders: dict[str, list[str]] = {}
+        for t, n in names.items():
+            holders.setdefault(n.strip().casefold(), []).append(t)
+        # A name two tools share identifies neither: crediting it to one of them (the dict's last,
+        # as before) is arbitrary, so such a text names no tool; each tool's token string below
+        # is unique and still names it.
+        shared = {n: ts for n, ts in holders.items() if len(ts) > 1}
+        if shared:
+            example = next(iter(shared.items()))
+            log.warning(
+                "%d tool names are shared by several tools (e.g. %r: %s); an output spelling such a "
+                "name is credited to none of them",
+                len(shared),
+                example[0],
+                ", ".join(example[1]),
+            )
+        self.by_text = {n: ts[0] for n, ts in holders.items() if len(ts) == 1}
         for tool, code in codebook.codes.items():
             self.by_text[tokenizer.decode(list(code)).strip().casefold()] = tool
 

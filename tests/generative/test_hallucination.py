@@ -14,6 +14,7 @@ from components.generative.hallucination import (
     outputs_to_results,
 )
 from components.generative.targeted import TargetedLM
+from components.generative.tool_tokens import add_tool_tokens
 
 
 def test_outputs_are_parsed_by_code_token_string_or_name():
@@ -36,6 +37,21 @@ def test_a_coded_tool_outside_the_catalog_is_no_tool():
     parser = OutputParser(codebook, tokenizer, catalog)
     assert parser.tool(list(codebook.codes["2"])) is None
     assert parser.tool(list(codebook.codes["1"])) == "1"
+
+
+def test_a_name_two_tools_share_names_neither(caplog):
+    # Tools "2" and "4" share one name: a text spelling it identifies neither (before, the last one
+    # listed took it), while each tool's own token string still names that tool.
+    lm, tokenizer, codebook = tiny_lm()
+    names = {**NAMES, "4": NAMES["2"]}
+    add_tool_tokens(lm, tokenizer, names, codebook)
+    parser = OutputParser(codebook, tokenizer, names)
+    assert "shared by several tools" in caplog.text
+    assert parser.tool(tokenizer("Stay / hotel search", add_special_tokens=False)["input_ids"]) is None
+    assert parser.tool(tokenizer("Fly / search flights", add_special_tokens=False)["input_ids"]) == "1"
+    for tool in ("2", "4"):
+        spelled = tokenizer.convert_ids_to_tokens(list(codebook.codes[tool]))[0]
+        assert parser.tool(tokenizer(f" {spelled}", add_special_tokens=False)["input_ids"]) == tool
 
 
 def test_rate_and_results_from_beams():
