@@ -13,7 +13,7 @@ from components.config import ConfigError, as_list
 from components.data import Dataset, dataset_from_config, io
 from components.methods.base import Method
 from components.metrics import DEFAULT_KS, detection_metrics, evaluate_retrieval
-from components.registry import ModelRegistry, RegistrySettings, resolve_version
+from components.registry import ModelRegistry, RegistrySettings, is_model_uri
 from components.registry.splits import splits_differ
 from workflows.train import model_name
 
@@ -79,20 +79,24 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
         if not cfg.get("method", {}).get("name"):
             raise ValueError("evaluate: pass --artifact (a dir or models:/ URI), or set method.name")
         artifact = f"models:/{model_name(cfg, dataset.name)}/latest"
-    local, version = resolve_version(artifact, cfg.get("registry"))
     splits = as_list(ecfg.get("splits", ["valid"]), "evaluate.splits")
+    local, version = artifact, None
+    if is_model_uri(artifact):
+        registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
+        version = registry.lookup(artifact)  # one read: the version checked is the one downloaded
     if version is not None and "valid" in splits:
         # Valid is carved from train by the config's splits: under other settings than the
         # version trained with, most of it is queries it trained on, and the score is memorised.
-        differ = splits_differ(
-            ModelRegistry(RegistrySettings.from_config(cfg.get("registry"))), version, cfg.get("splits")
-        )
+        # Checked before the download, which a refusal would waste (a large model from s3://).
+        differ = splits_differ(registry, version, cfg.get("splits"))
         if differ:
             raise ConfigError(
                 f"evaluate: {artifact} (v{version.number}) was trained with other splits, as "
                 f"(trained with, given): {differ}; its valid split would hold queries it trained on. "
                 "Set splits to those it was trained with"
             )
+    if version is not None:
+        local = registry.local_dir(version)
     method = methods.load(local)
     rows = []
     for split in splits:

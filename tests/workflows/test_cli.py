@@ -102,7 +102,7 @@ def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
 
 
-def test_train_then_evaluate(ray_session, tiny_dataset, tmp_path):
+def test_train_then_evaluate(ray_session, tiny_dataset, tmp_path, monkeypatch):
     reg = f"registry.root={tmp_path / 'reg'}"
     for _ in range(2):
         result = runner.invoke(app, ["train", "--data", str(tiny_dataset), reg])
@@ -126,10 +126,17 @@ def test_train_then_evaluate(ray_session, tiny_dataset, tmp_path):
     report = json.loads(out.read_text())
     assert report["results"][0]["split"] == "valid"  # valid unless asked for test
     # Valid carved with another fraction (or seed) is partly the version's training queries: refused.
+    downloads = []
+    real_local_dir = ModelRegistry.local_dir
+    monkeypatch.setattr(
+        ModelRegistry, "local_dir", lambda self, v: downloads.append(v.number) or real_local_dir(self, v)
+    )
     result = runner.invoke(app, [*args[:5], "splits.valid_fraction=0.5", reg])
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and "was trained with other splits" in said, said
     assert "'valid_fraction': (0.1, 0.5)" in said
+    assert downloads == []  # refused before the version is downloaded
+    assert runner.invoke(app, args).exit_code == 0 and len(downloads) == 1  # the champion, once
     # A split the data does not have, on a real artifact: the error names it and what there is.
     args = ["evaluate", "--data", str(tiny_dataset), "--split", "nope", "--artifact", "models:/tiny-bm25/1"]
     result = runner.invoke(app, [*args, reg])
