@@ -96,7 +96,16 @@ def settings_values(config: StageConfig | dict[str, Any]) -> Any:
 
 def check_resumable(state: dict[str, Any], config: StageConfig) -> None:
     """Raise if a checkpoint was written by a run with other settings (see :func:`settings_fingerprint`),
-    naming the settings that differ when the checkpoint kept them."""
+    naming the settings that differ when the checkpoint kept them, or already holds more epochs
+    than ``config`` asks for."""
+    if "epoch" in state and int(state["epoch"]) + 1 > int(config.epochs):
+        # Nothing would train, and the best of all its epochs (beyond the ones asked for) would
+        # come back as a model of this many epochs.
+        raise ValueError(
+            f"{config.run_name}: its checkpoints already hold {int(state['epoch']) + 1} epochs, more "
+            f"than the {config.epochs} asked for; give the run another name (train.run_name) or ask "
+            "for at least as many"
+        )
     saved = state.get("settings")
     if saved is None or saved == settings_fingerprint(config):
         return

@@ -81,14 +81,6 @@ def run_stage(stage: StageConfig, run: RunSpec) -> StageResult:
     if previous is not None:
         # Checked here, once, before any worker starts: a clear error instead of a failed run.
         check_resumable(previous[1], config)
-        done = int(previous[1]["epoch"]) + 1
-        if done > config.epochs:
-            # Nothing would train, and the best of all its epochs (beyond the ones asked for) came
-            # back as a model of this many epochs.
-            raise ValueError(
-                f"{name}: its checkpoints already hold {done} epochs, more than the {config.epochs} "
-                "asked for; give the run another name (train.run_name) or ask for at least as many"
-            )
     env = worker_env(run)
     if config.local and (run.report_to_tune or config.chaos is not None):
         # Ray refuses ray.train's APIs inside a Tune function, and a planned worker failure would

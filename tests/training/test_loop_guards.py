@@ -52,6 +52,11 @@ def test_fingerprint_ignores_resumable_and_non_json_settings():
     assert settings_fingerprint(base) != settings_fingerprint(nested)
     assert settings_fingerprint(base) != settings_fingerprint(stage(precision="bf16"))
     check_resumable({"epoch": 0, "history": []}, base)  # checkpoints from before fingerprints: allowed
+    check_resumable({"epoch": base.epochs - 1, "settings": settings_fingerprint(base)}, base)
+    with pytest.raises(
+        ValueError, match=f"already hold {base.epochs + 1} epochs, more than the {base.epochs}"
+    ):
+        check_resumable({"epoch": base.epochs, "settings": settings_fingerprint(base)}, base)
     check_resumable({"settings": settings_fingerprint(base)}, same)
     with pytest.raises(ValueError, match="other settings"):
         check_resumable({"settings": settings_fingerprint(base)}, stage(lr=2e-3))
