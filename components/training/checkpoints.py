@@ -55,17 +55,23 @@ def persisted(
     fs.invalidate_cache(root)
     if not fs.exists(root):
         return []
+    # One listing of every file of the run (on S3 one paginated prefix listing, not three
+    # requests per checkpoint), grouped by checkpoint directory.
+    base = fs._strip_protocol(root).rstrip("/")
+    files: dict[str, dict[str, Any]] = {}
+    for file, info in fs.find(base, detail=True).items():
+        top = file[len(base) + 1 :].split("/", 1)[0]
+        if file.startswith(f"{base}/") and top.startswith("checkpoint_"):
+            files.setdefault(f"{base}/{top}", {})[file] = info
     found = []
-    for path in fs.ls(root, detail=False):
-        if not os.path.basename(path.rstrip("/")).startswith("checkpoint_"):
-            continue
-        names = {os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
-        if not set(REQUIRED) <= names or not fs.ls(f"{path.rstrip('/')}/{STAGE_OUTPUT}", detail=False):
+    for path, stored in files.items():
+        # The names directly under the checkpoint; the model directory counts once it holds a file.
+        names = {file[len(path) + 1 :].split("/", 1)[0] for file in stored}
+        if not set(REQUIRED) <= names:
             continue
         try:
-            with fs.open(f"{path.rstrip('/')}/{TRAINER_STATE}") as f:
+            with fs.open(f"{path}/{TRAINER_STATE}") as f:
                 state = json.load(f)
-            stored = fs.find(path, detail=True)
             # The sizes the trainer state lists settle it; a checkpoint written before it listed
             # them has each file's own framing read instead.
             if "files" in state:
