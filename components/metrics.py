@@ -13,6 +13,7 @@ Scores are averaged over queries with |G| > 0; a query the retriever returned no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -145,6 +146,23 @@ def detection_metrics(labels: np.ndarray, scores: np.ndarray, threshold: float =
         "f1": f1,
         "auroc": auroc(labels, scores),
     }
+
+
+def score_detection(
+    detect: Callable[[dict[str, str]], dict[str, float]],
+    queries: dict[str, str],
+    qrels: Qrels,
+    negatives: list[str],
+    threshold: float,
+) -> dict[str, float]:
+    """:func:`detection_metrics` of a detector (query id -> text to P(needs a tool)) on a split:
+    its queries with a relevant tool as positives (one judged only irrelevant says nothing about
+    needing a tool, and retrieval leaves it out too) against the split's no-tool ``negatives``."""
+    needing = [text for q, text in queries.items() if relevant_tools(qrels.get(q, {}))]
+    texts = needing + list(negatives)
+    probs = detect({str(i): t for i, t in enumerate(texts)})  # fresh keys: no query id can collide
+    labels = np.array([1] * len(needing) + [0] * len(negatives))
+    return detection_metrics(labels, np.array([probs[str(i)] for i in range(len(texts))]), threshold)
 
 
 def per_query(qrels: Qrels, results: Results, metric: str) -> dict[str, float]:

@@ -8,7 +8,14 @@ from itertools import product
 import numpy as np
 import pytest
 
-from components.metrics import auroc, detection_metrics, evaluate_retrieval, query_metrics, ranked
+from components.metrics import (
+    auroc,
+    detection_metrics,
+    evaluate_retrieval,
+    query_metrics,
+    ranked,
+    score_detection,
+)
 
 L3 = 1 / math.log2(3)  # 0.6309: discount at rank 2
 L5 = 1 / math.log2(5)  # 0.4307: discount at rank 4
@@ -206,3 +213,22 @@ def test_nan_scores_a_zero_cut_off_and_repeated_ids_are_not_scored_as_numbers() 
         query_metrics({"a"}, ["a"], 0)
     # A tool named twice is one hit, at its first place: recall never passes 1.
     assert query_metrics({"a", "b"}, ["a", "a", "b"], 3) == query_metrics({"a", "b"}, ["a", "b"], 3)
+
+
+def test_score_detection_takes_queries_needing_a_tool_against_the_no_tool_ones() -> None:
+    # q2 is judged only irrelevant: it says nothing about needing a tool and is left out. The first
+    # query's id is what MassTool's validation once keyed a negative with: it must not hide one.
+    queries = {"neg-0": "book a flight", "q2": "hello there", "q3": "weather in rome"}
+    qrels = {"neg-0": {"t1": 1.0}, "q2": {"t1": 0.0}, "q3": {"t2": 2.0}}
+    seen: list[str] = []
+
+    def detect(texts: dict[str, str]) -> dict[str, float]:
+        seen.extend(texts.values())
+        # Keys come back in another order than asked: scores must follow the keys, not the order.
+        return {k: (0.9 if "a" in texts[k] else 0.2) for k in reversed(list(texts))}
+
+    out = score_detection(detect, queries, qrels, ["good morning", "tell me a joke"], 0.5)
+    assert seen == ["book a flight", "weather in rome", "good morning", "tell me a joke"]
+    # A text holding an "a" scores 0.9: both positives and the second negative.
+    assert out == detection_metrics(np.array([1, 1, 0, 0]), np.array([0.9, 0.9, 0.2, 0.9]), 0.5)
+    assert out["accuracy"] == 0.75

@@ -6,13 +6,11 @@ import json
 import time
 from typing import Any
 
-import numpy as np
-
 from components import methods
 from components.config import ConfigError, as_list
 from components.data import Dataset, dataset_from_config, io
 from components.methods.base import Method
-from components.metrics import DEFAULT_KS, detection_metrics, evaluate_retrieval
+from components.metrics import DEFAULT_KS, evaluate_retrieval, score_detection
 from components.registry import ModelRegistry, RegistrySettings, is_model_uri
 from components.registry.splits import splits_differ
 from workflows.train import model_name
@@ -34,13 +32,9 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
         metrics |= {f"new_{k}": v for k, v in new_tool_metrics(dataset, results, ks).items()}
     negatives = dataset.neg_split.get(split, [])
     if "detect" in method.capabilities and negatives:
-        qrels = dataset.qrels[split]
-        needing = [text for q, text in queries.items() if any(s > 0 for s in qrels[q].values())]
-        texts = needing + negatives
-        probs = method.detect({str(i): t for i, t in enumerate(texts)})
-        labels = np.array([1] * len(needing) + [0] * len(negatives))
-        threshold = float(method.detect_threshold)
-        det = detection_metrics(labels, np.array([probs[str(i)] for i in range(len(texts))]), threshold)
+        det = score_detection(
+            method.detect, queries, dataset.qrels[split], negatives, float(method.detect_threshold)
+        )
         metrics |= {f"detect_{k}": v for k, v in det.items()}
     metrics["eval_seconds"] = time.perf_counter() - started
     return metrics

@@ -26,13 +26,7 @@ import numpy as np
 from components.data.types import Qrels
 from components.generative.hallucination import Output, outputs_to_results
 from components.methods.base import Method
-from components.metrics import (
-    detection_metrics,
-    evaluate_retrieval,
-    paired_bootstrap,
-    per_query,
-    relevant_tools,
-)
+from components.metrics import evaluate_retrieval, paired_bootstrap, per_query, score_detection
 
 # How deep the gate ranks the holdout: its metric's cut-off cannot go past it.
 GATE_DEPTH = 10
@@ -112,13 +106,8 @@ def measure(
     metrics = evaluate_retrieval(holdout, results, (3, 5, 10))
     metrics["hallucination_rate"] = hallucination(results, beams, catalog)
     if "detect" in method.capabilities and negatives:
-        pos = [text for q, text in texts.items() if relevant_tools(holdout[q])]  # as evaluation counts
-        probs = method.detect({str(i): t for i, t in enumerate(pos + negatives)})
-        labels = np.array([1] * len(pos) + [0] * len(negatives))
-        scores = np.array([probs[str(i)] for i in range(len(labels))])
-        metrics["detect_accuracy"] = detection_metrics(labels, scores, float(method.detect_threshold))[
-            "accuracy"
-        ]
+        det = score_detection(method.detect, texts, holdout, negatives, float(method.detect_threshold))
+        metrics["detect_accuracy"] = det["accuracy"]  # as evaluation counts it
     timings = []
     for qid in list(texts)[: settings.latency_queries]:
         started = time.perf_counter()

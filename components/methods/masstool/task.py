@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
 import ray
 import torch
 import torch.nn.functional as F
@@ -27,7 +26,7 @@ from components.methods.masstool.graph import build_graphs
 from components.methods.masstool.method import MassToolMethod
 from components.methods.masstool.model import MassToolModel
 from components.methods.masstool.params import MassToolParams
-from components.metrics import detection_metrics, evaluate_retrieval, relevant_tools
+from components.metrics import evaluate_retrieval, score_detection
 from components.training.parallel import unwrap
 from components.training.spec import StageConfig
 from components.training.task import StageTask
@@ -182,13 +181,10 @@ class MassToolTask(StageTask):
         out = {m: metrics[m] for m in ("recall@3", "ndcg@3", "recall@5", "ndcg@5")}
         negatives = self.data.neg_split.get("valid", [])
         if negatives:
-            # Positives: valid queries with a relevant tool, as evaluation counts them (one judged
-            # only irrelevant says nothing about needing a tool).
-            qrels = self.data.qrels["valid"]
-            needing = {q: t for q, t in queries.items() if relevant_tools(qrels[q])}
-            probs = method.detect({**needing, **{f"neg-{i}": t for i, t in enumerate(negatives)}})
-            labels = np.array([1] * len(needing) + [0] * len(negatives))
-            det = detection_metrics(labels, np.array(list(probs.values())), self.params.detect_threshold)
+            # Scored as evaluation scores it (the same positives and negatives).
+            det = score_detection(
+                method.detect, queries, self.data.qrels["valid"], negatives, self.params.detect_threshold
+            )
             out |= {"detect_accuracy": det["accuracy"], "detect_f1": det["f1"], "detect_auroc": det["auroc"]}
             out["joint"] = (out["ndcg@3"] + out["detect_accuracy"]) / 2
         return out
