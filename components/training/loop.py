@@ -119,7 +119,9 @@ def make_loader(
     With several workers each gets its own shard from a ``DistributedSampler`` seeded with the
     run's seed (Ray's ``prepare_data_loader`` would add one seeded 0, ignoring ``seed``). No
     example is dropped: a one-epoch stage (a query-generation alignment round) never saw the up
-    to ``batch_size - 1`` examples that ``drop_last`` left out.
+    to ``batch_size - 1`` examples that ``drop_last`` left out. The sampler instead repeats up to
+    ``world - 1`` examples an epoch, so that every worker takes the same number of steps (DDP's
+    all-reduce and FSDP's gathers wait for every rank at every step); one worker sees each once.
     """
     data = task.train_data()
     if len(data) == 0:
