@@ -172,13 +172,14 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
     before = asked("Retriever", "serving_version", app_name)  # as any node can load them
     config = swap_artifact(running, model_uri)
     pinned = retriever_config(config)["artifact"]
+    calibrate_here(config)  # before the deploy: not against its timeout, in every replica at once
     try:
         deploy_config(config, timeout_s, others=False)
         serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
         refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
     except TimeoutError as e:  # not healthy in time: the same way back
-        # Replicas calibrating a detection threshold for the new version (calibration_data) run the
-        # model over the valid queries first, which on CPU can take longer than the swap waits.
+        # Replicas loading a large model (or calibrating one this driver could not: on a node
+        # where the version sits in another directory) can take longer than the swap waits.
         hint = "if replicas calibrate it, calibrate first (serve --calibrate-only) or wait longer"
         refused = {"app": [f"TimeoutError: {e}; {hint}"]}
     except RuntimeError as e:
@@ -195,6 +196,41 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
     raise SwapFailed(
         f"{model_uri}: pinned {pinned}, but {answers} (see logs); the app {then} {sorted(before)}"
     )
+
+
+def calibrate_here(config: dict[str, Any]) -> None:
+    """Fit the Detector's score threshold for the version ``config`` pins, on this driver, when its
+    replicas would otherwise fit it themselves (``calibration_data`` given, no entry in the detector
+    file for that version on their runtime and engine), as ``toolscout serve`` does before it starts.
+
+    In the replicas the calibration ran inside the deploy: the model over every valid query, on
+    CPU often longer than the swap waits, so a good version was rolled back as a timeout. Done
+    here, it is written to the detector file first and the replicas only read it. A version whose
+    method detects by itself (MassTool) needs none.
+    """
+    from components.methods import method_class
+    from components.methods.base import read_config
+    from components.serving.calibration import find_calibration
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME, artifact_dir, calibrate_artifact
+
+    deployments = config["applications"][0].get("deployments") or []
+    user = next((d.get("user_config") or {} for d in deployments if d["name"] == "Detector"), {})
+    if not (user.get("calibration_data") and user.get("detector_file") and user.get("artifact")):
+        return
+    artifact = artifact_dir(user["artifact"], user.get("source"), user.get("registry"))
+    runtime, engine = user.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME), user.get("lm_engine")
+    if "detect" in method_class(read_config(artifact)["method"]).capabilities:
+        return
+    if find_calibration(user["detector_file"], artifact, runtime, engine) is None:
+        calibrate_artifact(
+            artifact,
+            user["calibration_data"],
+            user["detector_file"],
+            user.get("splits"),
+            runtime,
+            engine,
+            user.get("lm_endpoint"),
+        )
 
 
 def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:

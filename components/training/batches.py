@@ -9,8 +9,8 @@ import torch
 
 class EvenBatches(torch.utils.data.Sampler[list[int]]):
     """The order ``sampler`` draws, cut into ``ceil(n / batch_size)`` batches whose sizes differ by
-    at most one: every example ``sampler`` draws once an epoch, and no runt last batch (10 examples in batches of 4
-    give 4 + 3 + 3, not 4 + 4 + 2, nor 4 + 4 with two dropped)."""
+    at most one: every example ``sampler`` draws once an epoch, and no runt last batch (10 examples
+    in batches of 4 give 4 + 3 + 3, not 4 + 4 + 2, nor 4 + 4 with two dropped)."""
 
     def __init__(self, sampler: torch.utils.data.Sampler[int], batch_size: int) -> None:
         self.sampler = sampler

@@ -13,7 +13,7 @@ from serving_fixtures import _data
 from components.methods import REGISTRY
 from components.methods.bm25.method import BM25Method
 from components.registry import resolve
-from components.serving import models
+from components.serving import models, swap
 from components.serving.calibration import (
     ScoreThreshold,
     artifact_key,
@@ -198,3 +198,37 @@ def test_ensure_calibration_fits_a_missing_threshold_once(bm25_versions, tmp_pat
     assert fitted is not None and find_calibration(file, artifact, "onnx") == fitted
     monkeypatch.setattr(models, "calibrate_artifact", lambda *a, **k: pytest.fail("calibrated again"))
     assert ensure_calibration(artifact, _data(), file, "onnx") == fitted  # read from the file
+
+
+def detector_config(artifact: str, file: str, data: str | None) -> dict:
+    """A running app's config as a swap builds it, reduced to the Detector's user config."""
+    user = {"artifact": artifact, "detector_file": file, "calibration_data": data, "encoder_runtime": "onnx"}
+    deployments = [{"name": "Detector", "user_config": user}]
+    return {"applications": [{"name": "toolscout", "args": {}, "deployments": deployments}]}
+
+
+def test_a_swap_calibrates_a_new_version_on_its_driver_before_it_deploys(
+    bm25_versions, tmp_path, monkeypatch
+):
+    # Replicas fitted the threshold inside the deploy, on CPU often past the swap's timeout: the
+    # follow then rolled a good version back. The driver fits it first; the replicas only read it.
+    file, artifact = str(tmp_path / "d.json"), bm25_versions["lucene"]
+    config = detector_config(artifact, file, _data())
+    at_deploy = []
+    monkeypatch.setattr(swap, "running_config", lambda app: config)
+    monkeypatch.setattr(swap, "asked", lambda *a: {"old"})
+    monkeypatch.setattr(swap, "swap_artifact", lambda running, uri: config)
+    monkeypatch.setattr(swap, "retriever_config", lambda c: {"artifact": artifact})
+    monkeypatch.setattr(swap, "serving_artifacts", lambda app, deployment: {artifact})
+    monkeypatch.setattr(
+        swap, "deploy_config", lambda *a, **k: at_deploy.append(find_calibration(file, artifact, "onnx"))
+    )
+    assert swap.swap_once("models:/bm25@champion", "toolscout", 1.0) == artifact
+    assert at_deploy and at_deploy[0] is not None  # in the file before anything was deployed
+    DetectorModel(artifact, file, encoder_runtime="onnx")  # a replica finds it (no calibration data)
+    # Once there, or without calibration data (the replicas then refuse an uncalibrated version,
+    # as before), nothing is fitted here.
+    monkeypatch.setattr(models, "calibrate_artifact", lambda *a, **k: pytest.fail("calibrated again"))
+    swap.calibrate_here(config)
+    swap.calibrate_here(detector_config(bm25_versions["default"], str(tmp_path / "other.json"), None))
+    assert not (tmp_path / "other.json").exists()
