@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from components.data import io
-from components.data.loader import NEG_QUERIES
+from components.data.loader import NEG_QUERIES, REWRITING, load_dataset
 from components.data.types import Dataset
 
 
@@ -25,8 +25,8 @@ def write_beir(dataset: Dataset, root: str, storage_options: dict[str, Any] | No
     rewriting its base that stops part-way then leaves judgements of queries the base does not
     have yet, which the loader rejects by name and the increment's rerun adds again. Written
     first (as before), the base held the increment's queries without their judgements, and the
-    rerun rejected every one of them as already in the base: the judgements were lost. (With
-    ``data.strict`` such a base is refused until those rows are removed by hand.)
+    rerun rejected every one of them as already in the base: the judgements were lost. A rewrite
+    of a dataset in place goes through :func:`rewrite_beir`, which marks it while it runs.
     """
     corpus = [json.dumps(rec, ensure_ascii=False) for rec in dataset.corpus.values()]
     io.write_bytes(io.join(root, "corpus.jsonl"), _lines(corpus), storage_options)
@@ -50,3 +50,35 @@ def write_beir(dataset: Dataset, root: str, storage_options: dict[str, Any] | No
         counts["neg_queries"] = len(rows)
     io.write_bytes(io.join(root, "queries.jsonl"), _lines(queries), storage_options)
     return counts
+
+
+def rewrite_beir(
+    dataset: Dataset, root: str, source: str, storage_options: dict[str, Any] | None = None
+) -> dict[str, int]:
+    """:func:`write_beir` over a dataset in place, marked (:data:`REWRITING`) while it runs.
+
+    ``source`` is a complete copy of ``dataset`` already written (a retrain's staged data): a
+    rewrite that stops part-way leaves the mark naming it, the loader refuses the mixed dataset
+    by name, and :func:`finish_rewrite` completes it from that copy (before, a ``data.strict``
+    base stayed refused until its orphan rows were removed by hand).
+    """
+    mark = io.join(root, REWRITING)
+    io.write_bytes(mark, json.dumps({"from": source}).encode(), storage_options)
+    counts = write_beir(dataset, root, storage_options)
+    io.remove(mark, storage_options)
+    return counts
+
+
+def finish_rewrite(root: str, storage_options: dict[str, Any] | None = None) -> str | None:
+    """Complete a :func:`rewrite_beir` of ``root`` that stopped part-way, from the copy its mark
+    names (read with the same storage options); returns that copy, or ``None`` if none stopped.
+
+    Raises:
+        DatasetError: the copy the mark names cannot be read (removed since).
+    """
+    mark = io.join(root, REWRITING)
+    if not io.exists(mark, storage_options):
+        return None
+    source = json.loads(io.read_bytes(mark, storage_options))["from"]
+    rewrite_beir(load_dataset(source, storage_options=storage_options), root, source, storage_options)
+    return source

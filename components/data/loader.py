@@ -35,6 +35,9 @@ from components.data.splits import same_request
 from components.data.types import Dataset, Qrels
 
 NEG_QUERIES = "tooldet/neg_queries.jsonl"
+# Present while a retrain rewrites a dataset in place (components.data.beir.rewrite_beir): a dataset
+# holding it is part old, part new, and is not read until the rewrite is finished.
+REWRITING = ".rewriting.json"
 RECORD_HINT = 'JSON objects like {"_id": "1", "text": "..."}'
 
 
@@ -62,11 +65,18 @@ def discover(
     """The files to read for ``splits`` (all present if ``None``), checking required ones exist.
 
     Raises:
-        DatasetError: ``corpus.jsonl``/``queries.jsonl`` missing, no qrels, or a requested split absent.
+        DatasetError: ``corpus.jsonl``/``queries.jsonl`` missing, no qrels, a requested split absent,
+            or a rewrite of the dataset stopped part-way (:data:`REWRITING`).
     """
     for rel in ("corpus.jsonl", "queries.jsonl"):
         if not io.exists(io.join(root, rel), storage_options):
             raise DatasetError(f"{io.join(root, rel)}: required file is missing")
+    if io.exists(io.join(root, REWRITING), storage_options):
+        raise DatasetError(
+            f"{io.join(root, REWRITING)}: a retrain stopped while rewriting this dataset, so it is part "
+            "old and part new; run the retrain again (it finishes the rewrite first), or copy over it "
+            "the complete copy the file names"
+        )
     available = list_splits(root, storage_options)
     wanted = available if splits is None else list(splits)
     missing = [s for s in wanted if s not in available]

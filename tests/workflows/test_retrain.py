@@ -277,27 +277,26 @@ def test_serving_follows_a_promotion_before_the_next_base_is_written(
     monkeypatch.setattr(
         job, "follow_serving", lambda name, app=None: calls.append(name) or {"followed": True}
     )
-    real = job.write_beir
 
     def base_write_fails(dataset, path, *args):
-        if str(path) == cfg["retrain"]["data_out"]:
-            raise OSError(28, "No space left on device")
-        return real(dataset, path, *args)
+        assert str(path) == cfg["retrain"]["data_out"]  # the staged copy goes through write_beir
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(job, "write_beir", base_write_fails)
+    monkeypatch.setattr(job, "rewrite_beir", base_write_fails)
     with pytest.raises(OSError):
         job.retrain(cfg, str(timeline["increment"]))
     assert registry.aliases("tools")["champion"] == 1 and calls == ["tools"]
     assert registry.version("tools", 1).tags["toolscout.decision"] == "promoted"
 
 
-def test_a_base_rewrite_stopped_part_way_keeps_the_increment_for_the_rerun(
+def test_a_base_rewrite_stopped_part_way_is_refused_then_finished_by_the_next_round(
     ray_session, timeline, tmp_path, monkeypatch
 ):
-    # The next base is rewritten file by file. queries.jsonl went first: stopped after it, the
-    # base held the increment's queries without their judgements, and the rerun rejected every
-    # one as already in the base, so the judgements were lost for good.
+    # The next base is rewritten file by file, after the round registered its model. Stopped
+    # part-way, the base held judgements of queries it did not have yet: read with those rows
+    # rejected, and under data.strict refused until they were removed by hand.
     from components.data import beir
+    from components.data.rejects import DatasetError
 
     cfg, _ = first_round(timeline, tmp_path)
     base = cfg["retrain"]["data_out"]
@@ -312,10 +311,16 @@ def test_a_base_rewrite_stopped_part_way_keeps_the_increment_for_the_rerun(
     with pytest.raises(OSError):
         job.retrain(cfg, str(timeline["increment"]))
     monkeypatch.setattr(beir.io, "write_bytes", real)
-    record = job.retrain(cfg, str(timeline["increment"]))  # the same increment again
-    assert record["increment"]["new_queries"] > 0
-    merged = load_dataset(base)
+    with pytest.raises(DatasetError, match="a retrain stopped while rewriting this dataset"):
+        load_dataset(base)  # part old, part new: refused by name, not read with rows dropped
+    # The next round finishes the rewrite from the stopped round's staged copy first: the same
+    # increment is then old news (its model is registered), and no judgement is lost.
+    strict = {**cfg, "data": {**cfg["data"], "strict": True}}
+    with pytest.raises(DatasetError, match="adds nothing usable"):
+        job.retrain(strict, str(timeline["increment"]))
+    merged = load_dataset(base, strict=True)
     assert len(merged.qrels["train"]) > len(load_dataset(str(timeline["base"])).qrels["train"])
+    assert set(load_dataset(str(timeline["base"])).queries) < set(merged.queries)
 
 
 def test_a_retrain_out_whose_data_is_the_base_does_not_overwrite_it_before_registering(

@@ -29,7 +29,7 @@ from typing import Any
 from components import methods
 from components.config import ConfigError
 from components.data import io
-from components.data.beir import write_beir
+from components.data.beir import finish_rewrite, rewrite_beir, write_beir
 from components.data.loader import load_dataset
 from components.data.prepared import is_prepared
 from components.data.rejects import DatasetError, RejectLog
@@ -78,6 +78,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         # The base's rejects are kept apart from the increment's (both name files by their path
         # inside their own directory) and reported: the merged data written below is the next
         # round's base, so a row dropped here without a word would be gone for good.
+        finished = finish_rewrite(data["path"], options)
+        if finished:
+            # The last round registered its model, then stopped while rewriting this base.
+            print(f"{data['path']}: finished the last round's rewrite from {finished}", file=sys.stderr)
         base_log = RejectLog()
         strict = bool(data.get("strict"))
         base = load_dataset(
@@ -186,7 +190,8 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         if data_out != staged:
             # Failing here, the registry holds the challenger and the base is as it was: the same
             # increment can be applied again (its rerun registers one more version).
-            write_beir(merged, data_out, rcfg.get("data_out_storage_options") or options)
+            # Marked while it runs: stopped part-way, the next round finishes it from ``staged``.
+            rewrite_beir(merged, data_out, staged, rcfg.get("data_out_storage_options") or options)
         record = {
             "model": name,
             "decision": decision.decision,
