@@ -646,3 +646,34 @@ def test_frozen_joint_stage_with_an_embedding_cache_embeds_each_text_once(with_n
 def test_an_embedding_cache_with_a_fine_tuned_encoder_is_a_clear_error():
     with pytest.raises(ValueError, match="embedding_cache needs finetune_encoder: false"):
         MassToolParams(embedding_cache="runs/embedding-cache")
+
+
+def test_a_training_step_hides_the_twins_of_its_batch_queries(with_negatives, tmp_path):
+    # Another training query with the same request (equal up to case and punctuation) was a SUIM
+    # neighbour at cosine ~1 with its edges visible: it handed the batch query its own answer.
+    from dataclasses import replace
+
+    from components.encoders.bi_encoder import BiEncoder
+
+    first, second = list(with_negatives.qrels["train"])[:2]
+    queries = {**with_negatives.queries, second: with_negatives.queries[first].upper() + "!"}
+    data = replace(with_negatives, queries=queries)
+    encoder = TextEncoder.from_spec(EncoderSpec(**TINY_ENCODER), list(queries.values()))
+    BiEncoder(encoder).save(str(tmp_path / "semantic"))
+    params = MassToolParams(dim=16, detection_hidden=8, neighbours=8, edge_dropout=0.0)
+    task = MassToolTask(joint_stage(params, data, str(tmp_path / "semantic")))
+    model = task.build_model()
+    task.start_epoch(model, 0)
+    items = task.train_data()
+    row = {q: i for i, q in enumerate(task.graphs.query_ids)}
+    batch = task.collate([items[row[first]], items[10], items[-1]])
+    assert batch["twins"].tolist() == [row[second]]
+    assert task.collate([items[10], items[-1]])["twins"].numel() == 0  # no twin in that batch
+    seen, hidden = [], []
+    search, propagate = model.search, model.gcn.propagate
+    model.search = lambda *a: seen.append(search(*a)[1]) or search(*a)
+    model.gcn.propagate = lambda x, edges, h=None: hidden.append(h) or propagate(x, edges, h)
+    model.train()
+    task.loss(model, batch)
+    assert row[second] not in seen[0].flatten().tolist()  # the twin is nobody's neighbour here
+    assert row[second] in hidden[0].tolist() and row[first] in hidden[0].tolist()  # nor shows edges

@@ -143,6 +143,7 @@ class MassToolModel(nn.Module):
         attention_mask: torch.Tensor,
         pool_index: torch.Tensor,
         semantic: torch.Tensor | None = None,
+        twins: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor | None]:
         """One training step's outputs: detection logits, retrieval logits over the graph's tools, CL loss.
 
@@ -151,11 +152,16 @@ class MassToolModel(nn.Module):
                 (no-tool queries); used to leave a query out of its own neighbours.
             semantic: Precomputed encoder embeddings of the batch (a frozen encoder's are fixed,
                 so the task computes them once instead of running the encoder every step).
+            twins: Pool rows of other training queries with the same request as a batch query
+                (``same_request``); hidden with the batch. Kept, such a twin was a neighbour at
+                cosine ~1 whose visible edges carried the batch query's own answer.
         """
         if semantic is None:
             semantic = self.semantic(input_ids, attention_mask)
         in_pool = pool_index[pool_index >= 0]
-        hide = in_pool if self.cfg.hide_batch_edges else None
+        hide = None
+        if self.cfg.hide_batch_edges:
+            hide = in_pool if twins is None or not twins.numel() else torch.cat([in_pool, twins.to(in_pool)])
         q_graph, t_graph, cl = self.graph(self.contrast_queries(in_pool, hide), hide=hide)
         logit, e = self.joint(semantic, q_graph, exclude=pool_index, hidden=hide)
         return {"logit": logit, "scores": self.scores(e, t_graph), "cl": cl}

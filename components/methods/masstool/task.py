@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from components.data import io
+from components.data.splits import same_request
 from components.data.tooltext import tool_texts
 from components.data.types import Dataset
 from components.encoders.bi_encoder import BiEncoder
@@ -75,6 +76,14 @@ class MassToolTask(StageTask):
                 100 * min(1.0, per_worker / pool),
                 pool,
             )
+        # Training queries that repeat another's request (equal up to case, punctuation and
+        # spacing): a batch hides its queries' twins with them (see MassToolModel.forward).
+        rows: dict[str, list[int]] = {}
+        for i, q in enumerate(self.graphs.query_ids):
+            rows.setdefault(same_request(self.data.queries[q]), []).append(i)
+        self._twins = {
+            i: [j for j in group if j != i] for group in rows.values() if len(group) > 1 for i in group
+        }
         self._refreshed = False
         self._semantic: torch.Tensor | None = None  # per-example embeddings when the encoder is frozen
 
@@ -150,13 +159,23 @@ class MassToolTask(StageTask):
             # Where the example came from, not its judgements: a pool query needs a tool.
             "needs_tool": (pool_index >= 0).float(),
         }
+        if self._twins:
+            rows = {int(p) for p in pool_index if p >= 0}
+            twins = sorted({t for p in rows for t in self._twins.get(p, ())} - rows)
+            batch["twins"] = torch.tensor(twins, dtype=torch.long)
         if self._semantic is not None:
             batch["semantic"] = self._semantic[torch.tensor([r for _, _, _, r in items])]
         return batch
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         p = self.params
-        out = model(batch["input_ids"], batch["attention_mask"], batch["pool_index"], batch.get("semantic"))
+        out = model(
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["pool_index"],
+            batch.get("semantic"),
+            batch.get("twins"),
+        )
         # Tools with no training edge are not candidates in training: in the cold-start split they
         # stand for tools added later, and pushing them down as negatives would bias against them.
         trained = unwrap(model).gcn.trained_tool.squeeze(-1) > 0
