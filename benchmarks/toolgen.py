@@ -12,8 +12,9 @@ valid, then these rows are scored on valid / test (/ test_unseen), ``<m>`` the m
 * ``<m>_untrained``: the warmed-up LM with codes added but no tool stage (ToolGen's tool tokens
   initialised from names; ToolWeaver's code tokens from the mean row).
 
-``hallucination`` is the share of generated beams that name no real tool; on the constrained row it
-is measured through the same ``generate`` call with the trie constraint. Perplexity of held-out
+``hallucination`` is the share of generated beams that name something that is no real tool, and
+``empty`` the share that end before naming anything; on the constrained row they are measured
+through the same ``generate`` call with the trie constraint. Perplexity of held-out
 valid queries (before tool tokens / after all stages), vocabulary sizes and stage timings go to the
 notes. Dense rows from ``toollens_dense*.json`` are copied in for comparison when present.
 
@@ -39,7 +40,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from components import methods
 from components.config import load_config, merge
 from components.data import Dataset, dataset_from_config
-from components.generative.hallucination import hallucination_rate, outputs_to_results
+from components.generative.hallucination import empty_rate, hallucination_rate, outputs_to_results
 from components.methods.codelm import CodeLMMethod
 from components.metrics import DEFAULT_KS, evaluate_retrieval
 from workflows.bench import add_training, device_name, report_splits, split_rows
@@ -65,6 +66,7 @@ def free_rows(method: CodeLMMethod, data: Dataset, label: str, constrained: bool
             data.qrels[split], outputs_to_results(list(queries), outputs, max(DEFAULT_KS))
         )
         metrics["hallucination_rate"] = hallucination_rate(outputs)
+        metrics["empty_rate"] = empty_rate(outputs)
         rows.append(
             {
                 "method": label,

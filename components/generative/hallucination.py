@@ -5,7 +5,10 @@ does not exist, with and without constrained decoding. Free decoding is Hugging 
 with nothing in its way; constrained decoding is the project's one trie decoder
 (:func:`components.generative.constrained.constrained_top_k`), whose hits become the same
 :class:`Output` records (:func:`hits_to_outputs`). Each free sequence is parsed: it is a real tool
-if its tokens are exactly a tool's code, or if its text is a tool's token string or name.
+if its tokens are exactly a tool's code, if its text is a tool's token string or name, or else if
+it begins with a tool's whole code (the agent stage teaches a tool token followed by
+``\nAction Input: ...``, so a beam that names a tool often goes on). A beam that ends before it
+names anything is empty, neither a tool nor a hallucination (:func:`empty_rate`).
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ class OutputParser:
         found = self.codebook.tool_of(tokens)
         if found is None and tokens:
             found = self.by_text.get(self.tokenizer.decode(tokens).strip().casefold())
+        if found is None:
+            # Credited only as a whole output before, a beam naming a tool and going on (as the
+            # agent stage's format does) counted as a hallucination and its tool was dropped.
+            found = self.codebook.tool_at_start(tokens)
         # The catalog is the tools ``names`` lists: a codebook may hold more (a method indexed on a
         # narrower catalog keeps every trained code), and naming one of those is naming no tool here.
         return found if found in self.catalog else None
@@ -149,9 +156,16 @@ def hits_to_outputs(hits: list[Hits], codebook: ToolCodebook) -> list[list[Outpu
 
 
 def hallucination_rate(outputs: Sequence[Sequence[Output]]) -> float:
-    """Share of generated sequences that name no real tool."""
+    """Share of generated sequences that name something that is no real tool (an empty sequence
+    names nothing: :func:`empty_rate`; the two and the share naming a tool add up to 1)."""
     flat = [o for beams in outputs for o in beams]
-    return sum(o.tool is None for o in flat) / max(len(flat), 1)
+    return sum(o.tool is None and bool(o.tokens) for o in flat) / max(len(flat), 1)
+
+
+def empty_rate(outputs: Sequence[Sequence[Output]]) -> float:
+    """Share of generated sequences that ended before naming anything (end of sequence first)."""
+    flat = [o for beams in outputs for o in beams]
+    return sum(o.tool is None and not o.tokens for o in flat) / max(len(flat), 1)
 
 
 def outputs_to_results(

@@ -66,6 +66,16 @@ class ToolCodebook:
         """The tool a token sequence names exactly, else ``None`` (a hallucinated output)."""
         return self._by_code.get(tuple(int(i) for i in code))
 
+    def tool_at_start(self, tokens: Sequence[int]) -> str | None:
+        """The tool whose whole code ``tokens`` begin with (the longest, if codes nest), else ``None``:
+        what a freely generated sequence named before going on (``\nAction Input: ...``)."""
+        for n in sorted({len(c) for c in self.codes.values()}, reverse=True):
+            if n <= len(tokens):
+                found = self.tool_of(tokens[:n])
+                if found is not None:
+                    return found
+        return None
+
     def trie(self, candidates: Iterable[str] | None = None) -> TokenTrie:
         """The decoding constraint over every tool, or narrowed to ``candidates`` (unknown ids ignored)."""
         tools = self.codes if candidates is None else [t for t in candidates if t in self.codes]

@@ -8,6 +8,7 @@ from components.generative.constrained import constrained_top_k
 from components.generative.hallucination import (
     Output,
     OutputParser,
+    empty_rate,
     generate_outputs,
     hallucination_rate,
     hits_to_outputs,
@@ -25,7 +26,12 @@ def test_outputs_are_parsed_by_code_token_string_or_name():
     assert parser.tool(tokenizer("Fly / search flights", add_special_tokens=False)["input_ids"]) == "1"
     assert parser.tool(tokenizer(" <<Chef&&recipes>>", add_special_tokens=False)["input_ids"]) == "3"
     assert parser.tool(tokenizer("paris rome", add_special_tokens=False)["input_ids"]) is None
-    assert parser.tool([*codebook.codes["0"], *codebook.codes["1"]]) is None  # two tools is not a tool
+    # A beam that names a tool and goes on (the agent stage's "\nAction Input: ...") names that
+    # tool; before, only a whole output was credited and this one counted as a hallucination.
+    going_on = [*codebook.codes["2"], *tokenizer("\nAction Input", add_special_tokens=False)["input_ids"]]
+    assert parser.tool(going_on) == "2"
+    assert parser.tool([*codebook.codes["0"], *codebook.codes["1"]]) == "0"  # the first one it named
+    assert parser.tool([7, *codebook.codes["1"]]) is None  # a code later on is not what it named
     assert parser.tool([eos]) is None
 
 
@@ -60,6 +66,9 @@ def test_rate_and_results_from_beams():
         [Output([2], -0.2, None), Output([2], -0.3, None)],
     ]
     assert hallucination_rate(beams) == 3 / 6
+    # An empty beam (end of sequence first) names nothing: not a hallucination, counted apart.
+    with_empty = [*beams, [Output([], -0.4, None), Output([4], -0.6, None)]]
+    assert hallucination_rate(with_empty) == 4 / 8 and empty_rate(with_empty) == 1 / 8
     assert outputs_to_results(["q1", "q2"], beams, k=3) == {"q1": {"a": -0.1, "b": -0.9}, "q2": {}}
     # Top 1 is one tool, the best beam's, although generation ran more beams than k.
     assert outputs_to_results(["q1", "q2"], beams, k=1) == {"q1": {"a": -0.1}, "q2": {}}

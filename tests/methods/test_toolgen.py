@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from components.data.splits import prepare_splits
 from components.data.tooltext import TOOL_FIELDS
 from components.generative import sequences as td
-from components.generative.hallucination import hallucination_rate, outputs_to_results
+from components.generative.hallucination import empty_rate, hallucination_rate, outputs_to_results
 from components.generative.lm import LMSpec, build_causal_lm, save_causal_lm
 from components.generative.tool_tokens import ToolCodebook, name_embedding_rows
 from components.methods import load
@@ -211,6 +211,7 @@ def test_the_benchmarks_free_decoding_rows_score_the_tools_named(trained, quicks
     beams = method.generate(queries, 10, constrained=False)
     expected = evaluate_retrieval(quickstart_1200.qrels["test"], outputs_to_results(list(queries), beams, 10))
     expected["hallucination_rate"] = hallucination_rate(beams)
+    expected["empty_rate"] = empty_rate(beams)
     assert next(r for r in rows if r["split"] == "test")["metrics"] == expected
 
 

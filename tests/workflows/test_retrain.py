@@ -563,7 +563,13 @@ class FreeDecoder:
 
         assert constrained is False
         return [
-            [Output([1], -0.1, "t"), Output([2], -0.5, None), Output([3], -0.9, "retired")] for _ in queries
+            [
+                Output([1], -0.1, "t"),
+                Output([2], -0.5, None),
+                Output([3], -0.9, "retired"),
+                Output([], -1.2, None),  # ended at once: names nothing, not a hallucination
+            ]
+            for _ in queries
         ]
 
 
@@ -576,7 +582,7 @@ def test_the_gate_counts_the_beams_a_freely_decoding_method_dropped():
     m = measure(
         FreeDecoder(), {"q1": {"t": 1}}, {"q1": "weather"}, [], {"t"}, [], GateSettings.from_config({})
     )
-    assert m.metrics["hallucination_rate"] == pytest.approx(2 / 3)  # None, and a tool not in the catalog
+    assert m.metrics["hallucination_rate"] == pytest.approx(2 / 4)  # None, and a tool not in the catalog
     # Declared by the setting: a ToolGen that decodes freely says so, a constrained one does not.
     assert "free_decoding" in build("toolgen", {"decoding": "unconstrained"}).capabilities
     assert "free_decoding" not in build("toolgen").capabilities

@@ -130,7 +130,9 @@ def hallucination(
     counted instead. For any other method (``beams`` None), the returned ids outside the catalog."""
     if beams is not None:
         flat = [o for outputs in beams for o in outputs]
-        return float(np.mean([o.tool is None or o.tool not in catalog for o in flat])) if flat else 0.0
+        # An empty beam (ended at once) names nothing, as hallucination_rate counts it.
+        named_other = [bool(o.tokens) and (o.tool is None or o.tool not in catalog) for o in flat]
+        return float(np.mean(named_other)) if flat else 0.0
     returned = [t for ranking in results.values() for t in ranking]
     return float(np.mean([t not in catalog for t in returned])) if returned else 0.0
 
