@@ -21,9 +21,10 @@ from components.generative.lm import train_bpe
 from components.generative.targeted import TargetedLM
 from components.generative.tool_tokens import ToolCodebook, add_code_tokens, code_token
 from components.methods import load
+from components.methods.toolweaver.balance import balanced_last_level
 from components.methods.toolweaver.codes import assign, collided, collision_rate, resolve_collisions
 from components.methods.toolweaver.method import QUANTIZER_TASK, ToolWeaverMethod, normalise
-from components.methods.toolweaver.model import RQVAE, QuantizerConfig, balanced_last_level
+from components.methods.toolweaver.model import RQVAE, QuantizerConfig
 from components.methods.toolweaver.params import ToolWeaverParams
 from components.methods.toolweaver.task import (
     COOCCURRENCE,
@@ -110,6 +111,25 @@ def test_collaborative_weight_makes_co_used_tools_share_first_level_codes(tmp_pa
     _, collab = train_quantizer(tmp_path / "l10", x, weights, collab_weight=10.0, **common)
     shared0, shared10 = plain["valid_co_used_first_level_shared"], collab["valid_co_used_first_level_shared"]
     assert shared10 > shared0 + 0.2, (shared0, shared10)
+
+
+def test_a_tool_repeated_in_a_batch_is_balanced_once_and_its_copies_share_its_code():
+    # The catalogue passes several times an epoch, shuffled as one list, so a batch can hold a tool
+    # more than once; counted as several tools in Sinkhorn, its copies took capacity from the rest
+    # of the prefix. Here four tools, each nearest its own code, and tool 0 seven times.
+    torch.manual_seed(0)
+    config = QuantizerConfig(input_dim=8, hidden_dims=(16,), latent_dim=4, levels=1, codebook_size=4)
+    model = RQVAE(config)
+    z = torch.randn(4, 4)
+    with torch.no_grad():
+        model.codebooks[0] = z + 0.01 * torch.randn(4, 4)
+    rows = torch.tensor([0] * 7 + [1, 2, 3])
+    once, _, _ = model.quantize(z, 0.03, 50)
+    assert once[:, 0].tolist() == [0, 1, 2, 3]
+    repeated, _, _ = model.quantize(z[rows], 0.03, 50, ids=rows)
+    assert torch.equal(repeated, once[rows])  # as if each tool came once
+    counted, _, _ = model.quantize(z[rows], 0.03, 50)  # the copies counted as tools
+    assert len(set(counted[6:, 0].tolist())) < 4  # pushed two of the other tools onto one code
 
 
 @pytest.mark.parametrize("size, at_least", [(2, 95), (8, 85)])

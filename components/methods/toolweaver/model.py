@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from components.methods.toolweaver.balance import balanced_last_level, distinct_rows
+
 CONFIG = "quantizer.json"
 WEIGHTS = "quantizer.safetensors"
 
@@ -54,89 +56,6 @@ def mlp(sizes: list[int]) -> nn.Sequential:
 def squared_distances(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     """‖x_i − c_k‖² for every row and code (B × K)."""
     return (x * x).sum(1, keepdim=True) - 2 * x @ codebook.T + (codebook * codebook).sum(1)[None, :]
-
-
-def balanced_last_level(
-    distances: torch.Tensor, prefixes: list[torch.Tensor], epsilon: float, iters: int
-) -> torch.Tensor:
-    """Last-level codes chosen by Sinkhorn–Knopp (Cuturi 2013) within each group of rows sharing a
-    prefix.
-
-    Two tools collide only when they share every level, so the balancing that matters is among
-    tools under one prefix. (Balancing all rows at once spread code usage globally but left
-    collisions within a prefix nearly unchanged: measured on clustered fixtures.) With one level,
-    the whole batch is one group. Distances are standardised first, so that ε means the same for
-    any latent scale; a small ε approaches the balanced assignment of least total distance:
-    one-to-one (distinct codes) in a group of at most K rows, every code taking an equal share of
-    a larger group.
-
-    Groups are balanced together in chunks (:func:`_balance_groups`), so 47k tools under 1k
-    prefixes cost a few batched loops rather than one per prefix.
-    """
-    if prefixes:
-        _, group = torch.unique(torch.stack(prefixes, 1), dim=0, return_inverse=True)
-    else:
-        group = torch.zeros(len(distances), dtype=torch.long, device=distances.device)
-    cost = (distances - distances.mean()) / distances.std().clamp_min(1e-8)
-    index = torch.empty(len(group), dtype=torch.long, device=group.device)
-    for rows in _group_chunks(group, distances.shape[1]):
-        index[rows] = _balance_groups(cost[rows], group[rows], epsilon, iters)
-    return index
-
-
-def _group_chunks(group: torch.Tensor, k: int, limit: int = 1 << 25) -> list[torch.Tensor]:
-    """Row indices in chunks of whole groups whose padded tensor stays under ``limit`` floats."""
-    sizes = torch.bincount(group)
-    members = torch.split(torch.argsort(group, stable=True), sizes.tolist())  # rows of each group
-    chunks, current, widest = [], [], 0
-    for g in torch.argsort(sizes).tolist():  # small groups together, so padding stays small
-        size = int(sizes[g])
-        if current and (len(current) + 1) * (max(widest, size) + 1) * k > limit:
-            chunks.append(torch.cat(current))
-            current, widest = [], 0
-        current.append(members[g])
-        widest = max(widest, size)
-    if current:
-        chunks.append(torch.cat(current))
-    return chunks
-
-
-def _balance_groups(cost: torch.Tensor, group: torch.Tensor, epsilon: float, iters: int) -> torch.Tensor:
-    """Sinkhorn–Knopp in every group at once, rows padded to a (groups × (largest + 1) × K) tensor
-    whose padding rows stay at -inf.
-
-    Each of a group's ``n`` rows sends mass 1 and each of the K codes takes ``max(1, n / K)``. A
-    group smaller than K leaves ``K - n`` of the codes' capacity over: the group's last row, a
-    slack row at equal cost to every code, takes it. Without it (uniform code marginals of
-    ``n / K``) every row of a small group had to spread its mass over about ``K / n`` codes in
-    equal parts, so its argmax was a tie broken towards low code numbers, not its nearest code
-    (a lone row always got code 0); with it the plan tends to the one-to-one assignment of least
-    total distance, each row's mass on one code.
-    """
-    _, group = torch.unique(group, return_inverse=True)
-    sizes = torch.bincount(group)
-    k = cost.shape[1]
-    order = torch.argsort(group, stable=True)
-    starts = torch.cumsum(sizes, 0) - sizes
-    position = torch.empty_like(group)
-    position[order] = torch.arange(len(group), device=group.device) - starts[group[order]]
-    log_q = torch.full((len(sizes), int(sizes.max()) + 1, k), float("-inf"), device=cost.device)
-    log_q[group, position] = -cost / epsilon
-    capacity = torch.clamp(sizes.to(cost.dtype) / k, min=1.0)  # each code's share
-    slack = capacity * k - sizes  # what the group's rows leave over (0 from K rows on)
-    log_mass = torch.full(log_q.shape[:2], float("-inf"), device=cost.device)  # each row's mass
-    log_mass[group, position] = 0.0
-    has_slack = slack > 0.5  # integers, as floats
-    log_mass[has_slack, -1] = slack[has_slack].log()
-    log_q[has_slack, -1] = 0.0
-    active = log_mass > float("-inf")
-    log_capacity = capacity.log()[:, None, None]
-    for _ in range(iters):
-        log_q = log_q - log_q.logsumexp(1, keepdim=True) + log_capacity  # each code: its share
-        log_q = torch.where(
-            active[..., None], log_q - log_q.logsumexp(2, keepdim=True) + log_mass[..., None], float("-inf")
-        )
-    return log_q[group, position].argmax(1)
 
 
 def kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
@@ -204,11 +123,18 @@ class RQVAE(nn.Module):
             residual = residual - centroids[squared_distances(residual, centroids).argmin(1)]
 
     def quantize(
-        self, z: torch.Tensor, sinkhorn_epsilon: float = 0.0, sinkhorn_iters: int = 50
+        self,
+        z: torch.Tensor,
+        sinkhorn_epsilon: float = 0.0,
+        sinkhorn_iters: int = 50,
+        ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Residual quantisation of ``z``: ``(codes B×L, quantised latent B×D, codebook+commitment loss)``.
 
-        The last level's choice is Sinkhorn-balanced when ``sinkhorn_epsilon`` > 0.
+        The last level's choice is Sinkhorn-balanced when ``sinkhorn_epsilon`` > 0. ``ids`` (B,)
+        names the tool of each row: a tool repeated in a batch (the catalogue passes several times
+        an epoch, shuffled as one list) is balanced once and its copies take its code. Counted as
+        two tools, its copies took two tools' share of a prefix's capacity from the others.
         """
         residual, quantised = z, torch.zeros_like(z)
         codes, loss = [], z.new_zeros(())
@@ -216,7 +142,12 @@ class RQVAE(nn.Module):
             codebook = self.codebooks[level]
             distances = squared_distances(residual, codebook)
             if sinkhorn_epsilon > 0 and level == self.config.levels - 1 and len(z) > 1:
-                index = balanced_last_level(distances.detach(), codes, sinkhorn_epsilon, sinkhorn_iters)
+                first, copy_of = distinct_rows(ids, len(z))
+                prefixes = [c[first] for c in codes]
+                balanced = balanced_last_level(
+                    distances.detach()[first], prefixes, sinkhorn_epsilon, sinkhorn_iters
+                )
+                index = balanced[copy_of]
             else:
                 index = distances.argmin(1)
             chosen = codebook[index]
@@ -235,11 +166,15 @@ class RQVAE(nn.Module):
         return self.encoder(self.standardise(x))
 
     def forward(
-        self, x: torch.Tensor, sinkhorn_epsilon: float = 0.0, sinkhorn_iters: int = 50
+        self,
+        x: torch.Tensor,
+        sinkhorn_epsilon: float = 0.0,
+        sinkhorn_iters: int = 50,
+        ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         x = self.standardise(x)
         z = self.encoder(x)
-        codes, quantised, quantiser_loss = self.quantize(z, sinkhorn_epsilon, sinkhorn_iters)
+        codes, quantised, quantiser_loss = self.quantize(z, sinkhorn_epsilon, sinkhorn_iters, ids)
         z_hat = z + (quantised - z).detach()  # straight-through: the decoder's gradient reaches the encoder
         reconstruction = self.decoder(z_hat)
         return {

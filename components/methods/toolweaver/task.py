@@ -79,11 +79,15 @@ class QuantizerTask(StageTask):
         rows = np.asarray(items)
         block = self.weights[rows][:, rows].toarray()
         np.fill_diagonal(block, 0.0)  # a tool repeated in a batch is not its own co-user
-        return {"x": self.vectors[rows], "weights": torch.as_tensor(block, dtype=torch.float32)}
+        return {
+            "x": self.vectors[rows],
+            "weights": torch.as_tensor(block, dtype=torch.float32),
+            "ids": torch.as_tensor(rows),  # a tool repeated in the batch is balanced once
+        }
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         p = self.params
-        out = model(batch["x"], p.sinkhorn_epsilon, p.sinkhorn_iters)
+        out = model(batch["x"], p.sinkhorn_epsilon, p.sinkhorn_iters, batch.get("ids"))
         loss = out["reconstruction_loss"] + out["quantiser_loss"]
         if p.collab_weight > 0:
             loss = loss + p.collab_weight * collaborative_loss(out["z_hat"], batch["weights"])
