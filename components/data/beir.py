@@ -7,10 +7,12 @@ becomes the next round's base, readable by every command like any other dataset.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from components.data import io
 from components.data.loader import NEG_QUERIES, REWRITING, load_dataset
+from components.data.rejects import DatasetError
 from components.data.types import Dataset
 
 
@@ -63,7 +65,9 @@ def rewrite_beir(
     base stayed refused until its orphan rows were removed by hand).
     """
     mark = io.join(root, REWRITING)
-    io.write_bytes(mark, json.dumps({"from": source}).encode(), storage_options)
+    # Absolute: the next round may start from another working directory.
+    where = source if io.is_remote(source) else os.path.abspath(io.local_path(source))
+    io.write_bytes(mark, json.dumps({"from": where}).encode(), storage_options)
     counts = write_beir(dataset, root, storage_options)
     io.remove(mark, storage_options)
     return counts
@@ -80,5 +84,14 @@ def finish_rewrite(root: str, storage_options: dict[str, Any] | None = None) -> 
     if not io.exists(mark, storage_options):
         return None
     source = json.loads(io.read_bytes(mark, storage_options))["from"]
-    rewrite_beir(load_dataset(source, storage_options=storage_options), root, source, storage_options)
+    try:
+        # The copy is read with the dataset's own options: a copy staged on other storage (the
+        # round's data.storage_options differed from retrain.data_out_storage_options) may refuse.
+        dataset = load_dataset(source, storage_options=storage_options)
+    except (DatasetError, OSError) as e:
+        raise DatasetError(
+            f"{mark}: a retrain stopped while rewriting {root}, and the complete copy it names, "
+            f"{source}, cannot be read here ({e}); copy that copy over {root} and delete {mark}"
+        ) from e
+    rewrite_beir(dataset, root, source, storage_options)
     return source

@@ -74,8 +74,8 @@ def discover(
     if io.exists(io.join(root, REWRITING), storage_options):
         raise DatasetError(
             f"{io.join(root, REWRITING)}: a retrain stopped while rewriting this dataset, so it is part "
-            "old and part new; run the retrain again (it finishes the rewrite first), or copy over it "
-            "the complete copy the file names"
+            "old and part new; run the retrain again (it finishes the rewrite first), or copy the "
+            "complete copy the file names over it and delete the file"
         )
     available = list_splits(root, storage_options)
     wanted = available if splits is None else list(splits)

@@ -43,6 +43,8 @@ class ToolCodebook:
             t: tuple(int(i) for i in c) for t, c in (codes or {}).items()
         }
         self._by_code = {c: t for t, c in self.codes.items()}
+        self._lengths: list[int] | None = None  # tool_at_start's code lengths, longest first
+        self._code_tokens: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.codes)
@@ -61,16 +63,22 @@ class ToolCodebook:
             del self._by_code[old]
         self.codes[tool_id] = key
         self._by_code[key] = tool_id
+        self._lengths = None  # tool_at_start looks again
 
     def tool_of(self, code: Sequence[int]) -> str | None:
         """The tool a token sequence names exactly, else ``None`` (a hallucinated output)."""
         return self._by_code.get(tuple(int(i) for i in code))
 
     def tool_at_start(self, tokens: Sequence[int]) -> str | None:
-        """The tool whose whole code ``tokens`` begin with (the longest, if codes nest), else ``None``:
-        what a freely generated sequence named before going on (``\nAction Input: ...``)."""
-        for n in sorted({len(c) for c in self.codes.values()}, reverse=True):
-            if n <= len(tokens):
+        """The tool whose whole code ``tokens`` begin with, followed by text rather than another
+        code token, else ``None``: what a freely generated sequence named before going on
+        (``\nAction Input: ...``). Codes run into more code tokens (``<<A>><<B>>``, a ToolWeaver
+        code and the start of another) name no one tool."""
+        if self._lengths is None:  # one pass over the codes, not one per beam
+            self._lengths = sorted({len(c) for c in self.codes.values()}, reverse=True)
+            self._code_tokens = set(self.token_ids())
+        for n in self._lengths:
+            if n < len(tokens) and int(tokens[n]) not in self._code_tokens:
                 found = self.tool_of(tokens[:n])
                 if found is not None:
                     return found

@@ -14,6 +14,7 @@ whether its alias still names what it deployed.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from ray.serve.context import _get_global_client
@@ -25,6 +26,8 @@ from components.serving.replicas import replica_answers
 # How often a follow deploys again because its alias moved while it swapped: each round is another
 # follower's move seen after this one's swap, so more than a few means the alias keeps moving.
 FOLLOW_ROUNDS = 3
+
+log = logging.getLogger(__name__)
 
 
 class SwapFailed(RuntimeError):
@@ -206,7 +209,8 @@ def calibrate_here(config: dict[str, Any]) -> None:
     In the replicas the calibration ran inside the deploy: the model over every valid query, on
     CPU often longer than the swap waits, so a good version was rolled back as a timeout. Done
     here, it is written to the detector file first and the replicas only read it. A version whose
-    method detects by itself (MassTool) needs none.
+    method detects by itself (MassTool) needs none; replicas on GPUs fit their own (this driver's
+    CPU numerics are not theirs); a fit that fails here is logged and left to the replicas.
     """
     from components.methods import method_class
     from components.methods.base import read_config
@@ -214,23 +218,29 @@ def calibrate_here(config: dict[str, Any]) -> None:
     from components.serving.models import DEFAULT_ENCODER_RUNTIME, artifact_dir, calibrate_artifact
 
     deployments = config["applications"][0].get("deployments") or []
-    user = next((d.get("user_config") or {} for d in deployments if d["name"] == "Detector"), {})
+    detector = next((d for d in deployments if d["name"] == "Detector"), {})
+    user = detector.get("user_config") or {}
     if not (user.get("calibration_data") and user.get("detector_file") and user.get("artifact")):
         return
-    artifact = artifact_dir(user["artifact"], user.get("source"), user.get("registry"))
-    runtime, engine = user.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME), user.get("lm_engine")
-    if "detect" in method_class(read_config(artifact)["method"]).capabilities:
-        return
-    if find_calibration(user["detector_file"], artifact, runtime, engine) is None:
-        calibrate_artifact(
-            artifact,
-            user["calibration_data"],
-            user["detector_file"],
-            user.get("splits"),
-            runtime,
-            engine,
-            user.get("lm_endpoint"),
-        )
+    if (detector.get("ray_actor_options") or {}).get("num_gpus"):
+        return  # fitted on this driver's CPU, the threshold would be of other numerics (and slow)
+    try:
+        artifact = artifact_dir(user["artifact"], user.get("source"), user.get("registry"))
+        runtime, engine = user.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME), user.get("lm_engine")
+        if "detect" in method_class(read_config(artifact)["method"]).capabilities:
+            return
+        if find_calibration(user["detector_file"], artifact, runtime, engine) is None:
+            calibrate_artifact(
+                artifact,
+                user["calibration_data"],
+                user["detector_file"],
+                user.get("splits"),
+                runtime,
+                engine,
+                user.get("lm_endpoint"),
+            )
+    except Exception as e:  # the replicas still can, as before: the swap goes on
+        log.warning("calibrating %s on this driver failed (%s); its replicas will", user["artifact"], e)
 
 
 def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:

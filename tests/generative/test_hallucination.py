@@ -30,7 +30,7 @@ def test_outputs_are_parsed_by_code_token_string_or_name():
     # tool; before, only a whole output was credited and this one counted as a hallucination.
     going_on = [*codebook.codes["2"], *tokenizer("\nAction Input", add_special_tokens=False)["input_ids"]]
     assert parser.tool(going_on) == "2"
-    assert parser.tool([*codebook.codes["0"], *codebook.codes["1"]]) == "0"  # the first one it named
+    assert parser.tool([*codebook.codes["0"], *codebook.codes["1"]]) is None  # two tools is not one
     assert parser.tool([7, *codebook.codes["1"]]) is None  # a code later on is not what it named
     assert parser.tool([eos]) is None
 

@@ -208,7 +208,7 @@ def detector_config(artifact: str, file: str, data: str | None) -> dict:
 
 
 def test_a_swap_calibrates_a_new_version_on_its_driver_before_it_deploys(
-    bm25_versions, tmp_path, monkeypatch
+    bm25_versions, tmp_path, monkeypatch, caplog
 ):
     # Replicas fitted the threshold inside the deploy, on CPU often past the swap's timeout: the
     # follow then rolled a good version back. The driver fits it first; the replicas only read it.
@@ -232,3 +232,16 @@ def test_a_swap_calibrates_a_new_version_on_its_driver_before_it_deploys(
     swap.calibrate_here(config)
     swap.calibrate_here(detector_config(bm25_versions["default"], str(tmp_path / "other.json"), None))
     assert not (tmp_path / "other.json").exists()
+    # Replicas on GPUs fit their own threshold; a fit that fails here is left to the replicas.
+    on_gpu = detector_config(bm25_versions["default"], str(tmp_path / "gpu.json"), _data())
+    on_gpu["applications"][0]["deployments"][0]["ray_actor_options"] = {"num_gpus": 1}
+    swap.calibrate_here(on_gpu)
+    assert not (tmp_path / "gpu.json").exists()
+
+    def fails(*args, **kwargs):
+        raise MemoryError("the driver is too small")
+
+    monkeypatch.setattr(models, "calibrate_artifact", fails)
+    with caplog.at_level("WARNING", logger="components.serving.swap"):
+        swap.calibrate_here(detector_config(bm25_versions["default"], str(tmp_path / "x.json"), _data()))
+    assert "the driver is too small" in caplog.text

@@ -187,7 +187,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
                 # Before the base is written: a failed write must not leave serving on the model
                 # the registry no longer names (its rerun would keep, and never follow).
                 serving = follow_serving(name, rcfg.get("serve_app"))
-        if data_out != staged:
+        if not io.same_path(data_out, staged):
             # Failing here, the registry holds the challenger and the base is as it was: the same
             # increment can be applied again (its rerun registers one more version).
             # Marked while it runs: stopped part-way, the next round finishes it from ``staged``.

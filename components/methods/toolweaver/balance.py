@@ -10,12 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def distinct_rows(ids: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def distinct_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first, copy_of)`` for rows naming tools ``ids``: the first row of each distinct tool, and
-    for every row the position in ``first`` of its tool's (all rows distinct when ``ids`` is None)."""
-    if ids is None:
-        every = torch.arange(n)
-        return every, every
+    for every row the position in ``first`` of its tool's."""
     _, copy_of = torch.unique(ids, return_inverse=True)
     rows = torch.arange(len(ids), device=copy_of.device)
     first = torch.full((int(copy_of.max()) + 1,), len(ids), device=copy_of.device)

@@ -142,12 +142,15 @@ class RQVAE(nn.Module):
             codebook = self.codebooks[level]
             distances = squared_distances(residual, codebook)
             if sinkhorn_epsilon > 0 and level == self.config.levels - 1 and len(z) > 1:
-                first, copy_of = distinct_rows(ids, len(z))
-                prefixes = [c[first] for c in codes]
-                balanced = balanced_last_level(
-                    distances.detach()[first], prefixes, sinkhorn_epsilon, sinkhorn_iters
-                )
-                index = balanced[copy_of]
+                if ids is None:  # every row its own tool (a whole catalogue: assign)
+                    index = balanced_last_level(distances.detach(), codes, sinkhorn_epsilon, sinkhorn_iters)
+                else:
+                    first, copy_of = distinct_rows(ids)
+                    prefixes = [c[first] for c in codes]
+                    balanced = balanced_last_level(
+                        distances.detach()[first], prefixes, sinkhorn_epsilon, sinkhorn_iters
+                    )
+                    index = balanced[copy_of]
             else:
                 index = distances.argmin(1)
             chosen = codebook[index]
