@@ -132,6 +132,27 @@ def test_a_tool_repeated_in_a_batch_is_balanced_once_and_its_copies_share_its_co
     assert len(set(counted[6:, 0].tolist())) < 4  # pushed two of the other tools onto one code
 
 
+def test_collab_scale_catalog_undoes_the_share_of_co_users_a_batch_sees(tmp_path):
+    # A batch of B over N tools holds (B - 1)/(N - 1) of a tool's co-users on average, so with the
+    # default scaling a λ chosen on one catalogue acts far more weakly on a larger one.
+    x = hierarchical_vectors(groups=12, members=4, seed=1)
+    n = len(x)
+    weights = normalise(sp.csr_matrix(np.ones((n, n)) - np.eye(n)), "symmetric")
+    losses = {}
+    for name, params in {
+        "none": {"collab_weight": 0.0},
+        "batch": {"collab_weight": 1.0},
+        "catalog": {"collab_weight": 1.0, "collab_scale": "catalog"},
+    }.items():
+        task = QuantizerTask(codes_stage(tmp_path / name, x, weights, batch_size=16, **params))
+        model = task.build_model()
+        losses[name] = float(task.loss(model, task.collate(list(range(16)))))
+    batch, catalog = losses["batch"] - losses["none"], losses["catalog"] - losses["none"]
+    assert batch > 0 and catalog == pytest.approx(batch * (n - 1) / 15, rel=1e-4)
+    with pytest.raises(ValueError, match="collab_scale must be 'batch' or 'catalog'"):
+        ToolWeaverParams(collab_scale="tools")
+
+
 @pytest.mark.parametrize("size, at_least", [(2, 95), (8, 85)])
 def test_groups_smaller_than_k_get_their_least_distance_distinct_codes(size, at_least):
     # 100 groups of `size` rows under their own prefixes, K = 32, distances to a random codebook.

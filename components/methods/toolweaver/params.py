@@ -34,6 +34,10 @@ class ToolWeaverParams(CodeLMParams):
         hidden_dims / latent_dim: The quantizer's MLP encoder (mirrored by its decoder).
         beta: Commitment weight of the residual quantizer.
         collab_weight: λ, weight of the co-occurrence term Σ A_uv ‖ẑ_u − ẑ_v‖².
+        collab_scale: ``batch`` (the committed figures): the term over a batch's co-used pairs,
+            on average (B − 1)/(N − 1) of the whole per-tool term for batches of B over N tools,
+            so a λ acts more weakly on a larger catalogue; ``catalog`` multiplies it by
+            (N − 1)/(B − 1), so one λ means the same on any catalogue.
         cooccurrence_norm: How the tool–tool counts A are normalised: ``symmetric``
             (D^-1/2 A D^-1/2, the normalised-Laplacian weights), ``row`` (D^-1 A) or ``none``.
         sinkhorn_epsilon: ε, entropy of Sinkhorn–Knopp balancing at the last level (0 disables:
@@ -60,6 +64,7 @@ class ToolWeaverParams(CodeLMParams):
     latent_dim: int = 64
     beta: float = 0.25
     collab_weight: float = 0.1
+    collab_scale: str = "batch"
     cooccurrence_norm: str = "symmetric"
     sinkhorn_epsilon: float = 0.03
     sinkhorn_iters: int = 50
@@ -80,6 +85,10 @@ class ToolWeaverParams(CodeLMParams):
             )
         if self.collab_weight < 0 or self.sinkhorn_epsilon < 0 or self.beta < 0:
             raise ValueError("toolweaver: collab_weight, sinkhorn_epsilon and beta must be >= 0")
+        if self.collab_scale not in ("batch", "catalog"):
+            raise ValueError(
+                f"toolweaver: collab_scale must be 'batch' or 'catalog', got {self.collab_scale!r}"
+            )
         if self.code_init not in CODE_INITS:
             raise ValueError(f"toolweaver: code_init must be one of {CODE_INITS}, got {self.code_init!r}")
         if self.cooccurrence_norm not in NORMALISATIONS:

@@ -90,7 +90,12 @@ class QuantizerTask(StageTask):
         out = model(batch["x"], p.sinkhorn_epsilon, p.sinkhorn_iters, batch.get("ids"))
         loss = out["reconstruction_loss"] + out["quantiser_loss"]
         if p.collab_weight > 0:
-            loss = loss + p.collab_weight * collaborative_loss(out["z_hat"], batch["weights"])
+            collab = collaborative_loss(out["z_hat"], batch["weights"])
+            rows, tools = len(batch["x"]), len(self.vectors)
+            if p.collab_scale == "catalog" and 1 < rows < tools:
+                # A batch sees (B − 1)/(N − 1) of each tool's co-users on average: undone here.
+                collab = collab * (tools - 1) / (rows - 1)
+            loss = loss + p.collab_weight * collab
         return loss
 
     @torch.no_grad()
