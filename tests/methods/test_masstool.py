@@ -580,10 +580,22 @@ def test_detection_labels_come_from_where_the_example_came_from(with_negatives, 
     task = MassToolTask(joint_stage(params, with_negatives, str(tmp_path / "semantic")))
     task.build_model()
     items = task.train_data()
-    # A pool query whose judgements were all zero still needs a tool; a no-tool query does not.
+    # A pool query is labelled as needing a tool, a no-tool query not; one whose judgements were
+    # all zero says nothing either way (evaluation leaves it out): no detection loss from it.
     zero = (items[0][0], items[0][1], (), items[0][3])
-    batch = task.collate([zero, items[-1]])
-    assert batch["needs_tool"].tolist() == [1.0, 0.0]
+    batch = task.collate([zero, items[1], items[-1]])
+    assert batch["needs_tool"].tolist() == [1.0, 1.0, 0.0]
+    assert batch["detect_weight"].tolist() == [0.0, 1.0, 1.0]
+    assert "detect_weight" not in task.collate([items[1], items[-1]])  # the plain mean otherwise
+    model = task.build_model()
+    task.start_epoch(model, 0)
+    model.train()
+    losses = []
+    for label in (1.0, 0.0):  # whatever that query's label, the loss is the same
+        batch["needs_tool"][0] = label
+        torch.manual_seed(0)
+        losses.append(float(task.loss(model, batch)))
+    assert losses[0] == losses[1]
 
 
 def test_validation_re_embeds_the_pool_with_the_current_encoder(with_negatives, tmp_path):

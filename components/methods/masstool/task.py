@@ -159,6 +159,11 @@ class MassToolTask(StageTask):
             # Where the example came from, not its judgements: a pool query needs a tool.
             "needs_tool": (pool_index >= 0).float(),
         }
+        # A pool query judged only irrelevant says nothing about needing a tool: evaluation leaves
+        # it out of detection, and so does the detection loss (its label would be a guess).
+        unjudged = torch.tensor([p >= 0 and not rel for _, p, rel, _ in items])
+        if bool(unjudged.any()):
+            batch["detect_weight"] = (~unjudged).float()
         if self._twins:
             rows = {int(p) for p in pool_index if p >= 0}
             twins = sorted({t for p in rows for t in self._twins.get(p, ())} - rows)
@@ -181,9 +186,13 @@ class MassToolTask(StageTask):
         trained = unwrap(model).gcn.trained_tool.squeeze(-1) > 0
         scores = out["scores"].masked_fill(~trained, float("-inf"))
         loss = retrieval_loss(scores, batch["relevant"])
-        loss = loss + p.detection_weight * F.binary_cross_entropy_with_logits(
-            out["logit"], batch["needs_tool"]
-        )
+        weight = batch.get("detect_weight")
+        if weight is None:
+            detection = F.binary_cross_entropy_with_logits(out["logit"], batch["needs_tool"])
+        else:  # the mean over the examples that say whether a tool is needed
+            each = F.binary_cross_entropy_with_logits(out["logit"], batch["needs_tool"], reduction="none")
+            detection = (each * weight).sum() / weight.sum().clamp_min(1.0)
+        loss = loss + p.detection_weight * detection
         if out["cl"] is not None:
             loss = loss + p.contrastive_weight * out["cl"]
         return loss
