@@ -33,6 +33,8 @@ from components.generative.tool_tokens import ToolCodebook
 
 TOOL_CUE = "\nTool:"
 FINISH = "\nThought: I have what I need.\nAction: Finish"
+# Validation's thought before each action: the training thoughts begin the next tool's description.
+BLIND_THOUGHT = "I need another tool for this query."
 
 
 def tool_records(corpus: Corpus, ids: Iterable[str]) -> dict[str, ToolRecord]:
@@ -129,15 +131,19 @@ def agent_trajectory(
     records: Mapping[str, ToolRecord],
     codebook: ToolCodebook,
     max_length: int,
+    blind: bool = False,
 ) -> tuple[LMExample, list[int]]:
     """Stage 3: one ReAct trajectory; returns it and the positions that predict a tool code's first token.
 
     Every token after the query is a target (thoughts, actions, arguments, the final Finish).
+    ``blind``: every thought is :data:`BLIND_THOUGHT`, not the start of the next tool's description
+    (validation: there the description would give the answer away).
     """
     ids = prompter.prompt(f"Query: {query}", "", max_length)
     start, tool_positions = len(ids), []
     for t in tools:
-        ids += prompter.text(f"\nThought: {thought(records[t])}\nAction:")
+        said = BLIND_THOUGHT if blind else thought(records[t])
+        ids += prompter.text(f"\nThought: {said}\nAction:")
         tool_positions.append(len(ids) - 1)
         ids += [*codebook.codes[t], *prompter.text(f"\nAction Input: {arguments(records[t])}")]
     ids += [*prompter.text(FINISH), prompter.eos]
@@ -154,11 +160,13 @@ def agent_examples(
     max_length: int,
     limit: int | None = None,
     seed: int = 0,
+    blind: bool = False,
 ) -> list[tuple[LMExample, list[int], list[str]]]:
     """Trajectories of ``split``'s queries (a seeded sample of ``limit``), multi-tool queries first.
 
     Multi-tool queries are the ones that make a trajectory (several actions in a row), so a sample
     takes them before single-tool ones. Returns (example, tool positions, gold tools in order).
+    ``blind``: thoughts that do not describe the next tool (see :func:`agent_trajectory`).
     """
     records = tool_records(data.corpus, list(codebook.codes))
     qids = [q for q, rel in data.qrels[split].items() if relevant(rel, codebook)]
@@ -168,7 +176,7 @@ def agent_examples(
     for qid in qids[:limit] if limit else qids:
         tools = relevant(data.qrels[split][qid], codebook)
         example, positions = agent_trajectory(
-            prompter, data.queries[qid], tools, records, codebook, max_length
+            prompter, data.queries[qid], tools, records, codebook, max_length, blind
         )
         out.append((example, positions, tools[: len(positions)]))
     return out

@@ -199,10 +199,21 @@ class CodeLMTask:
         return {m: metrics[m] for m in EPOCH_METRICS}
 
     def agent_accuracy(self, model: TargetedLM) -> float:
-        """Teacher-forced agent steps: share of ``Action:`` positions whose top-1 tool is the gold one."""
+        """Teacher-forced agent steps: share of ``Action:`` positions whose top-1 tool is the gold one.
+
+        The thoughts before the actions are blind (:data:`~components.generative.sequences.BLIND_THOUGHT`):
+        a training thought begins the gold tool's description, and scored after it, the accuracy
+        measured description-to-token lookup, not choosing a tool for the query.
+        """
         p = self.params
         trajectories = td.agent_examples(
-            self.prompter, self.data, "valid", self.codebook, p.trajectory_max_length, p.agent_valid_queries
+            self.prompter,
+            self.data,
+            "valid",
+            self.codebook,
+            p.trajectory_max_length,
+            p.agent_valid_queries,
+            blind=True,
         )
         prompts, gold = [], []
         for example, positions, tools in trajectories:

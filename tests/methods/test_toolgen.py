@@ -75,6 +75,12 @@ def test_agent_trajectory_has_an_action_per_tool_with_schema_arguments(quickstar
     head = tokenizer.decode(example.ids[: first + 1])
     assert head.startswith("<s> Query:") and "Thought" not in head
     assert tokenizer.decode(example.ids[first + 1 :]).lstrip().startswith("Thought:")
+    # Validation's trajectories are blind: no thought begins the next tool's description (which
+    # gave the answer away to the agent accuracy that ranks the stage's checkpoints).
+    blind, _, _ = td.agent_examples(prompter, data, "train", codebook, 400, limit=20, blind=True)[0]
+    said = tokenizer.decode(blind.ids)
+    assert td.thought(record) in text and td.thought(record) not in said
+    assert said.count(td.BLIND_THOUGHT) == len(tools)
 
 
 def test_cold_start_tools_are_not_known_at_training_time(quickstart_1200):
