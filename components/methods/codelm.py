@@ -212,6 +212,10 @@ class CodeLMMethod(CodeLMStages):
             batch_size=self.params.eval_batch_size,
         )
 
+    def output_parser(self) -> OutputParser:
+        """How free beams are read: the codes and names of the indexed catalog."""
+        return OutputParser(self.codebook, self._tokenizer, {t: self._names[t] for t in self.tool_ids})
+
     def generate(self, queries: Queries, k: int, constrained: bool) -> list[list[Output]]:
         """``max(num_beams, k)`` beams per query: free (``lm.generate``) or trie-constrained.
 
@@ -225,7 +229,7 @@ class CodeLMMethod(CodeLMStages):
             return hits_to_outputs(self._constrained(queries, self._trie, beams), self.codebook)
         if self._lm is None:
             raise RuntimeError(f"{self.name}: free generation runs in process; engine vllm keeps no LM here")
-        parser = OutputParser(self.codebook, self._tokenizer, {t: self._names[t] for t in self.tool_ids})
+        parser = self.output_parser()
         prompts = self._prompts(queries)
         return generate_outputs(self._lm, self._tokenizer, prompts, parser, **self.params.free_decoding(k))
 
