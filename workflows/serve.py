@@ -49,7 +49,7 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
     ``detector_file`` set.
     """
     from components.serving.calibration import find_calibration
-    from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact, has_detect
 
     args = dict(args)
     args.setdefault("detector_file", os.path.join("runs", "serving", "detector.json"))
@@ -77,14 +77,6 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
         f"valid accuracy {detector.accuracy:.4f} -> {args['detector_file']}"
     )
     return args
-
-
-def has_detect(artifact: str) -> bool:
-    """Whether the artifact's method detects tool use itself (no calibration needed)."""
-    from components.methods import method_class
-    from components.methods.base import read_config
-
-    return "detect" in method_class(read_config(resolve(artifact))["method"]).capabilities
 
 
 def train_selector(

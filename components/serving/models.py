@@ -15,7 +15,7 @@ import numpy as np
 from components import methods
 from components.data import open_dataset
 from components.encoders.runtimes import check_runtime
-from components.methods.base import Method
+from components.methods.base import Method, read_config
 from components.metrics import by_score
 from components.registry import resolve
 from components.serving.calibration import (
@@ -278,10 +278,25 @@ def calibrate_artifact(
     return detector
 
 
+def has_detect(artifact: str) -> bool:
+    """Whether the artifact's method detects tool use itself (no calibration needed); read from its
+    ``config.json``, nothing loaded."""
+    return "detect" in methods.method_class(read_config(resolve(artifact))["method"]).capabilities
+
+
 def ensure_calibration(
-    artifact: str, data: str, detector_file: str, encoder_runtime: str = DEFAULT_ENCODER_RUNTIME
+    artifact: str,
+    data: str,
+    detector_file: str,
+    encoder_runtime: str = DEFAULT_ENCODER_RUNTIME,
+    splits: dict[str, Any] | None = None,
+    lm_engine: str | None = None,
+    lm_endpoint: dict[str, Any] | None = None,
 ) -> ScoreThreshold | None:
-    """``artifact``'s stored threshold for ``encoder_runtime``, calibrated on ``data`` first if the
-    file has none (:func:`calibrate_artifact`; ``None``: it has ``detect``)."""
-    found = find_calibration(detector_file, artifact, encoder_runtime)
-    return found or calibrate_artifact(artifact, data, detector_file, encoder_runtime=encoder_runtime)
+    """``artifact``'s stored threshold for ``encoder_runtime`` and ``lm_engine``, calibrated on
+    ``data`` first if the file has none (:func:`calibrate_artifact`); ``None`` when its method has
+    ``detect`` (then nothing is loaded)."""
+    found = find_calibration(detector_file, artifact, encoder_runtime, lm_engine)
+    if found is not None or has_detect(artifact):
+        return found
+    return calibrate_artifact(artifact, data, detector_file, splits, encoder_runtime, lm_engine, lm_endpoint)

@@ -212,10 +212,7 @@ def calibrate_here(config: dict[str, Any]) -> None:
     method detects by itself (MassTool) needs none; replicas on GPUs fit their own (this driver's
     CPU numerics are not theirs); a fit that fails here is logged and left to the replicas.
     """
-    from components.methods import method_class
-    from components.methods.base import read_config
-    from components.serving.calibration import find_calibration
-    from components.serving.models import DEFAULT_ENCODER_RUNTIME, artifact_dir, calibrate_artifact
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME, artifact_dir, ensure_calibration
 
     deployments = config["applications"][0].get("deployments") or []
     detector = next((d for d in deployments if d["name"] == "Detector"), {})
@@ -225,20 +222,15 @@ def calibrate_here(config: dict[str, Any]) -> None:
     if (detector.get("ray_actor_options") or {}).get("num_gpus"):
         return  # fitted on this driver's CPU, the threshold would be of other numerics (and slow)
     try:
-        artifact = artifact_dir(user["artifact"], user.get("source"), user.get("registry"))
-        runtime, engine = user.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME), user.get("lm_engine")
-        if "detect" in method_class(read_config(artifact)["method"]).capabilities:
-            return
-        if find_calibration(user["detector_file"], artifact, runtime, engine) is None:
-            calibrate_artifact(
-                artifact,
-                user["calibration_data"],
-                user["detector_file"],
-                user.get("splits"),
-                runtime,
-                engine,
-                user.get("lm_endpoint"),
-            )
+        ensure_calibration(
+            artifact_dir(user["artifact"], user.get("source"), user.get("registry")),
+            user["calibration_data"],
+            user["detector_file"],
+            user.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME),
+            user.get("splits"),
+            user.get("lm_engine"),
+            user.get("lm_endpoint"),
+        )
     except Exception as e:  # the replicas still can, as before: the swap goes on
         log.warning("calibrating %s on this driver failed (%s); its replicas will", user["artifact"], e)
 
