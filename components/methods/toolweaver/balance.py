@@ -10,18 +10,12 @@ from __future__ import annotations
 import torch
 
 
-def distinct_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(first, copy_of)`` for rows naming tools ``ids``: the first row of each distinct tool, and
-    for every row the position in ``first`` of its tool's."""
-    _, copy_of = torch.unique(ids, return_inverse=True)
-    rows = torch.arange(len(ids), device=copy_of.device)
-    first = torch.full((int(copy_of.max()) + 1,), len(ids), device=copy_of.device)
-    first = first.scatter_reduce(0, copy_of, rows, reduce="amin")
-    return first, copy_of
-
-
 def balanced_last_level(
-    distances: torch.Tensor, prefixes: list[torch.Tensor], epsilon: float, iters: int
+    distances: torch.Tensor,
+    prefixes: list[torch.Tensor],
+    epsilon: float,
+    iters: int,
+    ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Last-level codes chosen by Sinkhorn–Knopp (Cuturi 2013) within each group of rows sharing a
     prefix.
@@ -36,7 +30,17 @@ def balanced_last_level(
 
     Groups are balanced together in chunks (:func:`_balance_groups`), so 47k tools under 1k
     prefixes cost a few batched loops rather than one per prefix.
+
+    ``ids`` (one per row) names each row's tool: a tool repeated in a batch (the catalogue passes
+    several times an epoch, shuffled as one list) is balanced once and its copies take its code.
+    Counted as several tools, its copies took their share of a prefix's capacity from the others.
     """
+    if ids is not None:
+        _, copy_of = torch.unique(ids, return_inverse=True)
+        rows = torch.arange(len(ids), device=copy_of.device)
+        first = torch.full((int(copy_of.max()) + 1,), len(ids), device=copy_of.device)
+        first = first.scatter_reduce(0, copy_of, rows, reduce="amin")  # each tool's first row
+        return balanced_last_level(distances[first], [p[first] for p in prefixes], epsilon, iters)[copy_of]
     if prefixes:
         _, group = torch.unique(torch.stack(prefixes, 1), dim=0, return_inverse=True)
     else:

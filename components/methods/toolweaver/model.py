@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from components.methods.toolweaver.balance import balanced_last_level, distinct_rows
+from components.methods.toolweaver.balance import balanced_last_level
 
 CONFIG = "quantizer.json"
 WEIGHTS = "quantizer.safetensors"
@@ -131,10 +131,9 @@ class RQVAE(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Residual quantisation of ``z``: ``(codes B×L, quantised latent B×D, codebook+commitment loss)``.
 
-        The last level's choice is Sinkhorn-balanced when ``sinkhorn_epsilon`` > 0. ``ids`` (B,)
-        names the tool of each row: a tool repeated in a batch (the catalogue passes several times
-        an epoch, shuffled as one list) is balanced once and its copies take its code. Counted as
-        two tools, its copies took two tools' share of a prefix's capacity from the others.
+        The last level's choice is Sinkhorn-balanced when ``sinkhorn_epsilon`` > 0; ``ids`` (B,)
+        names each row's tool, so that a tool repeated in a batch is balanced once
+        (:func:`~components.methods.toolweaver.balance.balanced_last_level`).
         """
         residual, quantised = z, torch.zeros_like(z)
         codes, loss = [], z.new_zeros(())
@@ -142,15 +141,7 @@ class RQVAE(nn.Module):
             codebook = self.codebooks[level]
             distances = squared_distances(residual, codebook)
             if sinkhorn_epsilon > 0 and level == self.config.levels - 1 and len(z) > 1:
-                if ids is None:  # every row its own tool (a whole catalogue: assign)
-                    index = balanced_last_level(distances.detach(), codes, sinkhorn_epsilon, sinkhorn_iters)
-                else:
-                    first, copy_of = distinct_rows(ids)
-                    prefixes = [c[first] for c in codes]
-                    balanced = balanced_last_level(
-                        distances.detach()[first], prefixes, sinkhorn_epsilon, sinkhorn_iters
-                    )
-                    index = balanced[copy_of]
+                index = balanced_last_level(distances.detach(), codes, sinkhorn_epsilon, sinkhorn_iters, ids)
             else:
                 index = distances.argmin(1)
             chosen = codebook[index]
