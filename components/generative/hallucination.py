@@ -14,7 +14,7 @@ names anything is empty, neither a tool nor a hallucination (:func:`empty_rate`)
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -155,11 +155,14 @@ def hits_to_outputs(hits: list[Hits], codebook: ToolCodebook) -> list[list[Outpu
     return [[Output(list(codebook.codes[tool]), score, tool) for tool, score in row] for row in hits]
 
 
-def hallucination_rate(outputs: Sequence[Sequence[Output]]) -> float:
+def hallucination_rate(outputs: Sequence[Sequence[Output]], catalog: Container[str] | None = None) -> float:
     """Share of generated sequences that name something that is no real tool (an empty sequence
-    names nothing: :func:`empty_rate`; the two and the share naming a tool add up to 1)."""
+    names nothing: :func:`empty_rate`; the two and the share naming a tool add up to 1). With
+    ``catalog``, a tool outside it counts as no real tool too (the retrain gate's catalog)."""
     flat = [o for beams in outputs for o in beams]
-    return sum(o.tool is None and bool(o.tokens) for o in flat) / max(len(flat), 1)
+    named = [o.tool for o in flat if o.tokens]
+    invented = sum(t is None or (catalog is not None and t not in catalog) for t in named)
+    return invented / max(len(flat), 1)
 
 
 def empty_rate(outputs: Sequence[Sequence[Output]]) -> float:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from components.data.types import Qrels
-from components.generative.hallucination import Output, outputs_to_results
+from components.generative.hallucination import Output, hallucination_rate, outputs_to_results
 from components.methods.base import Method
 from components.metrics import evaluate_retrieval, paired_bootstrap, per_query, score_detection
 
@@ -129,10 +129,7 @@ def hallucination(
     match no tool before it answers, so its answers alone always scored 0: its ``beams`` are
     counted instead. For any other method (``beams`` None), the returned ids outside the catalog."""
     if beams is not None:
-        flat = [o for outputs in beams for o in outputs]
-        # An empty beam (ended at once) names nothing, as hallucination_rate counts it.
-        named_other = [bool(o.tokens) and (o.tool is None or o.tool not in catalog) for o in flat]
-        return float(np.mean(named_other)) if flat else 0.0
+        return hallucination_rate(beams, catalog)
     returned = [t for ranking in results.values() for t in ranking]
     return float(np.mean([t not in catalog for t in returned])) if returned else 0.0
 
