@@ -74,22 +74,20 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
             raise ValueError("evaluate: pass --artifact (a dir or models:/ URI), or set method.name")
         artifact = f"models:/{model_name(cfg, dataset.name)}/latest"
     splits = as_list(ecfg.get("splits", ["valid"]), "evaluate.splits")
-    local, version = artifact, None
+    local = artifact
     if is_model_uri(artifact):
         registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
         version = registry.lookup(artifact)  # one read: the version checked is the one downloaded
-    if version is not None and "valid" in splits:
         # Valid is carved from train by the config's splits: under other settings than the
         # version trained with, most of it is queries it trained on, and the score is memorised.
         # Checked before the download, which a refusal would waste (a large model from s3://).
-        differ = splits_differ(registry, version, cfg.get("splits"))
+        differ = splits_differ(registry, version, cfg.get("splits")) if "valid" in splits else None
         if differ:
             raise ConfigError(
                 f"evaluate: {artifact} (v{version.number}) was trained with other splits, as "
                 f"(trained with, given): {differ}; its valid split would hold queries it trained on. "
                 "Set splits to those it was trained with"
             )
-    if version is not None:
         local = registry.local_dir(version)
     method = methods.load(local)
     rows = []
