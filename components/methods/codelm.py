@@ -62,6 +62,7 @@ class CodeLMMethod(CodeLMStages):
         self._model: TargetedLM | None = None
         self.codebook = ToolCodebook()
         self._trie: TokenTrie | None = None
+        self._parser: OutputParser | None = None  # free beams' reader, built on first use after index
         self._names: dict[str, str] = {}
         self._scorer: NextTokenScorer | None = None  # the llama.cpp / vLLM engine, built on first use
         self._model_dir: str | None = None  # where the LM was loaded from (reloaded after vllm)
@@ -102,6 +103,7 @@ class CodeLMMethod(CodeLMStages):
         """Load an LM stage output; with ``data``, make sure every known tool has its code. With
         ``engine: vllm`` only the tokenizer and codebook load: the weights are the server's."""
         self._model_dir, self._scorer, self._lm_changed = resolve_lm(model_dir), None, False
+        self._parser = None
         if self.params.engine == "vllm":
             self._tokenizer, self.codebook = load_codes(model_dir)
             self._lm = self._model = None
@@ -180,6 +182,7 @@ class CodeLMMethod(CodeLMStages):
         if added:
             self._scorer = None  # the vocabulary grew: the next decode exports the LM again
         self._trie = self.codebook.trie(self.tool_ids)
+        self._parser = None
 
     def _prompts(self, queries: Queries) -> list[list[int]]:
         return [self._prompter.retrieval(queries[q], self.params.query_max_length) for q in queries]
@@ -213,8 +216,12 @@ class CodeLMMethod(CodeLMStages):
         )
 
     def output_parser(self) -> OutputParser:
-        """How free beams are read: the codes and names of the indexed catalog."""
-        return OutputParser(self.codebook, self._tokenizer, {t: self._names[t] for t in self.tool_ids})
+        """How free beams are read: the codes and names of the indexed catalog. Built once per
+        index (it decodes every code), not on every :meth:`generate` call."""
+        if self._parser is None:
+            names = {t: self._names[t] for t in self.tool_ids}
+            self._parser = OutputParser(self.codebook, self._tokenizer, names)
+        return self._parser
 
     def generate(self, queries: Queries, k: int, constrained: bool) -> list[list[Output]]:
         """``max(num_beams, k)`` beams per query: free (``lm.generate``) or trie-constrained.
