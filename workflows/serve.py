@@ -48,8 +48,8 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
     Done here, in the driver, so replicas only read the file; returns the args with
     ``detector_file`` set.
     """
-    from components.serving.calibration import find_calibration
-    from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact, has_detect
+    from components.serving.calibration import find_calibration, has_detect
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
 
     args = dict(args)
     args.setdefault("detector_file", os.path.join("runs", "serving", "detector.json"))

@@ -174,6 +174,14 @@ def scoring(artifact: str, encoder_runtime: str, lm_engine: str | None) -> tuple
     return runtime, engine
 
 
+def has_detect(artifact: str) -> bool:
+    """Whether the artifact's method detects tool use itself (no calibration needed); read from its
+    ``config.json``, nothing loaded."""
+    from components.methods import artifact_method, method_class
+
+    return "detect" in method_class(artifact_method(artifact)[1]).capabilities
+
+
 def find_calibration(
     path: str | None, artifact: str, encoder_runtime: str, lm_engine: str | None = None
 ) -> ScoreThreshold | None:

@@ -15,7 +15,7 @@ import numpy as np
 from components import methods
 from components.data import open_dataset
 from components.encoders.runtimes import check_runtime
-from components.methods.base import Method, read_config
+from components.methods.base import Method
 from components.metrics import by_score
 from components.registry import resolve
 from components.serving.calibration import (
@@ -23,6 +23,7 @@ from components.serving.calibration import (
     calibrate,
     calibration_key,
     find_calibration,
+    has_detect,
     has_legacy_calibration,
     model_version,
     save_calibration,
@@ -276,12 +277,6 @@ def calibrate_artifact(
     detector = calibrate(method, open_dataset(data, splits))
     save_calibration(detector_file, artifact, detector, encoder_runtime, lm_engine)
     return detector
-
-
-def has_detect(artifact: str) -> bool:
-    """Whether the artifact's method detects tool use itself (no calibration needed); read from its
-    ``config.json``, nothing loaded."""
-    return "detect" in methods.method_class(read_config(resolve(artifact))["method"]).capabilities
 
 
 def ensure_calibration(
