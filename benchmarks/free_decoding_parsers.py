@@ -46,7 +46,7 @@ def whole_output(method: CodeLMMethod, beams: list[list[Output]]) -> list[list[O
             if tool is None and o.tokens:
                 text = parser.tokenizer.decode(o.tokens).strip().casefold()
                 tool = parser.by_text.get(text)
-            kept.append(Output(o.tokens, o.score, tool if tool in parser.catalog else None))
+            kept.append(Output(o.tokens, o.score, tool if tool in parser.catalog else None, empty=o.empty))
         out.append(kept)
     return out
 

@@ -8,7 +8,8 @@ with nothing in its way; constrained decoding is the project's one trie decoder
 if its tokens are exactly a tool's code, if its text is a tool's token string or name, or else if
 it begins with a tool's whole code (the agent stage teaches a tool token followed by
 ``\nAction Input: ...``, so a beam that names a tool often goes on). A beam that ends before it
-names anything is empty, neither a tool nor a hallucination (:func:`empty_rate`).
+names anything (nothing, or only whitespace, before the end of sequence) is empty, neither a tool
+nor a hallucination (:func:`empty_rate`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Output:
-    """One generated sequence: its tokens after the prompt, beam score and the tool it names (or None)."""
+    """One generated sequence: its tokens after the prompt, beam score, the tool it names (or None)
+    and whether it is empty (named nothing: no tokens, or only whitespace, before the end; judged
+    from ``tokens`` alone when not given)."""
 
     tokens: list[int]
     score: float
     tool: str | None
+    empty: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.empty is None:
+            self.empty = self.tool is None and not self.tokens
 
 
 class OutputParser:
@@ -81,6 +89,17 @@ class OutputParser:
                 break
             out.append(int(t))
         return out
+
+    def empty(self, tokens: Sequence[int]) -> bool:
+        """Whether an output names nothing: no tokens before the end, or only whitespace. A beam
+        that writes a newline and stops tried no tool name, so it is no hallucination either."""
+        tokens = self.strip(tokens)
+        return self.codebook.tool_of(tokens) is None and not self.tokenizer.decode(tokens).strip()
+
+    def output(self, tokens: Sequence[int], score: float) -> Output:
+        """One generated sequence as an :class:`Output`, parsed."""
+        tool = self.tool(tokens)
+        return Output(self.strip(tokens), score, tool, empty=tool is None and self.empty(tokens))
 
     def tool(self, tokens: Sequence[int]) -> str | None:
         tokens = self.strip(tokens)
@@ -144,9 +163,7 @@ def generate_outputs(
             ]
         for row in range(len(chunk)):
             beams = range(row * num_beams, (row + 1) * num_beams)
-            out.append(
-                [Output(parser.strip(sequences[b]), scores[b], parser.tool(sequences[b])) for b in beams]
-            )
+            out.append([parser.output(sequences[b], scores[b]) for b in beams])
     return out
 
 
@@ -160,15 +177,16 @@ def hallucination_rate(outputs: Sequence[Sequence[Output]], catalog: Container[s
     names nothing: :func:`empty_rate`; the two and the share naming a tool add up to 1). With
     ``catalog``, a tool outside it counts as no real tool too (the retrain gate's catalog)."""
     flat = [o for beams in outputs for o in beams]
-    named = [o.tool for o in flat if o.tokens]
+    named = [o.tool for o in flat if not o.empty]
     invented = sum(t is None or (catalog is not None and t not in catalog) for t in named)
     return invented / max(len(flat), 1)
 
 
 def empty_rate(outputs: Sequence[Sequence[Output]]) -> float:
-    """Share of generated sequences that ended before naming anything (end of sequence first)."""
+    """Share of generated sequences that ended before naming anything (end of sequence first, or
+    after whitespace only)."""
     flat = [o for beams in outputs for o in beams]
-    return sum(o.tool is None and not o.tokens for o in flat) / max(len(flat), 1)
+    return sum(bool(o.empty) for o in flat) / max(len(flat), 1)
 
 
 def outputs_to_results(

@@ -35,6 +35,24 @@ def test_outputs_are_parsed_by_code_token_string_or_name():
     assert parser.tool([eos]) is None
 
 
+def test_a_beam_of_whitespace_is_empty_not_a_hallucination():
+    # A beam that writes a newline (or spaces) and stops tried no name: before, only a beam with no
+    # tokens at all was empty, and this one counted as an invented tool.
+    _, tokenizer, codebook = tiny_lm()
+    parser = OutputParser(codebook, tokenizer, NAMES)
+    eos = tokenizer.eos_token_id
+    blank = [*tokenizer("\n  ", add_special_tokens=False)["input_ids"], eos]
+    assert tokenizer.decode(parser.strip(blank)).strip() == "" and parser.strip(blank)
+    words = [*tokenizer("paris", add_special_tokens=False)["input_ids"], eos]
+    named = [*codebook.codes["1"], eos]
+    beams = [[parser.output(blank, -0.1), parser.output(words, -0.2), parser.output(named, -0.3)]]
+    assert [o.empty for o in beams[0]] == [True, False, False]
+    assert [o.tool for o in beams[0]] == [None, None, "1"]
+    assert empty_rate(beams) == 1 / 3 and hallucination_rate(beams) == 1 / 3
+    # The generated path builds its outputs the same way.
+    assert parser.output([eos], 0.0).empty and not parser.output(named, 0.0).empty
+
+
 def test_a_coded_tool_outside_the_catalog_is_no_tool():
     # A method indexed on a narrower catalog keeps every trained code: naming a tool left out of the
     # catalog is a hallucination there, not a hit.
