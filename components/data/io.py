@@ -162,7 +162,9 @@ def remove(path: str, storage_options: dict[str, Any] | None = None) -> None:
     pattern, so removing ``s3://b/exp[1]`` deleted ``exp1`` beside it and left ``exp[1]``."""
     if not is_remote(path):
         target = local_path(path)
-        if os.path.isdir(target):
+        if os.path.islink(target):  # the link only: what it points to belongs to someone else
+            os.remove(target)
+        elif os.path.isdir(target):
             shutil.rmtree(target)
         elif os.path.lexists(target):
             os.remove(target)

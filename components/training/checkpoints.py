@@ -59,7 +59,7 @@ def persisted(
     # requests per checkpoint), grouped by checkpoint directory.
     base = fs._strip_protocol(root).rstrip("/")
     files: dict[str, dict[str, Any]] = {}
-    for file, info in fs.find(base, detail=True).items():
+    for file, info in _files(fs, base).items():
         top = file[len(base) + 1 :].split("/", 1)[0]
         if file.startswith(f"{base}/") and top.startswith("checkpoint_"):
             files.setdefault(f"{base}/{top}", {})[file] = info
@@ -86,6 +86,22 @@ def persisted(
             (path if not io.is_remote(storage_path) else f"{storage_path.split('://')[0]}://{path}", state)
         )
     return sorted(found, key=lambda item: item[1]["epoch"])
+
+
+def _files(fs: Any, base: str, depth: int = 3) -> dict[str, Any]:
+    """Every file under ``base`` with its details, through symlinked directories.
+
+    fsspec's local ``find`` lists a symlinked directory as one entry of its own (``islink``) and
+    does not descend, so a checkpoint linked into the run (a run assembled from another one's
+    checkpoints) was passed over as incomplete. ``depth`` bounds how many links deep it follows,
+    so a link cycle ends."""
+    out: dict[str, Any] = {}
+    for file, info in fs.find(base, detail=True).items():
+        if info.get("islink") and depth > 0 and fs.isdir(file):
+            out.update(_files(fs, file, depth - 1))
+        else:
+            out[file] = info
+    return out
 
 
 def _all_listed(path: str, stored: dict[str, Any], listed: dict[str, int]) -> bool:

@@ -187,6 +187,26 @@ def test_persisted_skips_truncated_or_partial_checkpoints(tmp_path):
     assert [os.path.basename(p) for p, _ in found] == ["checkpoint_a"]
 
 
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_symlinked_checkpoint_directory_is_found(tmp_path, listed):
+    # A run assembled from another run's checkpoints by links: one listing of the run used to see
+    # each linked checkpoint as one entry and pass it over as incomplete.
+    write_checkpoint(tmp_path, "checkpoint_a", 0, listed=listed)
+    kept = write_checkpoint(tmp_path, "checkpoint_b", 1, run="elsewhere", listed=listed)
+    (tmp_path / "run" / "checkpoint_b").symlink_to(kept, target_is_directory=True)
+    found = persisted(str(tmp_path), "run")
+    assert [(os.path.basename(p), state["epoch"]) for p, state in found] == [
+        ("checkpoint_a", 0),
+        ("checkpoint_b", 1),
+    ]
+    assert latest(str(tmp_path), "run")[1]["epoch"] == 1
+    # Pruned, the link goes and the checkpoint it points to stays (rmtree refused a link before).
+    write_checkpoint(tmp_path, "checkpoint_c", 2, listed=listed)
+    kept_now = prune(persisted(str(tmp_path), "run"), 1, "s")
+    assert [os.path.basename(p) for p, _ in kept_now] == ["checkpoint_c"]
+    assert not os.path.lexists(tmp_path / "run" / "checkpoint_b") and (kept / "trainer_state.json").exists()
+
+
 @pytest.mark.parametrize("cut", ["model_state.safetensors", "optimizer.json", "model/weights.safetensors"])
 def test_a_checkpoint_with_a_file_cut_short_is_passed_over_for_the_one_before(tmp_path, cut):
     # Ray uploads a checkpoint's files in no set order: the trainer state can land whole while
