@@ -8,13 +8,16 @@ candidates per prompt, for alignment by retrieval reward).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from components.generative import deadline
-from components.generative.text import first_line
+from components.generative.text import first_line, fit_request
+
+log = logging.getLogger(__name__)
 
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> str:
@@ -24,6 +27,33 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> s
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return f"{system}\nrequest: {user}\nquery:"
+
+
+def chat_prompts(
+    tokenizer: PreTrainedTokenizerBase, system: str, texts: Sequence[str], max_tokens: int
+) -> list[str]:
+    """:func:`chat_prompt` of each text in at most ``max_tokens`` tokens: a longer request is cut
+    to its end (:func:`components.generative.text.fit_request`), the instruction and the
+    assistant cue kept whole. Training and generation both prompt through here, so a fine-tuned
+    generator sees a long request at inference as it saw one in training."""
+
+    def size(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def fits(text: str) -> bool:
+        return size(chat_prompt(tokenizer, system, text)) <= max_tokens
+
+    def tokenize(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def detokenize(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    requests = [fit_request(t, fits, tokenize, detokenize) for t in texts]
+    cut = sum(r != t for r, t in zip(requests, texts, strict=True))
+    if cut:
+        log.info("%d of %d requests cut to their end to fit a %d-token prompt", cut, len(texts), max_tokens)
+    return [chat_prompt(tokenizer, system, r) for r in requests]
 
 
 def rewrite_texts(
@@ -36,9 +66,9 @@ def rewrite_texts(
     max_prompt_tokens: int = 256,
 ) -> list[str]:
     """The greedy one-line answer to each text under the ``system`` instruction (a query rewrite);
-    an empty answer falls back to the text itself. ``max_prompt_tokens``: the prompt's last tokens
-    kept, as many as a fine-tuned generator was trained on."""
-    prompts = [chat_prompt(tokenizer, system, t) for t in texts]
+    an empty answer falls back to the text itself. ``max_prompt_tokens``: the prompt's budget, as
+    a fine-tuned generator was trained on (a longer request is cut to its end: :func:`chat_prompts`)."""
+    prompts = chat_prompts(tokenizer, system, texts, max_prompt_tokens)
     answers = generate_texts(lm, tokenizer, prompts, max_new_tokens, max_prompt_tokens, batch_size=batch_size)
     return [a[0] or t for a, t in zip(answers, texts, strict=True)]
 

@@ -9,14 +9,12 @@ of the previous prompt (the shared system instruction) across requests.
 - :meth:`LlamaCppLM.complete`: the greedy chat answer; the chat template is the one in the GGUF's
   metadata, the same template :func:`components.generative.generate.chat_prompt` reads from the
   tokenizer, so both engines see the same prompt.
-- :meth:`LlamaCppLM.rewrite`: one-line rewrites with the same contract as ``rewrite_texts`` and the
-  OpenAI-compatible endpoint (first line; an empty answer falls back to the text).
+- :meth:`LlamaCppLM.rewrite`: one-line rewrites, as ``rewrite_texts`` and the endpoint give them.
 - :meth:`LlamaCppLM.choose`: constrained decoding on this engine: a GBNF grammar that spells
   exactly the given options, so the answer is always one of them (a tool outside the candidates
   cannot be generated), scored by the model like any other continuation.
-- :class:`LlamaCppScorer`: next-token log-probabilities for the trie-constrained beam search of
-  ToolGen / ToolWeaver, on their own trained LMs exported to GGUF
-  (:mod:`components.generative.gguf_export`).
+- :class:`LlamaCppScorer`: next-token log-probabilities for ToolGen / ToolWeaver's trie-constrained
+  beam search, on their own LMs exported to GGUF (:mod:`components.generative.gguf_export`).
 """
 
 from __future__ import annotations
@@ -32,11 +30,11 @@ from typing import Any
 from components.generative import deadline
 from components.generative.gguf_requantize import TARGETS, requantized
 from components.generative.packaged import PACKAGED_LMS, packaged_gguf
-from components.generative.text import fits_context, rewrite_in_context
+from components.generative.text import fit_context, rewrite_line
 
 LLAMACPP_KEYS = frozenset({"engine", "model", "n_ctx", "n_threads", "seed", "weights"})
-# ``weights``: ``file`` runs the GGUF as stored; a re-encoding (:mod:`.gguf_requantize`) reads prompts
-# faster but changes greedy answers on near-ties, so it is opt-in (benchmarks/results/llamacpp_rewrite.md).
+# ``weights``: ``file`` runs the GGUF as stored; a re-encoding (:mod:`.gguf_requantize`) is faster but
+# changes greedy answers on near-ties: opt-in (benchmarks/results/llamacpp_rewrite.md).
 WEIGHTS = ("file", *TARGETS)
 
 
@@ -211,9 +209,11 @@ class LlamaCppLM(_OneCallAtATime):
         return "".join(parts)
 
     def rewrite(self, system: str, texts: Sequence[str], max_tokens: int) -> list[str]:
-        """The first line of the greedy answer to each text (:func:`rewrite_line`), or the text."""
-        fits = partial(fits_context, self.llm().tokenize, self.n_ctx, max_tokens, system)
-        return [rewrite_in_context(partial(self.complete, system, t, max_tokens), t, fits) for t in texts]
+        """The first line of the greedy answer to each text (:func:`rewrite_line`), or the text; a
+        request past n_ctx (llama.cpp fails on it) is cut to its end, as in-process generation cuts one."""
+        llm = self.llm()
+        fit = partial(fit_context, llm.tokenize, llm.detokenize, self.n_ctx, max_tokens, system)
+        return [rewrite_line(partial(self.complete, system, fit(t), max_tokens), t) for t in texts]
 
     def choose(self, system: str, text: str, options: Sequence[str]) -> str:
         """The option the model generates for ``text``, decoding bound to the options' grammar."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 LINE_BREAK = ("\n",)
 log = logging.getLogger(__name__)
@@ -38,14 +39,59 @@ def fits_context(
     return len(tokenize(f"{system}\n{text}".encode())) + max_tokens + 32 <= n_ctx
 
 
-def rewrite_in_context(complete: Callable[..., str], text: str, fits: Callable[[str], bool]) -> str:
-    """:func:`rewrite_line`, or ``text`` itself when its prompt does not fit the engine's context.
+def fit_request(
+    text: str,
+    fits: Callable[[str], bool],
+    tokenize: Callable[[str], list[int]],
+    detokenize: Callable[[list[int]], str],
+) -> str:
+    """``text``, or the longest end of it (in whole tokens) with which its prompt ``fits``.
 
-    llama.cpp fails on a prompt past ``n_ctx`` (a ValueError, worded by where it overflows): one
-    long request stopped a whole evaluation, where the in-process LM cuts its prompts to
-    ``query_max_length``. Kept as it is, the request is what a failed rewrite leaves too.
+    The request is what gets cut, never the instruction or the chat template around it. Cut as a
+    whole from the left, a long request's prompt lost its system instruction (the in-process
+    generator, trained and run that way), and llama.cpp, which fails on a prompt past its context,
+    kept such a request unrewritten: one request got two treatments by engine. The end is kept: a
+    conversation's latest turn, and the ask of a long request, come last.
+
+    Raises:
+        ValueError: not even an empty request fits (the instruction alone fills the budget).
     """
-    if not fits(text):
-        log.warning("a %d-character request does not fit the LM's context; kept unrewritten", len(text))
+    if fits(text):
         return text
-    return rewrite_line(complete, text)
+    if not fits(""):
+        raise ValueError(
+            "the system prompt and chat template alone fill the prompt budget: shorten the system "
+            "prompt or raise the budget (query_max_length, or n_ctx for llama.cpp)"
+        )
+    ids = tokenize(text)
+    lo, hi = 0, len(ids)  # an end of lo tokens fits, one of hi does not (the whole text)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(detokenize(ids[-mid:]).strip()):
+            lo = mid
+        else:
+            hi = mid
+    return detokenize(ids[-lo:]).strip() if lo else ""
+
+
+def fit_context(
+    tokenize: Callable[[bytes], list[int]],
+    detokenize: Callable[[list[int]], bytes],
+    n_ctx: int,
+    max_tokens: int,
+    system: str,
+    text: str,
+) -> str:
+    """``text`` cut to its end (:func:`fit_request`) so that ``system``, it and an answer of
+    ``max_tokens`` fit a context of ``n_ctx`` tokens (:func:`fits_context`), for an engine that
+    tokenizes bytes (llama.cpp)."""
+    fits = partial(fits_context, tokenize, n_ctx, max_tokens, system)
+    request = fit_request(
+        text,
+        fits,
+        lambda t: tokenize(t.encode()),
+        lambda ids: detokenize(ids).decode(errors="ignore"),  # a cut can split a character's bytes
+    )
+    if request != text:
+        log.info("a %d-character request cut to its last %d to fit n_ctx %d", len(text), len(request), n_ctx)
+    return request

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tiny_lm import TEXTS, tiny_lm
 
-from components.generative.generate import first_line, generate_texts
+from components.generative.generate import chat_prompt, chat_prompts, first_line, generate_texts
+from components.generative.text import fit_request
 
 
 def continuation(lm, tokenizer, ids: list[int], new: int) -> torch.Tensor:
@@ -59,3 +61,40 @@ def test_finished_only_drops_continuations_cut_at_the_token_cap():
         assert kept_answer == (answer if ended else [""])
         cut += not ended
     assert cut > 0  # the cap cut at least one continuation here, so the test tells the two apart
+
+
+def test_a_long_request_is_cut_to_its_end_and_the_instruction_kept_whole():
+    # Cut as one string from the left, a long request's prompt lost its instruction (the in-process
+    # generator), while llama.cpp left such a request unrewritten: one request, two treatments.
+    _, tokenizer, _ = tiny_lm(seed=4, tools=False)
+
+    def size(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    system, long, budget = "rewrite the request as a search query", " ".join(TEXTS * 3), 80
+    assert size(chat_prompt(tokenizer, system, long)) > budget
+    (prompt,) = chat_prompts(tokenizer, system, [long], budget)
+    request = prompt.removeprefix(f"{system}\nrequest: ").removesuffix("\nquery:")
+    assert prompt == chat_prompt(tokenizer, system, request) and size(prompt) <= budget
+    assert request and long.endswith(request) and len(request) < len(long)
+    # The longest end that fits: one more token of the request would not.
+    ids = tokenizer(long, add_special_tokens=False)["input_ids"]
+    longer = tokenizer.decode(ids[-(size(request) + 1) :]).strip()
+    assert size(chat_prompt(tokenizer, system, longer)) > budget
+    # A request that fits is left alone; an instruction that fills the budget is a clear error.
+    assert chat_prompts(tokenizer, system, ["weather in paris"], budget) == [
+        chat_prompt(tokenizer, system, "weather in paris")
+    ]
+    with pytest.raises(ValueError, match="system prompt and chat template alone fill"):
+        chat_prompts(tokenizer, system * 4, ["weather"], budget)
+
+
+def test_fit_request_keeps_the_longest_end_that_fits():
+    words = ["one", "two", "three", "four", "five", "six", "seven"]
+
+    def fits(text: str) -> bool:
+        return len(f"SYSTEM {text}".split()) <= 4
+
+    got = fit_request(" ".join(words), fits, lambda t: t.split(), " ".join)
+    assert got == "five six seven"
+    assert fit_request("one two", fits, lambda t: t.split(), " ".join) == "one two"

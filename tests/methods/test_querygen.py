@@ -262,6 +262,28 @@ def test_rewrites_and_samples_cut_the_prompt_where_training_cut_it(aligned, monk
     assert cuts == [method.params.query_max_length] * 2
 
 
+def test_training_prompts_a_long_query_as_generation_does():
+    # The SFT example's prompt is the one rewrite() sends: the instruction whole, the query cut to
+    # its end. Before, training kept the chat prompt's last query_max_length tokens, instruction or not.
+    from components.generative.generate import chat_prompts
+    from components.generative.lm import LMSpec, build_causal_lm
+    from components.methods.querygen.params import QueryGenParams
+    from components.methods.querygen.task import rewrite_examples
+
+    texts = ["weather forecast for paris", "find flights to rome", "book a hotel near the airport"]
+    spec = LMSpec(
+        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64
+    )
+    _, tokenizer = build_causal_lm(spec, texts)
+    params = QueryGenParams(system_prompt="rewrite as a query", query_max_length=120, target_max_length=8)
+    long = " ".join(texts * 8)
+    (example,) = rewrite_examples(tokenizer, params, [(long, "weather api")])
+    (prompt,) = chat_prompts(tokenizer, params.system_prompt, [long], params.query_max_length)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert example.ids[: len(ids)] == ids and len(ids) <= params.query_max_length
+    assert prompt.startswith(params.system_prompt) and prompt.endswith("query:")
+
+
 def test_cold_start_and_text_encoders_are_the_wrapped_retrievers():
     # Over ToolGen (a token per trained tool) a new tool is not found by its text: querygen must not
     # claim it can (livemcpbench and serving read the instance's capabilities).

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.generative.chat_endpoint import ChatEndpoint
-from components.generative.generate import chat_prompt, generate_texts, rewrite_texts
+from components.generative.generate import chat_prompts, generate_texts, rewrite_texts
 from components.generative.llamacpp import LlamaCppLM
 from components.generative.lm import (
     build_causal_lm,
@@ -54,8 +54,8 @@ class LocalGenerator:
         """Greedy one-line rewrites (an empty one falls back to the text)."""
         lm, tokenizer = self.model()
         p = self.params
-        # The prompt cut where training cut it (query_max_length tokens, its end kept): cut at 256,
-        # a long request kept the instruction the generator never saw with such a request.
+        # The prompt fitted as training fits it (query_max_length tokens, a long request cut to its
+        # end, the instruction whole): another budget showed the generator prompts it never saw.
         return rewrite_texts(
             lm, tokenizer, p.system_prompt, texts, p.max_new_tokens, p.eval_batch_size, p.query_max_length
         )
@@ -65,7 +65,7 @@ class LocalGenerator:
     ) -> list[list[str]]:
         """``samples`` nucleus-sampled rewrites of each text (alignment's candidates)."""
         lm, tokenizer = self.model()
-        prompts = [chat_prompt(tokenizer, self.params.system_prompt, t) for t in texts]
+        prompts = chat_prompts(tokenizer, self.params.system_prompt, texts, self.params.query_max_length)
         return generate_texts(
             lm,
             tokenizer,

@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from components.data import io
-from components.generative.generate import chat_prompt
+from components.generative.generate import chat_prompts
 from components.generative.lm import lm_spec_from, load_causal_lm, save_causal_lm
 from components.generative.lora import add_lora, save_adapter_beside
 from components.generative.targeted import LMExample, TargetedLM, collate_examples, targets_loss
@@ -31,12 +31,14 @@ if TYPE_CHECKING:
 def rewrite_examples(
     tokenizer: PreTrainedTokenizerBase, params: QueryGenParams, pairs: list[tuple[str, str]]
 ) -> list[LMExample]:
-    """Prompt (chat template + query) -> rewrite + end of sequence, both truncated."""
+    """Prompt (chat template + query, in ``query_max_length`` tokens: a long query is cut to its end,
+    the instruction kept whole, as generation prompts it) -> rewrite + end of sequence (cut to
+    ``target_max_length``)."""
+    prompts = chat_prompts(tokenizer, params.system_prompt, [q for q, _ in pairs], params.query_max_length)
     out = []
-    for query, target in pairs:
-        prompt = tokenizer(chat_prompt(tokenizer, params.system_prompt, query), add_special_tokens=False)
+    for prompt, (_, target) in zip(prompts, pairs, strict=True):
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         output = tokenizer(target, add_special_tokens=False)["input_ids"][: params.target_max_length]
-        ids = prompt["input_ids"][-params.query_max_length :]
         out.append(LMExample.continuation(ids, [*output, tokenizer.eos_token_id]))
     return out
 
