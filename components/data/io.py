@@ -176,9 +176,20 @@ def remove(path: str, storage_options: dict[str, Any] | None = None) -> None:
 
 def put_dir(src: str, dst: str, storage_options: dict[str, Any] | None = None) -> None:
     """Copy local directory ``src`` to ``dst`` (a local path or an object-store URL), replacing what
-    was there: one fsspec copy for both."""
+    was there.
+
+    File by file from ``os.walk``, as :func:`remove` and :func:`fetch` go: fsspec's recursive
+    ``put`` reads ``[``, ``*`` and ``?`` in the source as a pattern, so ``run[1]`` copied its
+    sibling ``run1`` instead, without an error."""
     remove(dst, storage_options)
-    filesystem(dst, storage_options).put(src.rstrip("/") + "/", dst, recursive=True)
+    fs = filesystem(dst, storage_options)
+    for folder, _, names in os.walk(src):
+        rel = os.path.relpath(folder, src)
+        base = dst if rel == "." else join(dst, *rel.split(os.sep))
+        if not is_remote(dst):  # an object store has no directories; a local copy keeps empty ones
+            os.makedirs(local_path(base), exist_ok=True)
+        for name in names:
+            fs.put_file(os.path.join(folder, name), join(base, name))
 
 
 def fetch(path: str, storage_options: dict | None = None) -> str:

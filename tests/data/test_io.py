@@ -35,6 +35,19 @@ def test_remove_deletes_a_tree_and_ignores_a_missing_path(tmp_path: Path) -> Non
     assert not (tmp_path / "t").exists()
 
 
+def test_put_dir_copies_a_source_whose_name_reads_as_a_pattern(tmp_path: Path) -> None:
+    # fsspec's recursive put globbed "run[1]" and copied its sibling "run1" instead, silently.
+    for name, file in (("run[1]", "model.bin"), ("run1", "other.bin")):
+        (tmp_path / name / "sub").mkdir(parents=True)
+        (tmp_path / name / "sub" / file).write_bytes(name.encode())
+    (tmp_path / "run[1]" / "empty").mkdir()
+    dst = tmp_path / "dst"
+    (dst / "stale").mkdir(parents=True)
+    io.put_dir(str(tmp_path / "run[1]"), str(dst))
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*")) == ["empty", "sub", "sub/model.bin"]
+    assert (dst / "sub" / "model.bin").read_bytes() == b"run[1]"
+
+
 def test_id_map_orders_integer_ids_numerically_and_other_digits_lexically() -> None:
     assert IdMap.of(["10", "9", "007", "7"]).ids == ("007", "7", "9", "10")
     assert IdMap.of(["2", "²"]).ids == ("2", "²")  # "²".isdigit() is True, but int("²") fails

@@ -258,6 +258,15 @@ def test_a_path_with_pattern_characters_is_only_itself(s3_endpoint, tmp_path):
     assert keys == {"exp1/w.bin", "model[a]/w.bin", "modela/w.bin"}
     fetched = io.fetch("s3://names/model[a]", opts)
     assert (Path(fetched) / "w.bin").read_bytes() == b"model[a]/w.bin"
+    # Uploaded from a local source of such a name, the source is itself too, sub-folders kept.
+    for name in ("run[1]", "run1"):
+        (tmp_path / name / "model").mkdir(parents=True)
+        (tmp_path / name / "model" / "w.bin").write_bytes(name.encode())
+    io.put_dir(str(tmp_path / "run[1]"), "s3://names/up[1]", opts)
+    got = s3.get_object(Bucket="names", Key="up[1]/model/w.bin")["Body"].read()
+    assert got == b"run[1]" and not any(
+        k.startswith("up1") for k in {o["Key"] for o in s3.list_objects_v2(Bucket="names")["Contents"]}
+    )
 
 
 def test_checkpoints_written_by_other_processes_are_seen_after_an_earlier_listing(s3_endpoint):
