@@ -116,7 +116,12 @@ def prepare_splits(
         raise ValueError(f"dataset {dataset.name!r} has no train split; it has {sorted(dataset.qrels)}")
     qrels = dict(dataset.qrels)
     if mode == "cold_start":
-        qrels = cold_start(qrels, held_out_tools(sorted(dataset.corpus), unseen_fraction, seed))
+        unseen = held_out_tools(sorted(dataset.corpus), unseen_fraction, seed)
+        qrels = cold_start(qrels, unseen)
+        # A training scene can list a held-out tool (one its queries judge 0, or a sibling scene's):
+        # the scene-tool graph would give that tool an embedding before it was ever seen.
+        scene_tool = {s: [t for t in ts if t not in unseen] for s, ts in dataset.scene_tool.items()}
+        dataset = replace(dataset, scene_tool=scene_tool)
     if "valid" not in qrels:
         train, queries = qrels["train"], dataset.queries
         qrels["train"], qrels["valid"] = carve_validation(train, valid_fraction, seed, queries)

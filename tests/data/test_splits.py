@@ -151,6 +151,23 @@ def test_prepare_splits_cold_start_has_no_unseen_tool_in_train_valid_or_test() -
     assert total == sum(len(split) for split in ds.qrels.values())
 
 
+def test_cold_start_keeps_held_out_tools_out_of_the_training_scene_graph() -> None:
+    # A training query's scene lists a held-out tool the query judges 0: cold_start drops the
+    # judgement, but the scene-tool graph was built from the whole scene and gave the tool an edge.
+    from components.data.graphs import graph_inputs
+
+    unseen = held_out_tools(TOOLS, 0.2, seed=3)
+    seen = sorted(set(TOOLS) - unseen)
+    held = sorted(unseen)[0]
+    train = {f"tr{i}": {seen[i % len(seen)]: 1, held: 0} for i in range(60)}
+    ds = make_dataset({"train": train, "test": random_qrels(10, seed=2, prefix="te")})
+    ds = replace(ds, scene_tool={"s0": [seen[0], held]}, query_scene={"train": dict.fromkeys(train, "s0")})
+    out = prepare_splits(ds, mode="cold_start", valid_fraction=0.2, unseen_fraction=0.2, seed=3)
+    pairs, _, _ = graph_inputs(out)["scene_tool"]
+    assert pairs == [("s0", seen[0])]
+    assert ds.scene_tool["s0"] == [seen[0], held]  # the input is left alone
+
+
 # --- prepare_splits -----------------------------------------------------------------------------------
 
 
