@@ -125,6 +125,16 @@ def prepare_splits(
     if "valid" not in qrels:
         train, queries = qrels["train"], dataset.queries
         qrels["train"], qrels["valid"] = carve_validation(train, valid_fraction, seed, queries)
+    # Training and selection need queries with an answer: a shipped valid the loader emptied (every
+    # row rejected, or every query also in test) scored as no metric at all, and selection ran on it.
+    needed = ("train", "valid", "test_unseen") if mode == "cold_start" else ("train", "valid")
+    for name in needed:
+        if not any(s > 0 for rel in qrels[name].values() for s in rel.values()):
+            hint = "raise splits.unseen_fraction" if name == "test_unseen" else f"check qrels/{name}.tsv"
+            raise ValueError(
+                f"dataset {dataset.name!r}: split {name!r} has no query with a relevant tool "
+                f"({len(qrels[name])} queries); {hint}"
+            )
     neg_split = split_items(dataset.neg_queries, neg_fractions or NEG_FRACTIONS, seed)
     return replace(dataset, qrels=qrels, query_scene=regroup(dataset.query_scene, qrels), neg_split=neg_split)
 

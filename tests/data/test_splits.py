@@ -168,6 +168,22 @@ def test_cold_start_keeps_held_out_tools_out_of_the_training_scene_graph() -> No
     assert ds.scene_tool["s0"] == [seen[0], held]  # the input is left alone
 
 
+def test_a_split_without_an_answered_query_is_refused() -> None:
+    # A shipped valid the loader emptied was kept as {}: selection then ran on no query at all.
+    train = random_qrels(50, seed=1)
+    with pytest.raises(ValueError, match="split 'valid' has no query with a relevant tool"):
+        prepare_splits(make_dataset({"train": train, "valid": {}}))
+    with pytest.raises(ValueError, match="split 'valid' has no query with a relevant tool"):
+        prepare_splits(make_dataset({"train": train, "valid": {"v": {"t1": 0}}}))
+    with pytest.raises(ValueError, match="split 'train' has no query"):
+        prepare_splits(make_dataset({"train": {}, "valid": random_qrels(5, seed=2, prefix="v")}))
+    # Cold start holding out tools no query needs leaves test_unseen empty: nothing to report.
+    with pytest.raises(ValueError, match=r"split 'test_unseen'.*raise splits\.unseen_fraction"):
+        prepare_splits(
+            make_dataset({"train": {"q": {"t0": 1}}, "valid": {"v": {"t0": 1}}}), mode="cold_start"
+        )
+
+
 # --- prepare_splits -----------------------------------------------------------------------------------
 
 
