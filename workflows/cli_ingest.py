@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,7 +20,9 @@ Servers = Annotated[list[str], typer.Option("--server", help="An MCP server URL 
 @guarded
 def ingest_mcp(
     server: Servers,
-    out: Annotated[Path, typer.Option("--out", help="BEIR dataset dir whose corpus.jsonl is updated.")],
+    out: Annotated[
+        str, typer.Option("--out", help="BEIR dataset dir (local or s3://) whose corpus.jsonl is updated.")
+    ],
     name: Annotated[
         list[str] | None, typer.Option("--name", help="Server name in tool ids, one per --server.")
     ] = None,
@@ -54,7 +55,7 @@ def ingest_mcp(
     if missing:
         raise typer.BadParameter(f"environment variable(s) {', '.join(missing)} not set", param_hint="--env")
     passed = {v: os.environ[v] for v in env or []}
-    report = run_ingest(str(out), server, name, headers, passed, allow_empty)
+    report = run_ingest(out, server, name, headers, passed, allow_empty)
     console.print(
         f"{sum(report.servers.values())} tools from {len(report.servers)} servers → {out}/corpus.jsonl: "
         f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "

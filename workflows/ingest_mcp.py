@@ -12,7 +12,6 @@ corpus is touched. Unusable tools go to ``rejects.jsonl`` with the server and to
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
 import sys
 import time
@@ -195,7 +194,7 @@ def ingest_mcp(
                 "give each its own with --name"
             )
         names_seen[name] = source
-    corpus = read_catalog(os.path.join(out_dir, CORPUS))
+    corpus = read_catalog(io.join(out_dir, CORPUS))
     if not names:
         # Across runs too: a server that reports the name another source's tools are under (the
         # SDK's default "mcp-server") would retire them. Naming it with --name says it is that
@@ -228,11 +227,11 @@ def ingest_mcp(
     # Retired records first: a run stopped between the two writes then leaves a tool both in the
     # corpus and in retired.jsonl (the next run settles it), never a tool in neither.
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    retired_file = os.path.join(out_dir, RETIRED)
+    retired_file = io.join(out_dir, RETIRED)
     io.write_jsonl(retired_file, io.read_jsonl(retired_file) + [{**r, "retired_at": stamp} for r in retired])
-    io.write_jsonl(os.path.join(out_dir, CORPUS), list(corpus.values()))  # replaced whole, atomically
+    io.write_jsonl(io.join(out_dir, CORPUS), list(corpus.values()))  # replaced whole, atomically
     # This run's rejects replace those of the servers it read; other servers' rejects stay.
-    rejects_file = os.path.join(out_dir, REJECTS)
+    rejects_file = io.join(out_dir, REJECTS)
     ours = {source or name for name, source, _ in listed} | set(names_seen)
     kept = [r for r in io.read_jsonl(rejects_file) if r.get("file") not in ours]
     io.write_jsonl(rejects_file, kept + [asdict(r) for r in rejects.sorted()])

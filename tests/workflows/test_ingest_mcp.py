@@ -57,8 +57,8 @@ def stdio_server(tmp_path: Path, tools: list[str], descriptions: dict | None = N
     return f"{sys.executable} {script} {wanted}"
 
 
-def ingest(tmp_path: Path, *servers: str, options: tuple[str, ...] = ()):
-    args = ["ingest", "mcp", "--out", str(tmp_path / "cat"), *options]
+def ingest(tmp_path: Path, *servers: str, options: tuple[str, ...] = (), out: str | None = None):
+    args = ["ingest", "mcp", "--out", out or str(tmp_path / "cat"), *options]
     return CliRunner().invoke(app, args + [a for s in servers for a in ("--server", s)])
 
 

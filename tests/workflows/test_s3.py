@@ -309,3 +309,25 @@ def test_a_directory_where_a_file_belongs_is_said_to_be_one(s3_endpoint):
     sources = [SourceFile("corpus.jsonl", "records"), SourceFile("queries.jsonl", "records")]
     with pytest.raises(DatasetError, match=r"corpus\.jsonl: is a directory"):
         ingest("s3://parts/ds", sources, RejectLog(), options(s3_endpoint))
+
+
+def test_ingest_mcp_writes_its_catalog_to_s3(s3_endpoint, tmp_path, monkeypatch):
+    # --out was typed as a local Path: s3://b/c became ./s3:/b/c and the command exited 0.
+    from test_ingest_mcp import ingest, stdio_server
+
+    s3 = client(s3_endpoint)
+    s3.create_bucket(Bucket="catalog")
+    # The CLI takes no storage options: s3fs reads the environment, as the AWS tools do.
+    for key, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    result = ingest(tmp_path, stdio_server(tmp_path, ["forecast"]), out="s3://catalog/tools")
+    assert result.exit_code == 0, result.output
+    body = s3.get_object(Bucket="catalog", Key="tools/corpus.jsonl")["Body"].read().decode()
+    assert [json.loads(line)["_id"] for line in body.splitlines()] == ["weather-desk/forecast"]
+    assert not (tmp_path / "s3:").exists()
