@@ -96,6 +96,10 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Yaml12Loader)  # a SafeLoader subclass: no arbitrary objects
 
 
+# First characters of an override value read as plain text, not YAML (see apply_overrides).
+PLAIN_TEXT = frozenset("&*!|>%@`")
+
+
 def as_list(value: Any, key: str) -> list[Any]:
     """A list-valued setting: one value given alone (``bench.run=bm25``) is a list of one."""
     if isinstance(value, str | int | float):
@@ -175,8 +179,13 @@ def apply_overrides(
             raise ConfigError(
                 f"override {item!r}: no section {key.split('.')[0]!r}; the config has {sorted(sections)}"
             )
+        text = raw.strip()
         try:
-            value = parse_yaml(raw) if raw.strip() else ""
+            # YAML's node indicators (anchor, alias, tag, block scalar, block list) make no sense in
+            # one value and turn text into null or '': serve.api_key=&Xk9 set no key at all, so the
+            # server ran open. Such a value is the text it is.
+            plain = text[:1] in PLAIN_TEXT or text == "-" or text.startswith("- ")
+            value = "" if not text else text if plain else parse_yaml(raw)
         except yaml.YAMLError as e:
             if ": " not in raw:
                 raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from e
@@ -190,8 +199,13 @@ def apply_overrides(
             value = raw.strip()  # YAML would read " #..." as a comment and drop it: keep the text
         node = out
         parts = key.strip().split(".")
+        if len(parts) == 1 and value is None and isinstance(out.get(parts[0]), dict):
+            # A whole section nulled: every command then failed later with a TypeError.
+            raise ConfigError(f"override {item!r}: {parts[0]!r} is a section; set its keys instead")
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
+            if node.get(part) is None:  # an empty section (YAML's null) takes keys as one
+                node[part] = {}
+            child = node[part]
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
             node = child
@@ -204,20 +218,33 @@ def apply_overrides(
     return out
 
 
+def over(base: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` merged over ``base``, where an empty top-level section of ``data`` (``train:`` with
+    every key commented out: YAML's null) changes nothing; merged, it wiped ``base``'s section. A
+    null deeper down (``tune: {space: null}``) still replaces, as written."""
+    return merge(base, {k: v for k, v in data.items() if v is not None or not isinstance(base.get(k), dict)})
+
+
 def load_file(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A config file with what it ``extends``: a top-level ``extends: other.yaml`` (relative to the
     file) is loaded first and this file merged over it, so a sweep config can build on a bench one."""
     path = Path(path)
-    if path.resolve() in seen:
-        chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
-        raise ConfigError(f"{path}: extends itself ({chain})")
     data = load_yaml(path)
     parent = data.pop("extends", None)
     if parent is None:
         return data
+    lines = path.read_text(encoding="utf-8").splitlines()
+    line = next((i + 1 for i, text in enumerate(lines) if text.startswith("extends:")), 1)
     if not isinstance(parent, str):
-        raise ConfigError(f"{path}: extends: expected a file name, got {parent!r}")
-    return merge(load_file(path.parent / parent, (*seen, path.resolve())), data)
+        raise ConfigError(f"{path}:{line}: extends: expected a file name, got {parent!r}")
+    target = path.parent / parent
+    chain = (*seen, path.resolve())
+    if target.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, target.resolve()))
+        raise ConfigError(f"{path}:{line}: extends {parent!r}, which extends back to it ({cycle})")
+    if not target.exists():
+        raise ConfigError(f"{path}:{line}: extends {parent!r}, but {target} is not found")
+    return over(load_file(target, chain), data)
 
 
 def load_config(
@@ -226,11 +253,6 @@ def load_config(
     """Defaults, then the YAML file (if any, with what it ``extends``), then overrides."""
     config = copy.deepcopy(defaults or {})
     if path is not None:
-        # An empty top-level section (``train:`` with every key commented out: YAML's null) changes
-        # nothing; merged, it wiped the defaults' section and training failed with a TypeError.
-        # (A null deeper down, ``tune: {space: null}``, still replaces, as written.)
-        data = load_file(path)
-        config = merge(
-            config, {k: v for k, v in data.items() if v is not None or not isinstance(config.get(k), dict)}
-        )
+        # Over the defaults as over a parent: an empty section changes nothing (see ``over``).
+        config = over(config, load_file(path))
     return apply_overrides(config, overrides or [], set(config) if config else None)

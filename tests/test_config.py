@@ -126,11 +126,55 @@ def test_a_config_extends_another_and_a_cycle_is_an_error(tmp_path):
     assert cfg == {"train": {"seed": 0, "epochs": 4, "lr": 0.5}, "bench": {"out": "a.json"}}
     (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
-    with pytest.raises(ConfigError, match="extends itself"):
+    with pytest.raises(ConfigError, match=r"b\.yaml:1: extends 'a\.yaml', which extends back to it"):
         load_config(tmp_path / "a.yaml")
-    (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
-    with pytest.raises(ConfigError, match=r"missing\.yaml: config file not found"):
+    # The error names the file and line that point at the missing parent, not the parent alone.
+    (tmp_path / "c.yaml").write_text("# a sweep\nextends: missing.yaml\n")
+    with pytest.raises(
+        ConfigError, match=r"c\.yaml:2: extends 'missing\.yaml', but .*missing\.yaml is not found"
+    ):
         load_config(tmp_path / "c.yaml")
+
+
+def test_an_empty_section_in_a_child_keeps_the_parent_s(tmp_path):
+    # train: with every key commented out wiped the parent's train section (the defaults' was kept).
+    (tmp_path / "parent.yaml").write_text("train: {num_workers: 4, use_gpu: true}\n")
+    (tmp_path / "child.yaml").write_text("extends: parent.yaml\ntrain:\n  # num_workers: 2\n")
+    cfg = load_config(tmp_path / "child.yaml", [], {"train": {"num_workers": 1, "use_gpu": False}})
+    assert cfg["train"] == {"num_workers": 4, "use_gpu": True}
+
+
+def test_yaml_node_indicators_in_an_override_are_the_text_written():
+    # serve.api_key=&Xk9 was YAML's anchor on an empty value: null, so the server ran without a key.
+    given = [
+        "serve.api_key=&Xk9pQ",
+        "a.alias=*x",
+        "a.tag=!secret",
+        "a.pipe=|",
+        "a.fold=>x",
+        "a.dash=-",
+        "a.item=- x",
+    ]
+    cfg = apply_overrides({"serve": {"api_key": "from-file"}, "a": {}}, given)
+    assert cfg["serve"]["api_key"] == "&Xk9pQ"
+    assert cfg["a"] == {
+        "alias": "*x",
+        "tag": "!secret",
+        "pipe": "|",
+        "fold": ">x",
+        "dash": "-",
+        "item": "- x",
+    }
+    # What YAML is for in a value still parses: numbers, null, lists, negative numbers.
+    cfg = apply_overrides({}, ["n=-3", "z=null", "t=~", "l=[1, 2]"])
+    assert cfg == {"n": -3, "z": None, "t": None, "l": [1, 2]}
+
+
+def test_an_override_fills_an_empty_section_and_cannot_null_a_whole_one():
+    cfg = apply_overrides({"tune": {"space": None}}, ["tune.space.lr={loguniform: [1.0e-4, 1.0e-2]}"])
+    assert cfg["tune"]["space"] == {"lr": {"loguniform": [1.0e-4, 1.0e-2]}}
+    with pytest.raises(ConfigError, match="'train' is a section; set its keys instead"):
+        apply_overrides({"train": {"num_workers": 1}}, ["train=null"])
 
 
 def test_a_key_given_twice_names_both_lines(tmp_path):
