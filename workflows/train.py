@@ -9,6 +9,7 @@ last checkpoints. The trained method is logged to the model registry (MLflow, se
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -20,7 +21,9 @@ from components import methods
 from components.config import ConfigError
 from components.data import Dataset, dataset_from_config
 from components.methods.base import Method, RunSpec
-from components.registry import ModelRegistry, RegistrySettings, Version
+from components.registry import ChampionMoved, ModelRegistry, RegistrySettings, Version
+
+log = logging.getLogger(__name__)
 
 # The ``train`` section's keys: RunSpec's fields (``name`` comes from the job; ``run_name`` sets it, and
 # ``report_to_tune`` is set by ``toolscout tune``).
@@ -137,8 +140,24 @@ def train(cfg: dict[str, Any], promote: bool = False) -> dict[str, Any]:
     report = fit_method(method, dataset, new_run(cfg, name))
     registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
     version = register(registry, cfg, method, name, report)
-    if promote or "champion" not in registry.aliases(name):
+    if promote:
         registry.promote(name, version.number)
+    elif [v.number for v in registry.versions(name)] == [version.number]:
+        # Only a model's first version has nothing to beat. One with versions but no champion (its
+        # alias removed, its version deleted) stays so, as retrain refuses it; and a champion set
+        # by another driver since (a gated retrain) is never overwritten.
+        try:
+            registry.promote(name, version.number, replacing=None)
+        except ChampionMoved:
+            log.info("model %r: another driver set a champion first; v%d not promoted", name, version.number)
+    elif "champion" not in registry.aliases(name):
+        log.warning(
+            "model %r has versions but no champion; v%d is not promoted ungated: promote one with "
+            "toolscout registry promote %s N",
+            name,
+            version.number,
+            name,
+        )
     return {
         "artifact": registry.local_dir(version),
         "model_uri": version.uri,

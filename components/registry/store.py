@@ -151,7 +151,7 @@ class ModelRegistry:
         Raises:
             ChampionMoved: ``replacing`` is given and the champion is another version.
         """
-        self.client.get_model_version(name, str(number))  # raises for an unknown version first
+        self.lookup(f"models:/{name}/{number}")  # an unknown version: a LookupError, before the lock
         with AliasLock(self.settings.alias_lock):
             aliases = self.aliases(name)
             old = aliases.get("champion")

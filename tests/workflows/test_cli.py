@@ -255,3 +255,23 @@ def test_a_promoting_train_makes_each_new_version_the_champion(ray_session, tiny
     registry = ModelRegistry(RegistrySettings(root=str(tmp_path / "reg")))
     assert (first["version"], second["version"]) == (1, 2)
     assert registry.aliases(second["model"]) == {"champion": 2, "previous": 1}
+
+
+def test_train_crowns_a_first_version_only(ray_session, tiny_dataset, tmp_path):
+    # A model with versions but no champion (its alias removed) got whatever trained next crowned,
+    # ungated; retrain refuses that state, and train now leaves it so.
+    from components.config import load_config
+    from components.registry import ModelRegistry, RegistrySettings
+    from workflows.train import train
+
+    cfg = load_config(
+        None, [f"data.path={tiny_dataset}", f"registry.root={tmp_path / 'reg'}", "method.name=bm25"]
+    )
+    first = train(cfg)
+    registry = ModelRegistry(RegistrySettings(root=str(tmp_path / "reg")))
+    assert registry.aliases(first["model"]) == {"champion": 1}
+    registry.set_alias(first["model"], "champion", None)
+    second = train(cfg)
+    assert second["version"] == 2 and registry.aliases(first["model"]) == {}
+    with pytest.raises(LookupError, match=r"models:/.*/9"):
+        registry.promote(first["model"], 9)
