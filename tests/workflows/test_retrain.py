@@ -459,6 +459,13 @@ def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline
         ("level", 95, r"level: expected a number in \(0, 1\)"),
         ("samples", 0, "samples"),
         ("latency_queries", 0, "latency"),
+        # Each of these raised a TypeError in decide or the bootstrap after the challenger trained.
+        ("max_hallucination_rate", None, r"max_hallucination_rate: expected a number; got None"),
+        ("latency_budget_ms", "50", r"latency_budget_ms: expected a number; got '50'"),
+        ("min_new_tool_coverage", None, "min_new_tool_coverage: expected a number"),
+        ("samples", 2000.5, r"samples: expected an integer; got 2000\.5"),
+        ("level", "0.95", "level: expected a number"),
+        ("seed", None, "seed: expected an integer"),
     ],
 )
 def test_gate_settings_are_checked_when_read_not_after_training(key, value, says):

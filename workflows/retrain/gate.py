@@ -66,11 +66,26 @@ class GateSettings:
                 f"(the gate ranks the top {GATE_DEPTH}), e.g. ndcg@3; got {self.metric!r}"
             )
         # The rest too, before hours of training: a level of 95 failed only in the bootstrap
-        # after the challenger had trained, and 0 samples only in np.quantile.
+        # after the challenger had trained, 0 samples only in np.quantile, and a limit of null or
+        # "50" (a string) in decide, each after the challenger had trained.
+        for key in (
+            "level",
+            "max_detect_drop",
+            "max_hallucination_rate",
+            "latency_budget_ms",
+            "min_new_tool_coverage",
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"retrain.gate.{key}: expected a number; got {value!r}")
+        for key in ("samples", "latency_queries", "seed"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"retrain.gate.{key}: expected an integer; got {value!r}")
         if not 0.0 < self.level < 1.0:
             raise ValueError(f"retrain.gate.level: expected a number in (0, 1), e.g. 0.95; got {self.level}")
         for key in ("samples", "latency_queries"):
-            if int(getattr(self, key)) < 1:
+            if getattr(self, key) < 1:
                 raise ValueError(f"retrain.gate.{key}: expected an integer >= 1; got {getattr(self, key)!r}")
 
 
