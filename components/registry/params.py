@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from components.config import parse_yaml
+
 
 def unflatten(params: dict[str, str], prefix: str) -> Any:
     """The section under ``prefix`` of params :func:`components.config.flatten` wrote and MLflow
@@ -39,10 +41,13 @@ def unflatten(params: dict[str, str], prefix: str) -> Any:
 
 def _value(text: str) -> Any:
     """One logged value typed again: ``str()`` of a Python value (``None``, ``{'a': 0.1}``) read as
-    YAML, which takes Python's quoted dict keys and ``True``/``False`` but not ``None``."""
+    YAML, which takes Python's quoted dict keys and ``True``/``False`` but not ``None``. YAML 1.2's
+    scalars, as configs are read (:func:`components.config.parse_yaml`): YAML 1.1 gave back
+    ``1e-05`` as text, ``'on'`` as True and ``'2024-01-01'`` as a date, so a champion's splits
+    compared unequal to the same settings."""
     if text == "None":
         return None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return parse_yaml(text)
+    except yaml.YAMLError:  # text YAML 1.2 refuses (on, yes): it was that text
         return text

@@ -199,7 +199,14 @@ def test_alias_moves_take_turns_under_the_alias_lock(registry, tmp_path, monkeyp
 
 @pytest.mark.parametrize(
     "splits",
-    [None, {}, {"seed": 3}, {"mode": "cold_start", "neg_fractions": {"train": 0.7, "valid": 0.3}}],
+    [
+        None,
+        {},
+        {"seed": 3},
+        {"mode": "cold_start", "neg_fractions": {"train": 0.7, "valid": 0.3}},
+        # Read back as YAML 1.1: 1e-05 was the text "1e-05", "on" True and the date a date.
+        {"valid_fraction": 1e-05, "tag": "on", "since": "2024-01-01", "name": "yes"},
+    ],
 )
 def test_a_logged_config_section_reads_back_typed(registry, tmp_path, splits):
     # MLflow keeps params flat and as text: a retrain compares the champion's splits with its own.
