@@ -91,7 +91,7 @@ def load_prepared(
             # A JSON string (see workflows.preprocess.table_rows); older artifacts have no column.
             "metadata": json.loads(r.get("metadata") or "{}"),
         }
-        for r in sorted(table("corpus"), key=lambda r: r["order"])
+        for r in in_order(table("corpus"))
     }
     # Ray Data names parquet files at random, so file order is not row order: every table carries
     # an "order" column (tables written before it existed keep their file order).
@@ -101,12 +101,12 @@ def load_prepared(
         qrels[r["split"]].setdefault(r["query"], {})[r["tool"]] = int(r["score"])
     query_scene: dict[str, dict[str, str]] = {}
     scene_tool: dict[str, list[str]] = {}
-    for r in sorted(table("scenes"), key=lambda r: r["order"]):
+    for r in in_order(table("scenes")):
         if r["kind"] == "scene_tool":
             scene_tool.setdefault(r["left"], []).append(r["right"])
         else:
             query_scene.setdefault(r["split"], {})[r["left"]] = r["right"]
-    neg = sorted(table("neg_queries"), key=lambda r: r["order"])
+    neg = in_order(table("neg_queries"))
     neg_split: dict[str, list[str]] = {name: [] for name in manifest.get("neg_splits", [])}
     for r in neg:
         neg_split.setdefault(r["split"], []).append(r["text"])
@@ -119,5 +119,25 @@ def load_prepared(
         scene_tool=scene_tool,
         neg_queries=[r["text"] for r in neg],
         neg_split=neg_split,
-        graphs=load_graphs(path, storage_options),
+        graphs=complete_graphs(path, load_graphs(path, storage_options), manifest),
     )
+
+
+def complete_graphs(path: str, graphs: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """``graphs``, if they are every graph the manifest records, each of its recorded shape and
+    number of edges. A copy missing ``query_scene`` trained MassTool without scenes, silently.
+
+    Raises:
+        ValueError: a recorded graph is missing or not the one recorded.
+    """
+    for name, info in (manifest.get("graphs") or {}).items():
+        where = io.join(path, "graphs", f"{name}.npz")
+        found = graphs.get(name)
+        if found is None or list(found.matrix.shape) != info["shape"] or int(found.matrix.nnz) != info["nnz"]:
+            what = "is missing" if found is None else f"is {found.matrix.shape} with {found.matrix.nnz} edges"
+            raise ValueError(
+                f"{where} {what} where its manifest records {tuple(info['shape'])} with "
+                f"{info['nnz']} edges; the prepared directory is incomplete (copy it again, or run "
+                "toolscout preprocess again)"
+            )
+    return graphs

@@ -139,6 +139,20 @@ def test_a_prepared_dir_missing_part_of_a_table_is_refused(ray_session, tmp_path
         load_prepared(str(out))
 
 
+def test_a_prepared_dir_missing_a_graph_is_refused(ray_session, tmp_path):
+    # A copy without graphs/query_scene.* loaded, and MassTool trained without scenes, silently.
+    data = write_tiny_dataset(tmp_path / "d")
+    out = tmp_path / "out"
+    run_job(data, out)
+    assert set(load_prepared(str(out)).graphs) == {"cooccurrence", "query_scene", "query_tool", "scene_tool"}
+    for f in (out / "graphs").glob("query_scene.*"):
+        f.unlink()
+    with pytest.raises(
+        ValueError, match=r"query_scene\.npz is missing where its manifest records \(\d+, \d+\)"
+    ):
+        load_prepared(str(out))
+
+
 def test_tool_metadata_of_any_shape_survives(ray_session, tmp_path):
     data = write_tiny_dataset(tmp_path / "d")
     lines = (data / "corpus.jsonl").read_text().splitlines()
