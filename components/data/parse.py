@@ -124,10 +124,17 @@ def parse_qrels_row(text: str) -> tuple[tuple[str, str, int] | None, str | None]
 
 
 def parse_id_pair(text: str) -> tuple[tuple[str, str] | None, str | None]:
-    """Parse a two-column id map line (``query_scene_*.txt``, ``scene_tool.txt``, ``query_tool*.txt``)."""
-    cols = text.split()
-    if len(cols) != 2:
-        return None, f"expected 2 whitespace-separated ids, got {len(cols)} column(s)"
+    """Parse a two-column id map line (``query_scene_*.txt``, ``scene_tool.txt``, ``query_tool*.txt``).
+
+    Tab-separated when the line has a tab (what :func:`components.data.beir.write_beir` writes, and
+    the only way to keep an id with a space, such as an MCP tool ``srv/get weather``: split on any
+    whitespace, its rows were rejected and a retrain rewriting its base lost them); else split on
+    whitespace, as the ToolLens files are."""
+    stripped = text.strip()
+    cols = [c.strip() for c in stripped.split("\t")] if "\t" in stripped else stripped.split()
+    if len(cols) != 2 or not all(cols):
+        sep = "tab" if "\t" in stripped else "whitespace"
+        return None, f"expected 2 {sep}-separated ids, got {len(cols)} column(s)"
     return (cols[0], cols[1]), None
 
 

@@ -64,3 +64,27 @@ def test_a_stopped_rewrite_whose_copy_is_gone_says_what_to_do(copies, monkeypatc
     with pytest.raises(DatasetError, match=f"copy that copy over {base} and delete {base}/{REWRITING}"):
         finish_rewrite(str(base))
     assert os.path.exists(base / REWRITING)  # still refused: nothing was half-fixed
+
+
+def test_ids_with_spaces_survive_a_rewrite(tmp_path):
+    # MCP tool ids may hold a space ("srv/get weather"); write_beir separates pairs by tabs, but the
+    # loader split them on any whitespace and rejected every such row, lost at the next rewrite.
+    from dataclasses import replace
+
+    from components.data.beir import write_beir
+
+    generate_quickstart(str(tmp_path / "a"), seed=1, n_queries=40, n_neg=0)
+    ds = load_dataset(str(tmp_path / "a"))
+    tool = "srv/get weather"
+    corpus = {
+        **ds.corpus,
+        tool: {"_id": tool, "title": "get weather", "text": "weather by city", "metadata": {}},
+    }
+    scene = next(iter(ds.scene_tool))
+    query = next(iter(ds.query_scene["train"]))
+    query_scene = {**ds.query_scene, "train": {**ds.query_scene["train"], query: "scene with space"}}
+    scene_tool = {**ds.scene_tool, scene: [*ds.scene_tool[scene], tool], "scene with space": [tool]}
+    ds = replace(ds, corpus=corpus, scene_tool=scene_tool, query_scene=query_scene)
+    write_beir(ds, str(tmp_path / "b"))
+    back = load_dataset(str(tmp_path / "b"))
+    assert back.scene_tool == ds.scene_tool and back.query_scene == ds.query_scene
