@@ -60,7 +60,7 @@ def list_splits(root: str, storage_options: dict[str, Any] | None = None) -> lis
 
 
 def discover(
-    root: str, splits: list[str] | None = None, storage_options: dict[str, Any] | None = None
+    root: str, splits: str | list[str] | None = None, storage_options: dict[str, Any] | None = None
 ) -> list[SourceFile]:
     """The files to read for ``splits`` (all present if ``None``), checking required ones exist.
 
@@ -78,7 +78,11 @@ def discover(
             "complete copy the file names over it and delete the file"
         )
     available = list_splits(root, storage_options)
-    wanted = available if splits is None else list(splits)
+    # data.splits=train on the command line is one name, not the characters of one; a name given
+    # twice would read its file twice.
+    wanted = (
+        available if splits is None else list(dict.fromkeys([splits] if isinstance(splits, str) else splits))
+    )
     missing = [s for s in wanted if s not in available]
     if missing:
         raise DatasetError(

@@ -317,6 +317,9 @@ def test_requested_split_missing_lists_available(tmp_path: Path) -> None:
 def test_requested_split_subset_loads_only_that_split(tmp_path: Path) -> None:
     ds = load_dataset(make_dataset(tmp_path), splits=["test"])
     assert ds.qrels == {"test": {"q3": {"t3": 1}}}
+    # data.splits=test from the command line is one name (it was read as ['t', 'e', 's', 't']).
+    assert load_dataset(make_dataset(tmp_path / "b"), splits="test").qrels == ds.qrels
+    assert load_dataset(make_dataset(tmp_path / "c"), splits=["test", "test"]).qrels == ds.qrels
 
 
 def test_no_qrels_at_all_raises(tmp_path: Path) -> None:
