@@ -7,7 +7,10 @@ Serve ingress's FastAPI app, so it sits behind the same API key middleware and r
 ingress replica. A ``find_tools`` call goes through the ingress's own ``_select`` (detection →
 rewrite → retrieval), the code path of ``POST /v1/select``: the same request gets the same answer
 on both doors. Arguments are checked by the HTTP API's own request model, and a bad one is a
-JSON-RPC ``invalid params`` error naming the field.
+tool error (``isError``) naming the field, which the model sees. Only POST is served: a stateless
+server sends nothing unasked, so a GET (the stream some clients open after ``initialize``) is
+answered 405, as the transport spec allows, instead of an event stream that never ends and held an
+ingress request slot for good.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
+from starlette.responses import JSONResponse
 
 from components.serving.schemas import MAX_HISTORY, MAX_QUERY_CHARS, MAX_TOP_K, SelectRequest
 
@@ -107,6 +111,22 @@ def result(payload: dict[str, Any]) -> types.CallToolResult:
 _BINDING: dict[str, Any] = {}
 
 
+def post_only(app: Any) -> Any:
+    """``app`` for POST; any other HTTP method is a 405 with ``Allow: POST`` and a JSON-RPC error
+    body, as the SDK answers DELETE in stateless mode. (The SDK answered GET with an event stream
+    that no stateless server ever writes to or closes.)"""
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] == "POST":
+            await app(scope, receive, send)
+            return
+        body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Method Not Allowed"}}
+        response = JSONResponse(body, status_code=405, headers={"Allow": "POST"})
+        await response(scope, receive, send)
+
+    return asgi
+
+
 class ToolSearchEndpoint:
     """The MCP server of one ingress replica; :meth:`bind` connects it to the replica's handles."""
 
@@ -114,11 +134,13 @@ class ToolSearchEndpoint:
         self.server = Server("toolscout", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         # The ingress's API key middleware guards the endpoint; the SDK's Host check (which would
         # refuse any Host but localhost) is left to the deployment's proxy and CORS settings.
-        self.app = self.server.streamable_http_app(
-            streamable_http_path="/",
-            stateless_http=True,
-            json_response=True,
-            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        self.app = post_only(
+            self.server.streamable_http_app(
+                streamable_http_path="/",
+                stateless_http=True,
+                json_response=True,
+                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            )
         )
 
     @staticmethod

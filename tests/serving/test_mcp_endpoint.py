@@ -181,3 +181,23 @@ def test_k_written_as_a_whole_float_is_an_integer(bound):
     assert not result.is_error and [t["id"] for t in result.structured_content["tools"]] == ["slack/search"]
     result = call("find_tools", {"query": "search messages", "k": 1.5})
     assert result.is_error and "k:" in result.content[0].text
+
+
+def test_a_get_is_refused_at_once_not_left_open(bound):
+    # A stateless server sends nothing unasked: the SDK answered GET with an event stream it never
+    # wrote to or closed, holding an ingress request slot for good. The transport spec allows 405.
+    endpoint = ToolSearchEndpoint()
+
+    async def work():
+        async with endpoint.lifespan():
+            transport = httpx2.ASGITransport(app=endpoint.app)
+            async with httpx2.AsyncClient(transport=transport, base_url="http://mcp.test") as http:
+                accept = {"Accept": "text/event-stream, application/json"}
+                return await asyncio.wait_for(http.get("/", headers=accept), timeout=30)
+
+    got = asyncio.run(work())
+    assert got.status_code == 405 and got.headers["allow"] == "POST"
+    assert got.json()["error"]["code"] == -32600
+    # POST still serves the protocol (the SDK's own client: initialize, then tools/call).
+    bound.append(answer(["github/search"], None))
+    assert not call("find_tools", {"query": "find a repo"}).is_error
