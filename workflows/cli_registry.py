@@ -36,12 +36,21 @@ Follow = Annotated[
 ModelName = Annotated[str, typer.Argument(help="Registered model name, e.g. quickstart-bm25.")]
 
 
-def _registry(config: Path | None, overrides: list[str] | None) -> ModelRegistry:
-    """The registry the config's ``registry`` section names."""
+def _registry(config: Path | None, overrides: list[str] | None, new: bool = False) -> ModelRegistry:
+    """The registry the config's ``registry`` section names, which must exist unless ``new`` (a
+    server may start on an empty store): the embedded store
+    was created wherever a command ran, so ``registry list`` in another directory reported a new,
+    empty registry ("no versions") instead of saying there was none there."""
     from components.registry import ModelRegistry, RegistrySettings
     from workflows.cli_config import build_config
 
-    return ModelRegistry(RegistrySettings.from_config(build_config(config, overrides).get("registry")))
+    settings = RegistrySettings.from_config(build_config(config, overrides).get("registry"))
+    if settings.embedded and not new and not os.path.exists(settings.sqlite_path):
+        raise LookupError(
+            f"no registry at {settings.root} ({settings.sqlite_path} does not exist): run from the "
+            "directory that trained the models, or set registry.root=<its runs/registry>"
+        )
+    return ModelRegistry(settings)
 
 
 def _follow(address: str | None, name: str) -> None:
@@ -83,7 +92,7 @@ def server(
     One process by default: a registry sees a few requests per training run, and each of
     MLflow's default four workers imports all of MLflow.
     """
-    reg = _registry(config, overrides)
+    reg = _registry(config, overrides, new=True)
     s = reg.settings
     if s.resolved_uri.split("://", 1)[0] in ("http", "https"):
         # MLFLOW_TRACKING_URI set for clients (a pod's environment) names a server, not a store:

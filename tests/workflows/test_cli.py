@@ -275,3 +275,13 @@ def test_train_crowns_a_first_version_only(ray_session, tiny_dataset, tmp_path):
     assert second["version"] == 2 and registry.aliases(first["model"]) == {}
     with pytest.raises(LookupError, match=r"models:/.*/9"):
         registry.promote(first["model"], 9)
+
+
+def test_registry_commands_where_there_is_no_registry_say_so(tmp_path, monkeypatch):
+    # Run in another directory, `registry list` created an empty store there and said "no versions".
+    monkeypatch.chdir(tmp_path)
+    for args in (["list", "m"], ["promote", "m", "1"], ["rollback", "m"]):
+        result = runner.invoke(app, ["registry", *args])
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1 and "no registry at" in said and "registry.root" in said, said
+    assert not (tmp_path / "runs").exists()
