@@ -12,6 +12,8 @@ corpus is touched. Unusable tools go to ``rejects.jsonl`` with the server and to
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shlex
 import sys
 import time
@@ -25,6 +27,7 @@ from components.data.mcp_catalog import corpus_records
 from components.data.parse import split_lines
 from components.data.rejects import DatasetError, RejectLog
 from components.data.resolve import parse_lines, resolve_records
+from components.registry.lock import RetrainLock
 
 CORPUS, RETIRED, REJECTS = "corpus.jsonl", "retired.jsonl", "rejects.jsonl"
 # How long one server may take to answer a request, and to be listed whole: a stdio command that
@@ -194,8 +197,35 @@ def ingest_mcp(
                 "give each its own with --name"
             )
         names_seen[name] = source
+    with catalog_lock(out_dir):
+        return update_catalog(out_dir, listed, bool(names), names_seen, allow_empty)
+
+
+class IngestLock(RetrainLock):
+    """One ingest at a time per catalog (a cron run and a manual one): each reads the corpus, merges
+    its servers and rewrites it whole, so the second to write dropped the first one's changes."""
+
+    holder_is = "another ingest"
+
+
+def catalog_lock(out_dir: str) -> contextlib.AbstractContextManager[Any]:
+    """:class:`IngestLock` on a local catalog; none on an object store, which has no atomic create
+    to lock with (there the scheduler's ``concurrencyPolicy: Forbid`` keeps runs apart)."""
+    if io.is_remote(out_dir):
+        return contextlib.nullcontext()
+    return IngestLock(os.path.join(io.local_path(out_dir), ".ingest.lock"))
+
+
+def update_catalog(
+    out_dir: str,
+    listed: list[tuple[str, str, list[Any]]],
+    named: bool,
+    names_seen: dict[str, str],
+    allow_empty: bool,
+) -> IngestReport:
+    """Merge the servers' ``listed`` tools into ``out_dir``'s catalog and write it (under the lock)."""
     corpus = read_catalog(io.join(out_dir, CORPUS))
-    if not names:
+    if not named:
         # Across runs too: a server that reports the name another source's tools are under (the
         # SDK's default "mcp-server") would retire them. Naming it with --name says it is that
         # server (one that moved, say) and replaces them.

@@ -245,3 +245,18 @@ def test_a_catalog_row_that_cannot_be_kept_stops_the_ingest(tmp_path):
     assert f"{path}:2: " in str(e.value) and f"{path}:3: duplicate _id 's/a'" in str(e.value)
     path.write_text(good + "\n")
     assert read_catalog(str(path)) == {"s/a": json.loads(good)}
+
+
+def test_a_second_ingest_of_one_catalog_waits_its_turn(tmp_path):
+    # A cron run and a manual one each read the corpus, merged their servers and rewrote it whole:
+    # the second to write dropped the first one's changes. One holds the catalog's lock now.
+    from workflows.ingest_mcp import IngestLock
+
+    run_ingest(tmp_path, ["forecast"])
+    before = (tmp_path / "cat" / "corpus.jsonl").read_text()
+    with IngestLock(str(tmp_path / "cat" / ".ingest.lock")):
+        result = ingest(tmp_path, stdio_server(tmp_path, ["forecast", "alerts"], tag="2"))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "another ingest holds" in said, said
+    assert (tmp_path / "cat" / "corpus.jsonl").read_text() == before
+    assert re.search(r"\b1 added\b", run_ingest(tmp_path, ["forecast", "alerts"]))  # released: it runs
