@@ -39,6 +39,31 @@ def test_query_without_known_terms_gets_empty_ranking():
     assert m.retrieve({"x": "zzzz qqqq"}, k=3) == {"x": {}}
 
 
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_a_method_pickles_for_ray_before_and_after_indexing(profile):
+    # The stemming profiles held a PyStemmer object, which cannot be pickled: once any instance had
+    # analyzed text (the profiles share one analyzer), no BM25 method could be sent to a Ray worker.
+    import pickle
+
+    import cloudpickle
+
+    used = BM25Method(profile)
+    used.index(CORPUS)
+    fresh = BM25Method(profile)
+    queries = {"a": "weather forecast for my city", "b": "hotels in the city"}
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        assert pickle.loads(dumps(fresh)).analyzer == fresh.analyzer
+        assert pickle.loads(dumps(used)).retrieve(queries, 2) == used.retrieve(queries, 2)
+
+
+def test_nothing_to_index_is_a_clear_error():
+    with pytest.raises(ValueError, match="bm25: nothing to index: the catalog is empty"):
+        BM25Method().index({})
+    stop_words_only = {"t": {"_id": "t", "title": "", "text": "the of and", "metadata": {}}}
+    with pytest.raises(ValueError, match="no word of its 1 tools is indexed"):
+        BM25Method().index(stop_words_only)
+
+
 def test_save_load_round_trip_without_pickle(tmp_path):
     m = BM25Method("lucene", fields=["tool", "api", "description"])
     m.index(CORPUS)

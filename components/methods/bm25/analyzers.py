@@ -33,8 +33,8 @@ Elasticsearch's English set), ``nltk`` (NLTK's 179) or ``none``.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
-from functools import cached_property
 
 import bm25s.stopwords
 import Stemmer
@@ -80,19 +80,31 @@ class Analyzer:
         if self.stemmer != "none" and self.stemmer not in Stemmer.algorithms():
             raise ValueError(f"unknown stemmer {self.stemmer!r}; use 'none' or one of {Stemmer.algorithms()}")
 
-    @cached_property
-    def _stemmer(self) -> Stemmer.Stemmer | None:
-        return None if self.stemmer == "none" else Stemmer.Stemmer(self.stemmer)
-
     def tokens(self, text: str) -> list[str]:
         """Analyzed tokens of one text."""
         stop = STOPWORDS[self.stopwords]
         words = [w for w in TOKENIZERS[self.tokenizer].findall(text.lower()) if len(w) <= MAX_TOKEN_CHARS]
         words = [w for w in words if w not in stop]
-        return self._stemmer.stemWords(words) if self._stemmer is not None else words
+        return stemmer(self.stemmer).stemWords(words) if self.stemmer != "none" else words
 
     def __call__(self, texts: list[str]) -> list[list[str]]:
         return [self.tokens(t) for t in texts]
+
+
+_STEMMERS = threading.local()
+
+
+def stemmer(algorithm: str) -> Stemmer.Stemmer:
+    """This thread's PyStemmer for ``algorithm``. Not held by the analyzer: a ``Stemmer`` cannot be
+    pickled (a BM25 method that had analyzed text could not go to a Ray worker, nor could a fresh
+    one, the profiles' analyzers being shared), and one instance must not be called from two
+    threads at once (PyStemmer's own rule; serving answers from several)."""
+    found = getattr(_STEMMERS, "by_algorithm", None)
+    if found is None:
+        found = _STEMMERS.by_algorithm = {}
+    if algorithm not in found:
+        found[algorithm] = Stemmer.Stemmer(algorithm)
+    return found[algorithm]
 
 
 # A tool's documentation without its return schema (the JSON keys of the response).

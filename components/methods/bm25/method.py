@@ -86,10 +86,19 @@ class BM25Method:
 
     def index(self, corpus: Corpus) -> None:
         """Tokenize and index every tool document."""
-        self.tool_ids = list(corpus)
-        docs = [tool_document(corpus[t], self.fields) for t in self.tool_ids]
+        tool_ids = list(corpus)
+        tokens = self.analyzer([tool_document(corpus[t], self.fields) for t in tool_ids])
+        if not any(tokens):
+            # bm25s failed on it with "max() arg is an empty sequence".
+            what = (
+                "the catalog is empty" if not tool_ids else f"no word of its {len(tool_ids)} tools is indexed"
+            )
+            raise ValueError(
+                f"bm25: nothing to index: {what} (analyzer {self.analyzer}, fields {self.fields})"
+            )
+        self.tool_ids = tool_ids
         self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method=self.variant)
-        self._bm25.index(self.analyzer(docs), show_progress=False)
+        self._bm25.index(tokens, show_progress=False)
 
     def score_matrix(self, texts: list[str]) -> np.ndarray:
         """BM25 scores of every tool for each text, shape ``(len(texts), n_tools)``."""
