@@ -145,3 +145,29 @@ def test_the_volume_check_sees_a_mount_path_in_an_argument():
     words = shlex.split("toolscout retrain --data /mnt/shared/data method.params.semantic_cache=/mnt/x")
     config = {"method": {"params": {"semantic_cache": "/mnt/y", "epochs": 3}}, "data": {"path": "s3://b"}}
     assert mount_paths(words, config) == ["/mnt/shared/data", "/mnt/x", "/mnt/y"]
+
+
+def test_the_ray_cluster_config_installs_what_each_node_needs():
+    # The AWS autoscaler on the head imports boto3, which nothing in the project pulled in; CPU
+    # nodes took PyPI's CUDA torch (GBs each); workers had no S3 access for their checkpoints.
+    import json
+    import os
+
+    import jsonschema
+    import ray
+
+    config = yaml.safe_load((DEPLOY.parent / "ray_cluster.yaml").read_text())
+    schema = json.loads(Path(os.path.dirname(ray.__file__), "autoscaler", "ray-schema.json").read_text())
+    jsonschema.validate(config, schema)
+    head = config["setup_commands"] + config["head_setup_commands"]
+    assert any("boto3" in c and "-e ~/toolscout" in c for c in head)
+    for name, node in config["available_node_types"].items():
+        if name == config["head_node_type"]:
+            commands = head
+        else:
+            assert node["node_config"]["IamInstanceProfile"], name
+            commands = node["worker_setup_commands"]  # a node type's own list replaces the global one
+        install = next(i for i, c in enumerate(commands) if "-e ~/toolscout" in c)
+        cpu_torch = [i for i, c in enumerate(commands) if "download.pytorch.org/whl/cpu" in c]
+        gpu = node["resources"].get("GPU", 0) > 0
+        assert (not cpu_torch) if gpu else (cpu_torch and cpu_torch[0] < install), name
