@@ -57,6 +57,15 @@ def test_both_schedules_run_the_same_retrain_and_never_overlap():
     params = inspect.signature(retrain.callback).parameters
     flags = {a[2:] for a in cron_args if a.startswith("--")}
     assert flags <= {p.replace("_", "-") for p in params}, flags
+    # Both name the registry server in the job's own runtime env: a cluster whose pods lack
+    # MLFLOW_TRACKING_URI ran the round on an empty embedded store and crowned it ungated.
+    import json
+
+    words = shlex.split(pod["args"][0])
+    cron_env = json.loads(words[words.index("--runtime-env-json") + 1])
+    ray_env = yaml.safe_load(ray_cron["spec"]["jobTemplate"]["runtimeEnvYAML"])
+    uri = cron_env["env_vars"]["MLFLOW_TRACKING_URI"]
+    assert uri.startswith("http") and ray_env["env_vars"]["MLFLOW_TRACKING_URI"] == uri
 
 
 def test_the_tune_job_s_overrides_reach_the_trials():
