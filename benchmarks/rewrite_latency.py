@@ -35,6 +35,7 @@ from components.serving.models import ensure_calibration
 from components.serving.rewriter import QueryGenRewriter
 from components.training.spec import RunSpec
 from workflows.ray_env import init_ray
+from workflows.report import finite
 from workflows.serve import app_args, read_serve_config
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "rewrite_latency.json")
@@ -185,7 +186,7 @@ def main() -> None:
     report = {"dataset": "toollens", "results": rows, "machine": f"{os.cpu_count()} CPUs, no GPU"}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+        json.dump(finite(report), f, indent=2, allow_nan=False)
     write_markdown(report, args.out.replace(".json", ".md"), args)
 
 

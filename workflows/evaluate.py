@@ -13,6 +13,7 @@ from components.methods.base import Method
 from components.metrics import DEFAULT_KS, evaluate_retrieval, score_detection
 from components.registry import ModelRegistry, RegistrySettings, is_model_uri
 from components.registry.splits import splits_differ
+from workflows.report import finite
 from workflows.train import model_name
 
 
@@ -107,4 +108,6 @@ def write_output(cfg: dict[str, Any], report: dict[str, Any]) -> None:
     ecfg = cfg.get("evaluate") or {}
     if ecfg.get("output"):
         options = ecfg.get("storage_options") or (cfg.get("data") or {}).get("storage_options")
-        io.write_bytes(ecfg["output"], json.dumps(report, indent=2).encode(), options)
+        io.write_bytes(
+            ecfg["output"], json.dumps(finite(report), indent=2, allow_nan=False).encode(), options
+        )

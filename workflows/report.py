@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io as io_bytes
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -102,6 +103,17 @@ def recall_plot(
     io.write_bytes(path, buffer.getvalue(), storage_options)
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by ``None`` (JSON's null), at any depth."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def write_report(
     report: dict[str, Any],
     out_json: str,
@@ -119,7 +131,9 @@ def write_report(
     or a benchmark's own markdown (other columns, several tables), as text or as lines (e.g. from
     :func:`md_table`).
     """
-    io.write_bytes(out_json, json.dumps(report, indent=2).encode(), storage_options)
+    # Strict JSON: a metric that has no value (a first round's champion) is null, not NaN, which
+    # Python writes and other readers (jq, JavaScript, a strict parser) refuse.
+    io.write_bytes(out_json, json.dumps(finite(report), indent=2, allow_nan=False).encode(), storage_options)
     stem = os.path.splitext(out_json)[0]
     header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
     if table is None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from workflows.bench import bench
-from workflows.report import markdown_table
+from workflows.report import markdown_table, write_report
 
 
 def test_an_interrupted_bench_keeps_the_entries_it_finished(tiny_dataset, tmp_path):
@@ -103,3 +103,29 @@ def test_the_selection_metric_must_be_a_ranking_metric():
     for bad in ("queries", "ndcg@4", "accuracy"):  # a count, a cut-off not computed, not ranking
         with pytest.raises(ConfigError, match=r"bench\.select_metric: expected one of"):
             check_bench_metric(bad)
+
+
+def test_a_report_without_a_value_is_strict_json(tmp_path):
+    # A first retrain round has no champion: its NaN metrics were written as bare NaN, which jq,
+    # JavaScript and strict parsers refuse.
+    import json
+    import math
+
+    report = {
+        "dataset": "d",
+        "results": [
+            {
+                "method": "m",
+                "config": {},
+                "split": "valid",
+                "metrics": {"ndcg@3": math.nan, "recall@3": 0.5, "p99_ms": math.inf},
+            }
+        ],
+    }
+    write_report(report, str(tmp_path / "r.json"), plot=False)
+
+    def refuse(name):
+        raise ValueError(name)
+
+    back = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)
+    assert back["results"][0]["metrics"] == {"ndcg@3": None, "recall@3": 0.5, "p99_ms": None}

@@ -36,6 +36,7 @@ from components.data.rejects import DatasetError, RejectLog
 from components.data.splits import splits_from_config
 from components.registry import ChampionMoved, LockHeld, ModelRegistry, RegistrySettings, RetrainLock
 from components.registry.splits import splits_differ
+from workflows.report import finite
 from workflows.retrain.gate import GateSettings, decide, measure
 from workflows.retrain.increment import merge, read_increment
 from workflows.train import fit_method, model_name, register, run_spec
@@ -216,7 +217,11 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             "wall_seconds": time.perf_counter() - started,
             "serving": serving,
         }
-        io.write_bytes(io.join(out, "decision.json"), json.dumps(record, indent=2).encode(), options)
+        io.write_bytes(
+            io.join(out, "decision.json"),
+            json.dumps(finite(record), indent=2, allow_nan=False).encode(),
+            options,
+        )
         return record
 
 
