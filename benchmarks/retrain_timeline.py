@@ -233,7 +233,7 @@ def main() -> None:
     cfg["registry"]["root"] = os.path.join(work, "registry")
     plan = timeline(a.source, work, 0.1, 0.7, int(cfg["splits"]["seed"]))
     print(json.dumps(plan["sizes"]))
-    init_ray(cfg.get("ray"))
+    init_ray({**(cfg.get("ray") or {}), "local": True})  # its serve.shutdown() is for its own Ray
     rows = []
     try:
         started = time.perf_counter()

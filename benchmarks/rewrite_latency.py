@@ -129,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # as each Serve replica gets
     apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
+    init_ray({"num_cpus": 2, "progress_bars": False, "local": True})
     work = os.path.abspath(args.work)
     data = open_dataset(args.data)
     bm25 = train_artifacts(data, work, 1, keys=("bm25",))["bm25"]

@@ -211,7 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
+    init_ray({"num_cpus": 2, "progress_bars": False, "local": True})
     data = open_dataset(args.data)
     work = os.path.abspath(args.work)
     bm25 = train_artifacts(data, work, 1, keys=("bm25",))["bm25"]

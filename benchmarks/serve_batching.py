@@ -114,7 +114,7 @@ def start(
     detector file)."""
     torch.set_num_threads(1)
     settings = apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
+    init_ray({"num_cpus": 2, "progress_bars": False, "local": True})
     data = open_dataset(data_path)
     work = os.path.abspath(work)
     detector_file = os.path.join(work, "detector.json")

@@ -49,7 +49,7 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     env = apply_serve_env()  # the variant's own value is already in os.environ and wins
-    init_ray({"num_cpus": 2, "progress_bars": False})
+    init_ray({"num_cpus": 2, "progress_bars": False, "local": True})
     data = open_dataset(args.data)
     work = os.path.abspath(args.work)
     artifact = train_artifacts(data, work, dense_epochs=1, keys=("bm25",))["bm25"]

@@ -122,7 +122,7 @@ def deploy_llm_app(llm_args: dict[str, Any], python: str, port: int = 8000) -> t
     from workflows.ray_env import init_ray
 
     apply_serve_env()
-    init_ray({"num_cpus": 2, "progress_bars": False})
+    init_ray({"num_cpus": 2, "progress_bars": False, "local": True})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     start = time.perf_counter()
     deploy_config({"applications": [llm_application(llm_args, python=python)]})  # waits 900 s for an LLM app

@@ -771,7 +771,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     torch.set_num_threads(1)  # in-process baseline and training: one thread, as each replica gets
     settings = apply_serve_env()  # what `toolscout serve` runs with; export =0 to compare
-    init_ray({"num_cpus": 2, "progress_bars": False})
+    init_ray({"num_cpus": 2, "progress_bars": False, "local": True})
     data = open_dataset(args.data)
     work = os.path.abspath(args.work)
     keys = ("bm25",) if args.skip_base else ("bm25", "bm25_v2", "dense")

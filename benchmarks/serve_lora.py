@@ -88,6 +88,9 @@ def main() -> None:
 
     from ray import serve
 
+    from workflows.ray_env import init_ray
+
+    init_ray({"progress_bars": False, "local": True})  # its serve.shutdown() is for its own Ray
     llm_args = {
         "model": "smollm2-135m",
         "max_model_len": 2048,

@@ -28,6 +28,7 @@ from benchmarks.serve_load import doors, load, row
 from components.encoders.runtimes import RUNTIMES
 from components.serving.deploy import deploy_config, serve_config
 from components.serving.models import DetectorModel, RetrieverModel
+from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 from workflows.serve import app_args, read_serve_config
 
@@ -59,6 +60,7 @@ def main() -> None:
         print(f"{runtime} in-process: p50 {b['p50_ms']:.1f} ms, {b['rps']:.0f} req/s")
         del detector, retriever
 
+    init_ray({"num_cpus": 2, "progress_bars": False, "local": True})  # serve.shutdown() below: our own Ray
     port = 18000 + os.getpid() % 1000
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = read_serve_config(None)

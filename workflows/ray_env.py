@@ -17,7 +17,8 @@ LOCAL_TRAIN_POLL_S = "0.2"
 
 
 def init_ray(cfg: dict[str, Any] | None = None) -> None:
-    """Join the cluster named by ``ray.address`` / ``RAY_ADDRESS``, or start a local Ray.
+    """Join the cluster named by ``ray.address`` / ``RAY_ADDRESS``, or start a local Ray (always,
+    with ``local: true``).
 
     A local Ray binds to 127.0.0.1, its dashboard included, so the quickstart and the tests open no
     port beyond loopback. The dashboard is not there to be looked at: it serves the State API,
@@ -29,7 +30,12 @@ def init_ray(cfg: dict[str, Any] | None = None) -> None:
     if ray.is_initialized():
         return
     cfg = cfg or {}
-    address = cfg.get("address") or os.environ.get("RAY_ADDRESS")
+    if cfg.get("local"):
+        # A benchmark's own Ray (``local: true``): joining the cluster RAY_ADDRESS names, its
+        # ``serve.shutdown()`` removed every Serve app there. Dropped from the environment too, so a
+        # ``serve.start`` or a child process started from here does not join it either.
+        os.environ.pop("RAY_ADDRESS", None)
+    address = None if cfg.get("local") else cfg.get("address") or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
         return

@@ -51,3 +51,24 @@ def test_two_trainings_started_in_one_second_get_runs_of_their_own():
     # A retrain names its own run even under the champion's train.run_name (see retrain/job.py).
     scoped = run_spec({"train": {"run_name": "dense-a"}}, "m-retrain-s", scope="retrain-s")
     assert scoped.name == "dense-a-retrain-s"
+
+
+def test_a_benchmark_s_own_ray_never_joins_the_cluster_ray_address_names(monkeypatch):
+    # The serve benchmarks end with serve.shutdown(): joined to the cluster RAY_ADDRESS named, they
+    # removed every Serve app there. With local: true they start their own Ray and drop the address.
+    import os
+
+    import ray
+
+    from workflows import ray_env
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray_env, "quiet_data_progress", lambda show: None)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://10.0.0.1:10001")
+    ray_env.init_ray({"num_cpus": 2})
+    assert calls[-1]["address"] == "ray://10.0.0.1:10001"  # an entry point still joins it
+    ray_env.init_ray({"num_cpus": 2, "local": True})
+    assert "address" not in calls[-1] and calls[-1]["_node_ip_address"] == "127.0.0.1"
+    assert "RAY_ADDRESS" not in os.environ
