@@ -11,8 +11,9 @@ one 6-layer encoder pass per stage), each with its score-threshold detector, bui
 Detector and Retriever) the graph is deployed as ``toolscout serve`` builds it, with the answer
 cache off, and loaded through direct ingress by 1 client (the unloaded latency) and 8 clients in a
 closed loop (throughput), on ToolLens valid queries (the sweep chooses settings; test is for
-reports), every request forcing retrieval. The in-process baseline is the same two models called in this process on batches of 8 (throughput) and one query
-at a time (latency), in the same run, on one torch thread as each replica has.
+reports), every request forcing retrieval. The in-process baseline is the same two models called
+in this process on batches of 8 (throughput) and one query at a time (latency), in the same run,
+on one torch thread as each replica has.
 
 Selection rule (stated before the run, applied by the code): a setting is eligible for a model when
 its 1-client p50 is within 10% of that model's best; among the settings eligible for both models,
