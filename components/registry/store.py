@@ -29,6 +29,7 @@ from typing import Any
 from components.config import flatten
 from components.registry.local import MODEL_PATH, materialise
 from components.registry.lock import AliasLock
+from components.registry.moves import move, settle
 from components.registry.params import unflatten
 from components.registry.settings import ALIASES, RegistrySettings, Version, parse_model_uri, quiet_mlflow
 from components.registry.sqlite_template import create_from_template
@@ -153,17 +154,16 @@ class ModelRegistry:
         """
         self.lookup(f"models:/{name}/{number}")  # an unknown version: a LookupError, before the lock
         with AliasLock(self.settings.alias_lock):
+            settle(self, name)  # a move a crash left half done is finished first (.moves)
             aliases = self.aliases(name)
             old = aliases.get("champion")
             if replacing is not ANY and old != replacing:
                 raise ChampionMoved(f"model {name!r}: champion is v{old}, not v{replacing}")
             if old == number:
                 return None
-            if old is not None:
-                self.set_alias(name, "previous", old)
-            self.set_alias(name, "champion", number)
-            if aliases.get("challenger") == number:
-                self.set_alias(name, "challenger", None)
+            wanted = ({"previous": old} if old is not None else {}) | {"champion": number}
+            wanted |= {"challenger": None} if aliases.get("challenger") == number else {}  # it won
+            move(self, name, wanted)
         return self.version(name, old) if old is not None else None
 
     def rollback(self, name: str) -> Version:
@@ -174,17 +174,17 @@ class ModelRegistry:
             LookupError: the model has no ``previous`` version.
         """
         with AliasLock(self.settings.alias_lock):
+            settle(self, name)
             aliases = self.aliases(name)
             if "previous" not in aliases:
                 raise LookupError(f"model {name!r} has no 'previous' version to roll back to")
             if aliases["previous"] == aliases.get("champion"):
-                # Left by a move whose second alias write failed: rolling back would move nothing.
+                # Left by a move written before moves were recorded: rolling back moves nothing.
                 raise LookupError(
                     f"model {name!r}: 'previous' and 'champion' are both v{aliases['previous']}; "
                     "nothing to roll back to (promote the version wanted by number)"
                 )
-            self.set_alias(name, "champion", aliases["previous"])
-            self.set_alias(name, "previous", aliases.get("champion"))
+            move(self, name, {"champion": aliases["previous"], "previous": aliases.get("champion")})
         return self.version(name, aliases["previous"])
 
     # -- reading ------------------------------------------------------------------------------

@@ -277,3 +277,30 @@ def test_a_rollback_that_would_move_nothing_is_refused(registry, tmp_path):
     registry.set_alias("m", "previous", 2)
     with pytest.raises(LookupError, match="'previous' and 'champion' are both v2"):
         registry.rollback("m")
+
+
+@pytest.mark.parametrize("stop_at", [1, 2])
+def test_a_move_a_crash_left_half_done_is_finished_by_the_next_one(registry, tmp_path, monkeypatch, stop_at):
+    # A driver killed between a promotion's two alias writes left champion and previous on one
+    # version; rollback then refused, and the demoted version was in no alias at all.
+    for i in range(3):
+        registry.log_version("m", saved(tmp_path, f"v{i}", str(i)))
+    registry.promote("m", 1)
+    registry.promote("m", 2)
+    real, writes = registry.set_alias, []
+
+    def dies(name, alias, number):
+        writes.append(alias)
+        if len(writes) == stop_at:
+            raise KeyboardInterrupt("driver stopped")
+        real(name, alias, number)
+
+    monkeypatch.setattr(registry, "set_alias", dies)
+    with pytest.raises(KeyboardInterrupt):
+        registry.promote("m", 3)
+    monkeypatch.setattr(registry, "set_alias", real)
+    assert registry.aliases("m") != {"champion": 3, "previous": 2}  # half done, as the crash left it
+    # The next move finishes it first: here a rollback, which then undoes the promotion of v3.
+    assert registry.rollback("m").number == 2
+    assert registry.aliases("m") == {"champion": 2, "previous": 3}
+    assert "toolscout.alias_move" not in (registry.client.get_registered_model("m").tags or {})
