@@ -63,7 +63,11 @@ def bench_entry(
     # with the selected weight.
     variants = method.variants() if "variants" in method.capabilities else {"": None}
     chosen = getattr(method, "mix", None)
-    selected = next(mode for mode, mix in reversed(variants.items()) if mix is None or mix == chosen)
+    selected = next((mode for mode, mix in reversed(variants.items()) if mix is None or mix == chosen), None)
+    if selected is None:
+        raise ValueError(
+            f"{name}: its mix {chosen!r} is none of its variants {variants}; fit must set mix to one"
+        )
     for mode, mix in variants.items():
         if mix is not None:
             method.mix = mix

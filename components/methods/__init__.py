@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.methods.base import CAPABILITIES, Method, check_capabilities, read_config
+from components.methods.base import CAPABILITIES, Method, check_capabilities, check_instance, read_config
 from components.registry import resolve
 from components.training.spec import import_object
 
@@ -37,9 +37,11 @@ def build(name: str, params: dict[str, Any] | None = None) -> Method:
     """Instantiate a registered method from config parameters."""
     cls = method_class(name)
     try:
-        return cls(**(params or {}))
+        method = cls(**(params or {}))
     except TypeError as e:  # e.g. "unexpected keyword argument 'profile'": name the method and config
         raise ValueError(f"method {name!r}: bad method.params: {e}") from e
+    check_instance(method)
+    return method
 
 
 def artifact_method(path: str) -> tuple[str, str]:
@@ -59,4 +61,6 @@ def artifact_method(path: str) -> tuple[str, str]:
 def load(path: str) -> Method:
     """Load any saved method (an artifact dir or a ``models:/`` registry URI)."""
     path, name = artifact_method(path)
-    return method_class(name).load(path)
+    method = method_class(name).load(path)
+    check_instance(method)
+    return method

@@ -84,7 +84,26 @@ class Method(Protocol):
 
 # What a declared capability obliges a class to define (read where a method class is resolved, so
 # a method missing one fails when it is registered, not on its first served request).
-REQUIRES = {"detect": ("detect", "retrieve_detected"), "text_encoders": ("text_encoders",)}
+REQUIRES = {
+    "detect": ("detect", "retrieve_detected"),
+    "text_encoders": ("text_encoders",),
+    "variants": ("variants",),
+    "shared_stages": ("stage_settings",),
+}
+# The attributes an instance holds once built (or loaded): every method's ``tool_ids``, and what a
+# capability's readers set or read (bench sets a ``variants`` method's ``mix``; evaluation, the
+# retrain gate and serving read a detector's ``detect_threshold``). Missing, each failed only after
+# training, in the evaluation.
+INSTANCE_REQUIRES = {"": ("tool_ids",), "detect": ("detect_threshold",), "variants": ("mix",)}
+
+
+def check_instance(method: Any) -> None:
+    """Raise if a built or loaded method lacks an attribute :data:`INSTANCE_REQUIRES` asks of it."""
+    for capability in ("", *sorted(set(method.capabilities) & set(INSTANCE_REQUIRES))):
+        missing = [a for a in INSTANCE_REQUIRES[capability] if not hasattr(method, a)]
+        if missing:
+            why = f"declares {capability!r} but" if capability else "as every method,"
+            raise ValueError(f"{type(method).__name__} {why} does not set {missing} in __init__ / load")
 
 
 def check_capabilities(cls: type) -> None:
@@ -105,7 +124,10 @@ def check_capabilities(cls: type) -> None:
 
 
 def write_config(path: str, config: dict[str, Any]) -> None:
-    """Write a method's ``config.json`` (the method name included, for the registry)."""
+    """Write a method's ``config.json``; ``config`` must hold ``"method": <registry name>``, which
+    :func:`components.methods.load` reads to find the class."""
+    if "method" not in config:
+        raise ValueError(f"{path}: a method's config.json must name it: add 'method': <registry name>")
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)

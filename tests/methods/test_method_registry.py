@@ -76,3 +76,71 @@ def test_unknown_names_and_capabilities_are_refused(monkeypatch):
     with pytest.raises(ImportError, match="cannot import"):
         monkeypatch.setitem(methods.REGISTRY, "gone", "components.methods.gone.method:Gone")
         methods.method_class("gone")
+
+
+class NoThreshold(Odd):
+    """A detector with both functions but no detect_threshold: evaluation failed on it after training."""
+
+    capabilities = frozenset({"detect"})
+
+    def __init__(self):
+        self.tool_ids = []
+
+    def detect(self, queries):
+        return {}
+
+    def retrieve_detected(self, queries, k):
+        return {}, {}
+
+
+class NoToolIds(Odd):
+    capabilities = frozenset()
+
+
+class NoMix(Odd):
+    """Declares variants with the function but no mix, which bench sets and scoring reads."""
+
+    capabilities = frozenset({"variants"})
+
+    def __init__(self):
+        self.tool_ids = []
+
+    def variants(self):
+        return {"a": 0.0}
+
+
+def test_what_readers_need_of_an_instance_is_checked_when_it_is_built(monkeypatch):
+    # docs/adding-a-method.md's method, followed literally, registered and trained, then failed in
+    # evaluation (detect_threshold), in bench (variants, mix) or in serving (tool_ids).
+    for name, says in (
+        ("NoThreshold", r"declares 'detect' but does not set \['detect_threshold'\]"),
+        ("NoToolIds", r"as every method, does not set \['tool_ids'\]"),
+        ("NoMix", r"declares 'variants' but does not set \['mix'\]"),
+    ):
+        monkeypatch.setitem(methods.REGISTRY, name, f"{__name__}:{name}")
+        with pytest.raises(ValueError, match=says):
+            methods.build(name)
+    monkeypatch.setitem(methods.REGISTRY, "novariants", f"{__name__}:Odd")
+    monkeypatch.setattr(Odd, "capabilities", frozenset({"variants"}))
+    with pytest.raises(ValueError, match=r"declares 'variants' but does not define \['variants'\]"):
+        methods.method_class("novariants")
+
+
+def test_a_config_without_the_method_name_is_refused(tmp_path):
+    from components.methods.base import write_config
+
+    with pytest.raises(ValueError, match="must name it"):
+        write_config(str(tmp_path / "m"), {"weight": 1.0})
+
+
+def test_every_registered_package_is_in_the_independence_contract():
+    # The contract lists packages by name: a new method package left out of it could import another
+    # method package and lint-imports would still say KEPT.
+    from pathlib import Path
+
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    contract = next(c for c in pyproject["tool"]["importlinter"]["contracts"] if c["type"] == "independence")
+    packages = {target.split(":")[0].rsplit(".", 1)[0] for target in methods.REGISTRY.values()}
+    assert packages <= set(contract["modules"]), sorted(packages - set(contract["modules"]))
