@@ -100,6 +100,10 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
     results = os.path.join(work, "results.json")
     for stale in (results, *(os.path.splitext(results)[0] + ext for ext in (".md", ".png"))):
         Path(stale).unlink(missing_ok=True)  # an earlier run's results must not pass for this one's
+    output = (cfg.get("evaluate") or {}).get("output")
+    if output:  # nor its evaluate.output, written only at the end (a failed run left the old one)
+        ecfg, data = cfg.get("evaluate") or {}, cfg.get("data") or {}
+        io.remove(output, ecfg.get("storage_options") or data.get("storage_options"))
     cfg = merge(
         cfg,
         {

@@ -115,6 +115,16 @@ def check_overrides(overrides: list[str] | None, cfg: dict[str, Any]) -> None:
     stray = sorted((set(cfg["run"].get("params") or {}) - set(shipped["run"]["params"]) | given) - set(names))
     if stray:
         raise ConfigError(f"toolscout run: run.params has {stray}, which run.methods ({names}) does not run")
+    if cfg["run"].get("n_neg", 0) == 0 and "masstool" in names:
+        # MassTool selects on detection too only with no-tool queries in valid; the generated data
+        # has none without n_neg, and it failed after the methods before it had trained.
+        metric = str(method_params(cfg, "masstool").get("select_metric", "ndcg@3"))
+        if metric == "joint" or metric.startswith("detect_"):
+            raise ConfigError(
+                f"toolscout run: run.n_neg=0 generates no no-tool queries, which masstool's "
+                f"select_metric {metric!r} needs in valid; set run.n_neg > 0 or "
+                "run.params.masstool.select_metric=ndcg@3"
+            )
     for i, name in enumerate(names):
         earlier = dict.fromkeys(names[:i], "")
         try:

@@ -81,11 +81,15 @@ def test_a_run_that_fails_part_way_keeps_the_results_of_the_methods_done(ray_ses
 
     monkeypatch.setattr(workflows.run, "train", train)
     work = tmp_path / "qs"
+    # An earlier run's evaluate.output must not outlive this failed one (it was written at the end only).
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text('{"results": []}')
     args = ["run", f"run.workdir={work}", "run.n_queries=200", "run.n_neg=20", "run.methods=[bm25,dense]"]
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, [*args, f"evaluate.output={earlier}"])
     assert result.exit_code == 1 and "dense failed" in str(result.exception)
     rows = json.loads((work / "results.json").read_text())["results"]
     assert {(r["method"], r["split"]) for r in rows} == {("bm25", "valid"), ("bm25", "test")}
+    assert not earlier.exists()
 
 
 def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):

@@ -62,6 +62,9 @@ def run_refused(monkeypatch, *args: str) -> tuple[int, str]:
         ("run.workdir=null", "run.workdir: expected a directory path, got None"),
         ("run.wording=odd", "run.wording: expected one of ['held_out', 'shared']"),
         ("evaluate.splits=[valid,3]", "evaluate.splits: expected a list of split names"),
+        # The shipped masstool selects on detection too: with no no-tool queries it failed after
+        # bm25 and dense had trained.
+        ("run.n_neg=0", "run.n_neg=0 generates no no-tool queries, which masstool's select_metric 'joint'"),
     ],
 )
 def test_run_refuses_overrides_it_would_ignore(override: str, says: str, monkeypatch) -> None:
