@@ -200,7 +200,11 @@ def quickstart(cfg: dict[str, Any]) -> dict[str, Any]:
         report = run(cfg, data_dir, stage)
     lines = [f"results: {os.path.join(work, 'results.json')} (and results.md, results.png)"]
     if not cfg["data"].get("path") and cfg["run"].get("wording", "held_out") == "held_out":
-        lines.insert(0, "valid and test queries are worded unlike any training query")
+        # Tool queries only: no-tool queries are split by the loader (by text hash) after they are
+        # written, so they share the training wording; detection figures carry that cue.
+        lines.insert(
+            0, "valid and test tool queries are worded unlike any training query (no-tool ones are not)"
+        )
     out = Console()
     out.print(results_table(report))
     out.print("\n".join([*lines, f"full log: {log_path}"]))
