@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from components.data import io
-from components.data.loader import load_dataset
+from components.data.loader import load_dataset, split_names
 from components.data.prepared import is_prepared, load_prepared, read_manifest
 from components.data.rejects import DatasetError, RejectLog
 from components.data.splits import split_settings, splits_from_config
@@ -79,7 +79,7 @@ def check_prepared_splits(path: str, manifest: dict[str, Any], splits: dict[str,
         )
 
 
-def check_prepared_files(path: str, manifest: dict[str, Any], files: list[str] | None) -> None:
+def check_prepared_files(path: str, manifest: dict[str, Any], files: str | list[str] | None) -> None:
     """A run that names its qrels files (``data.splits``) gets a preparation of those files: which
     were read decides whether valid is shipped or carved and which train queries another split's
     judgement removes, so another preparation would train on another set, labelled as asked.
@@ -90,7 +90,7 @@ def check_prepared_files(path: str, manifest: dict[str, Any], files: list[str] |
     if files is None:
         return
     read = sorted(rel for rel in manifest.get("inputs") or {} if rel.startswith("qrels/"))
-    asked = sorted(f"qrels/{split}.tsv" for split in files)
+    asked = sorted(f"qrels/{split}.tsv" for split in split_names(files))
     if read != asked:
         raise DatasetError(
             f"{path}: prepared from {read}, but this run asks for {asked} (data.splits); run "

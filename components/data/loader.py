@@ -59,6 +59,12 @@ def list_splits(root: str, storage_options: dict[str, Any] | None = None) -> lis
     return sorted(n[: -len(".tsv")] for n in names if n.endswith(".tsv"))
 
 
+def split_names(splits: str | Iterable[str]) -> list[str]:
+    """``data.splits`` as a list: one name given alone (``data.splits=train`` on the command line)
+    is that split, not the characters of it, and a name given twice counts once."""
+    return list(dict.fromkeys([splits] if isinstance(splits, str) else splits))
+
+
 def discover(
     root: str, splits: str | list[str] | None = None, storage_options: dict[str, Any] | None = None
 ) -> list[SourceFile]:
@@ -78,11 +84,7 @@ def discover(
             "complete copy the file names over it and delete the file"
         )
     available = list_splits(root, storage_options)
-    # data.splits=train on the command line is one name, not the characters of one; a name given
-    # twice would read its file twice.
-    wanted = (
-        available if splits is None else list(dict.fromkeys([splits] if isinstance(splits, str) else splits))
-    )
+    wanted = available if splits is None else split_names(splits)
     missing = [s for s in wanted if s not in available]
     if missing:
         raise DatasetError(

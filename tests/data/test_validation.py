@@ -465,3 +465,15 @@ def test_a_long_bad_row_says_how_much_of_it_the_reject_leaves_out(tmp_path: Path
     load_dataset(root, log=log)
     (reject,) = [r for r in log.sorted() if r.file.endswith("corpus.jsonl")]
     assert reject.content.endswith("more chars]") and len(reject.content) < len(long)
+
+
+def test_a_prepared_directory_takes_data_splits_given_as_one_name() -> None:
+    # discover took one name as that split; the check of a prepared directory still split it into
+    # characters (qrels/t.tsv, qrels/e.tsv, ...) and refused the very run the name asked for.
+    from components.data import check_prepared_files
+
+    manifest = {"inputs": {"qrels/test.tsv": {}, "corpus.jsonl": {}}}
+    check_prepared_files("p", manifest, "test")
+    check_prepared_files("p", manifest, ["test", "test"])
+    with pytest.raises(DatasetError, match=r"asks for \['qrels/train.tsv'\]"):
+        check_prepared_files("p", manifest, "train")
