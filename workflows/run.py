@@ -100,10 +100,7 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
     results = os.path.join(work, "results.json")
     for stale in (results, *(os.path.splitext(results)[0] + ext for ext in (".md", ".png"))):
         Path(stale).unlink(missing_ok=True)  # an earlier run's results must not pass for this one's
-    output = (cfg.get("evaluate") or {}).get("output")
-    if output:  # nor its evaluate.output, written only at the end (a failed run left the old one)
-        ecfg, data = cfg.get("evaluate") or {}, cfg.get("data") or {}
-        io.remove(output, ecfg.get("storage_options") or data.get("storage_options"))
+    remove_old_output(cfg)
     cfg = merge(
         cfg,
         {
@@ -157,6 +154,25 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
             step()
     write_output(cfg, report)
     return report
+
+
+def remove_old_output(cfg: dict[str, Any]) -> None:
+    """Delete the file at ``evaluate.output`` (an earlier run's report; this run writes it only at
+    the end, so a failed run left the old one in place). Only a file: a directory there is refused,
+    not deleted with everything in it.
+
+    Raises:
+        ConfigError: ``evaluate.output`` names a directory (or an object-store prefix).
+    """
+    ecfg = cfg.get("evaluate") or {}
+    output = ecfg.get("output")
+    if not output:
+        return
+    fs = io.filesystem(output, ecfg.get("storage_options") or (cfg.get("data") or {}).get("storage_options"))
+    if fs.isdir(output):
+        raise ConfigError(f"evaluate.output: {output} is a directory; name the report's file (a .json)")
+    if fs.exists(output):
+        fs.rm_file(output)
 
 
 def results_table(report: dict[str, Any], columns: tuple[str, ...] = TABLE_COLUMNS) -> Table:

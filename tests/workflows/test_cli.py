@@ -90,6 +90,13 @@ def test_a_run_that_fails_part_way_keeps_the_results_of_the_methods_done(ray_ses
     rows = json.loads((work / "results.json").read_text())["results"]
     assert {(r["method"], r["split"]) for r in rows} == {("bm25", "valid"), ("bm25", "test")}
     assert not earlier.exists()
+    # A directory there is refused, not deleted with what it holds.
+    (tmp_path / "reports" / "keep.json").parent.mkdir()
+    (tmp_path / "reports" / "keep.json").write_text("{}")
+    result = runner.invoke(app, [*args, "run.methods=[bm25]", f"evaluate.output={tmp_path / 'reports'}"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "is a directory; name the report's file" in said, said
+    assert (tmp_path / "reports" / "keep.json").exists()
 
 
 def test_bench_writes_json_table_and_plot(ray_session, tiny_dataset, tmp_path):
