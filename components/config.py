@@ -97,7 +97,7 @@ def parse_yaml(text: str) -> Any:
 
 
 # First characters of an override value read as plain text, not YAML (see apply_overrides).
-PLAIN_TEXT = frozenset("&*!|>%@`")
+PLAIN_TEXT = frozenset("&*!|>%@`#")  # "#": YAML's comment, which made serve.api_key=#k null
 
 
 def as_list(value: Any, key: str) -> list[Any]:
@@ -184,7 +184,10 @@ def apply_overrides(
             # YAML's node indicators (anchor, alias, tag, block scalar, block list) make no sense in
             # one value and turn text into null or '': serve.api_key=&Xk9 set no key at all, so the
             # server ran open. Such a value is the text it is.
-            plain = text[:1] in PLAIN_TEXT or text == "-" or text.startswith("- ")
+            # (YAML's own tags, !!str 2024, still parse: that is how one asks for a string.)
+            plain = (
+                (text[:1] in PLAIN_TEXT and not text.startswith("!!")) or text == "-" or text.startswith("- ")
+            )
             value = "" if not text else text if plain else parse_yaml(raw)
         except yaml.YAMLError as e:
             if ": " not in raw:
