@@ -19,19 +19,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MOVE_TAG = "toolscout.alias_move"  # {alias: version or null} a move set out to write
+MOVE_TAG = "toolscout.alias_move"  # {alias: [version before, version after]} of a move under way
 
 
 def move(registry: ModelRegistry, name: str, wanted: dict[str, int | None]) -> None:
-    """Point each alias of ``wanted`` at its version (``None``: remove it), recorded first."""
-    registry.client.set_registered_model_tag(name, MOVE_TAG, json.dumps(wanted))
+    """Point each alias of ``wanted`` at its version (``None``: remove it), recorded first with
+    where each alias was, so that finishing it later never undoes a move made since."""
+    before = registry.aliases(name)
+    record = {alias: [before.get(alias), number] for alias, number in wanted.items()}
+    registry.client.set_registered_model_tag(name, MOVE_TAG, json.dumps(record))
     for alias, number in wanted.items():
         registry.set_alias(name, alias, number)
     registry.client.delete_registered_model_tag(name, MOVE_TAG)
 
 
 def settle(registry: ModelRegistry, name: str) -> bool:
-    """Finish a move of ``name`` that a crash interrupted, if its record is there; ``True`` then."""
+    """Finish a move of ``name`` that a crash interrupted, if its record is there; ``True`` then.
+
+    An alias is written only while it still points where the move found it or where it was headed:
+    one moved since by a writer that does not settle first (a retrain setting ``challenger``) keeps
+    its new place. A version the move named that is gone by now is left out."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -42,7 +49,15 @@ def settle(registry: ModelRegistry, name: str) -> bool:
         raise
     if MOVE_TAG not in tags:
         return False
-    wanted = json.loads(tags[MOVE_TAG])
-    log.warning("model %r: finishing an alias move a stopped driver left half done: %s", name, wanted)
-    move(registry, name, wanted)
+    record = json.loads(tags[MOVE_TAG])
+    log.warning("model %r: finishing an alias move a stopped driver left half done: %s", name, record)
+    now = registry.aliases(name)
+    for alias, (before, after) in record.items():
+        if now.get(alias) not in (before, after):
+            continue
+        try:
+            registry.set_alias(name, alias, after)
+        except MlflowException as e:  # the version was deleted meanwhile
+            log.warning("model %r: %s stays as it is: %s", name, alias, e.message)
+    registry.client.delete_registered_model_tag(name, MOVE_TAG)
     return True

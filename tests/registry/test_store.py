@@ -304,3 +304,27 @@ def test_a_move_a_crash_left_half_done_is_finished_by_the_next_one(registry, tmp
     assert registry.rollback("m").number == 2
     assert registry.aliases("m") == {"champion": 2, "previous": 3}
     assert "toolscout.alias_move" not in (registry.client.get_registered_model("m").tags or {})
+
+
+def test_finishing_a_stopped_move_keeps_an_alias_moved_since(registry, tmp_path, monkeypatch):
+    # A retrain sets challenger without settling first: finishing the old move must not remove the
+    # challenger it set after the crash (the record said challenger -> none).
+    for i in range(3):
+        registry.log_version("m", saved(tmp_path, f"v{i}", str(i)))
+    registry.promote("m", 1)
+    registry.set_alias("m", "challenger", 2)
+    real, writes = registry.set_alias, []
+
+    def dies(name, alias, number):
+        writes.append(alias)
+        if alias == "champion":
+            raise KeyboardInterrupt("driver stopped")
+        real(name, alias, number)
+
+    monkeypatch.setattr(registry, "set_alias", dies)
+    with pytest.raises(KeyboardInterrupt):
+        registry.promote("m", 2)  # previous <- 1 written, then the driver dies
+    monkeypatch.setattr(registry, "set_alias", real)
+    registry.set_alias("m", "challenger", 3)  # the next round's challenger, set without the lock
+    registry.rollback("m")  # finishes the promotion of v2 first, then rolls it back
+    assert registry.aliases("m") == {"champion": 1, "previous": 2, "challenger": 3}
