@@ -146,7 +146,11 @@ def graph_inputs(dataset: Dataset) -> dict[str, tuple[list[tuple[str, str]], IdM
     qs = list(dataset.query_scene.get(GRAPH_SPLIT, {}).items())
     if qs:
         scenes = IdMap.of(s for _, s in qs)
-        out["scene_tool"] = ([(s, t) for s in scenes.ids for t in dataset.scene_tool[s]], scenes, tools)
+        out["scene_tool"] = (
+            [(s, t) for s in scenes.ids for t in dataset.scene_tool.get(s, ())],
+            scenes,
+            tools,
+        )
         out["query_scene"] = (qs, queries, scenes)
     return out
 

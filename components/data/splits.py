@@ -120,7 +120,9 @@ def prepare_splits(
         qrels = cold_start(qrels, unseen)
         # A training scene can list a held-out tool (one its queries judge 0, or a sibling scene's):
         # the scene-tool graph would give that tool an embedding before it was ever seen.
-        scene_tool = {s: [t for t in ts if t not in unseen] for s, ts in dataset.scene_tool.items()}
+        # A scene of held-out tools only is left out, as a prepared directory (rows per tool) has it.
+        kept = {s: [t for t in ts if t not in unseen] for s, ts in dataset.scene_tool.items()}
+        scene_tool = {s: ts for s, ts in kept.items() if ts}
         dataset = replace(dataset, scene_tool=scene_tool)
     if "valid" not in qrels:
         train, queries = qrels["train"], dataset.queries

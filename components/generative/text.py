@@ -54,7 +54,7 @@ def fit_request(
     conversation's latest turn, and the ask of a long request, come last.
 
     Raises:
-        ValueError: not even an empty request fits (the instruction alone fills the budget).
+        ValueError: not even one token of a request fits beside the instruction.
     """
     if fits(text):
         return text
@@ -71,7 +71,12 @@ def fit_request(
             lo = mid
         else:
             hi = mid
-    return detokenize(ids[-lo:]).strip() if lo else ""
+    if lo == 0:  # room for the instruction but not one token of a request: as good as none
+        raise ValueError(
+            "the prompt budget leaves no room for a request beside the system prompt and chat "
+            "template: raise the budget (query_max_length, or n_ctx for llama.cpp)"
+        )
+    return detokenize(ids[-lo:]).strip()
 
 
 def fit_context(

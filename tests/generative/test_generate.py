@@ -98,3 +98,6 @@ def test_fit_request_keeps_the_longest_end_that_fits():
     got = fit_request(" ".join(words), fits, lambda t: t.split(), " ".join)
     assert got == "five six seven"
     assert fit_request("one two", fits, lambda t: t.split(), " ".join) == "one two"
+    # Room for the instruction and nothing else: an empty request is no request (it was prompted).
+    with pytest.raises(ValueError, match="leaves no room for a request"):
+        fit_request("supercalifragilistic", lambda t: len("SYS" + t) <= 3, list, "".join)

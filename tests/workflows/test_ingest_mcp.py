@@ -247,7 +247,7 @@ def test_a_catalog_row_that_cannot_be_kept_stops_the_ingest(tmp_path):
     assert read_catalog(str(path)) == {"s/a": json.loads(good)}
 
 
-def test_a_second_ingest_of_one_catalog_waits_its_turn(tmp_path):
+def test_a_second_ingest_of_one_catalog_is_refused_while_one_runs(tmp_path):
     # A cron run and a manual one each read the corpus, merged their servers and rewrote it whole:
     # the second to write dropped the first one's changes. One holds the catalog's lock now.
     from workflows.ingest_mcp import IngestLock
