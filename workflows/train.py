@@ -121,6 +121,31 @@ def register(
     return registry.log_saved(name, method.save, params=params, metrics=metrics, tags=tags)
 
 
+def crown(registry: ModelRegistry, name: str, number: int, promote: bool = False) -> None:
+    """Make version ``number`` of ``name`` the champion if ``promote`` (the quickstart), or if it is
+    the model's first version: it has nothing to beat. Later ones wait for the retrain gate or a
+    hand promotion."""
+    if promote:
+        registry.promote(name, number)
+    elif min(v.number for v in registry.versions(name)) == number:
+        # Only a model's first version has nothing to beat (the oldest: two first trainings at once
+        # register v1 and v2, and v1 is crowned). One with older versions but no champion (its alias
+        # removed, its version deleted) stays so, as retrain refuses it; and a champion set by
+        # another driver since (a gated retrain) is never overwritten.
+        try:
+            registry.promote(name, number, replacing=None)
+        except ChampionMoved:
+            log.info("model %r: another driver set a champion first; v%d not promoted", name, number)
+    elif "champion" not in registry.aliases(name):
+        log.warning(
+            "model %r has versions but no champion; v%d is not promoted ungated: promote one with "
+            "toolscout registry promote %s N",
+            name,
+            number,
+            name,
+        )
+
+
 def train(cfg: dict[str, Any], promote: bool = False) -> dict[str, Any]:
     """Train the method named in ``cfg["method"]`` and register the artifact as a new model version.
 
@@ -140,24 +165,7 @@ def train(cfg: dict[str, Any], promote: bool = False) -> dict[str, Any]:
     report = fit_method(method, dataset, new_run(cfg, name))
     registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))
     version = register(registry, cfg, method, name, report)
-    if promote:
-        registry.promote(name, version.number)
-    elif [v.number for v in registry.versions(name)] == [version.number]:
-        # Only a model's first version has nothing to beat. One with versions but no champion (its
-        # alias removed, its version deleted) stays so, as retrain refuses it; and a champion set
-        # by another driver since (a gated retrain) is never overwritten.
-        try:
-            registry.promote(name, version.number, replacing=None)
-        except ChampionMoved:
-            log.info("model %r: another driver set a champion first; v%d not promoted", name, version.number)
-    elif "champion" not in registry.aliases(name):
-        log.warning(
-            "model %r has versions but no champion; v%d is not promoted ungated: promote one with "
-            "toolscout registry promote %s N",
-            name,
-            version.number,
-            name,
-        )
+    crown(registry, name, version.number, promote)
     return {
         "artifact": registry.local_dir(version),
         "model_uri": version.uri,

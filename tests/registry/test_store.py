@@ -328,3 +328,18 @@ def test_finishing_a_stopped_move_keeps_an_alias_moved_since(registry, tmp_path,
     registry.set_alias("m", "challenger", 3)  # the next round's challenger, set without the lock
     registry.rollback("m")  # finishes the promotion of v2 first, then rolls it back
     assert registry.aliases("m") == {"champion": 1, "previous": 2, "challenger": 3}
+
+
+def test_two_first_trainings_at_once_crown_the_older_version(registry, tmp_path):
+    # Each saw versions [1, 2] when it came to promote: neither crowned, and retrain refused the
+    # model from then on. The oldest version is the first one.
+    from workflows.train import crown
+
+    for i in range(2):
+        registry.log_version("m", saved(tmp_path, f"v{i}", str(i)))
+    crown(registry, "m", 2)
+    assert registry.aliases("m") == {}
+    crown(registry, "m", 1)
+    assert registry.aliases("m") == {"champion": 1}
+    crown(registry, "m", 2)  # a later version waits for the gate
+    assert registry.aliases("m") == {"champion": 1}
