@@ -316,8 +316,11 @@ def test_a_base_rewrite_stopped_part_way_is_refused_then_finished_by_the_next_ro
     # The next round finishes the rewrite from the stopped round's staged copy first: the same
     # increment is then old news (its model is registered), and no judgement is lost.
     strict = {**cfg, "data": {**cfg["data"], "strict": True}}
+    rejects = os.path.join(cfg["retrain"]["out"], "rejects.jsonl")
+    os.remove(rejects)  # the stopped round's
     with pytest.raises(DatasetError, match="adds nothing usable"):
         job.retrain(strict, str(timeline["increment"]))
+    assert os.path.exists(rejects)  # the refusal counts rejected rows: their reasons are kept
     merged = load_dataset(base, strict=True)
     assert len(merged.qrels["train"]) > len(load_dataset(str(timeline["base"])).qrels["train"])
     assert set(load_dataset(str(timeline["base"])).queries) < set(merged.queries)
@@ -466,6 +469,8 @@ def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline
         ("samples", 2000.5, r"samples: expected an integer; got 2000\.5"),
         ("level", "0.95", "level: expected a number"),
         ("seed", None, "seed: expected an integer"),
+        ("seed", -1, r"seed: expected an integer >= 0"),  # numpy refused it in the bootstrap
+        ("metric", "ndcg@03", "retrain.gate.metric"),  # accepted, then no score has that name
     ],
 )
 def test_gate_settings_are_checked_when_read_not_after_training(key, value, says):
@@ -593,3 +598,12 @@ def test_the_gate_counts_the_beams_a_freely_decoding_method_dropped():
     # Declared by the setting: a ToolGen that decodes freely says so, a constrained one does not.
     assert "free_decoding" in build("toolgen", {"decoding": "unconstrained"}).capabilities
     assert "free_decoding" not in build("toolgen").capabilities
+
+
+def test_a_first_round_kept_by_a_guardrail_does_not_say_it_was_promoted():
+    from workflows.retrain.gate import GateSettings, Measurement, decide
+
+    metrics = {"hallucination_rate": 0.5, "p50_ms": 1.0, "new_tool_coverage": 1.0, "ndcg@3": 0.5}
+    decision = decide(None, Measurement(metrics, {}), GateSettings())
+    assert decision.decision == "kept" and not any("is promoted" in r for r in decision.reasons)
+    assert "no champion yet" in decision.reasons[0]

@@ -60,7 +60,8 @@ class GateSettings:
     def __post_init__(self) -> None:
         # Checked when the config is read: ndcg@20 over a top-10 ranking scored a truncated list.
         name, _, k = self.metric.partition("@")
-        if name not in GATE_METRICS or not k.isdigit() or not 1 <= int(k) <= GATE_DEPTH:
+        # k as it is written in the metrics' names: ndcg@03 passed here and then had no score.
+        if name not in GATE_METRICS or not k.isdigit() or k != str(int(k)) or not 1 <= int(k) <= GATE_DEPTH:
             raise ValueError(
                 f"retrain.gate.metric: expected <{'|'.join(GATE_METRICS)}>@<k> with k in 1..{GATE_DEPTH} "
                 f"(the gate ranks the top {GATE_DEPTH}), e.g. ndcg@3; got {self.metric!r}"
@@ -84,6 +85,8 @@ class GateSettings:
                 raise ValueError(f"retrain.gate.{key}: expected an integer; got {value!r}")
         if not 0.0 < self.level < 1.0:
             raise ValueError(f"retrain.gate.level: expected a number in (0, 1), e.g. 0.95; got {self.level}")
+        if self.seed < 0:  # numpy's generators take none
+            raise ValueError(f"retrain.gate.seed: expected an integer >= 0; got {self.seed}")
         for key in ("samples", "latency_queries"):
             if getattr(self, key) < 1:
                 raise ValueError(f"retrain.gate.{key}: expected an integer >= 1; got {getattr(self, key)!r}")
@@ -192,7 +195,8 @@ def decide(champion: Measurement | None, challenger: Measurement, settings: Gate
         if not v["ok"]
     ]
     if champion is None:
-        reasons = ["no champion yet: the first model is promoted", *broken]
+        first = "no champion yet: the first model is promoted" if not broken else "no champion yet, but"
+        reasons = [first, *broken]
         return Decision("kept" if broken else "promoted", reasons, None, checks)
     interval = paired_bootstrap(
         champion.per_query, challenger.per_query, settings.level, settings.samples, settings.seed

@@ -92,8 +92,10 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             base_log.write(io.join(out, "base_rejects.jsonl"), options)
             print(base_log.summary(data["path"]), file=sys.stderr)
         log = RejectLog()
-        inc = read_increment(increment, base, log, rcfg.get("increment_storage_options") or options)
-        log.write(io.join(out, "rejects.jsonl"), options)
+        try:
+            inc = read_increment(increment, base, log, rcfg.get("increment_storage_options") or options)
+        finally:  # an increment that adds nothing usable still leaves its rejects' reasons
+            log.write(io.join(out, "rejects.jsonl"), options)
         if data.get("strict") and len(log):
             raise DatasetError(
                 f"{increment}: {len(log)} row(s) rejected (see {io.join(out, 'rejects.jsonl')})"
