@@ -184,9 +184,17 @@ def with_holdout(dataset: Dataset, cfg: dict | None) -> Dataset:
         return dataset
     settings = split_settings(cfg)
     qrels = dict(dataset.qrels)
-    qrels["train"], qrels["valid"] = carve_validation(
-        qrels["train"], settings["valid_fraction"], settings["seed"], dataset.queries
-    )
+    train = qrels["train"]
+    pool = train
+    if settings["mode"] == "cold_start":
+        # Carved from what prepare_splits carves from: train after cold start takes out the queries
+        # that need a held-out tool. Carved from all of train, a twin group's first query could be
+        # one of those, the group fell elsewhere, and the champion was gated on a query it trained on.
+        unseen = held_out_tools(sorted(dataset.corpus), settings["unseen_fraction"], settings["seed"])
+        pool = cold_start({"train": train}, unseen)["train"]
+    _, valid = carve_validation(pool, settings["valid_fraction"], settings["seed"], dataset.queries)
+    qrels["valid"] = {q: train[q] for q in valid}  # as judged (prepare_splits applies cold start)
+    qrels["train"] = {q: rel for q, rel in train.items() if q not in valid}
     return replace(dataset, qrels=qrels, query_scene=regroup(dataset.query_scene, qrels))
 
 
