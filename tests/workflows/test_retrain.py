@@ -287,6 +287,12 @@ def test_serving_follows_a_promotion_before_the_next_base_is_written(
         job.retrain(cfg, str(timeline["increment"]))
     assert registry.aliases("tools")["champion"] == 1 and calls == ["tools"]
     assert registry.version("tools", 1).tags["toolscout.decision"] == "promoted"
+    # The round still says what it did, and why it stopped: no decision.json was written before,
+    # so the exporter kept the increment and the next rounds failed on it with no record.
+    with open(os.path.join(cfg["retrain"]["out"], "decision.json")) as f:
+        record = json.load(f)
+    assert record["decision"] == "promoted" and record["challenger"]["version"] == 1
+    assert record["serving"] == {"followed": True} and "No space left on device" in record["error"]
 
 
 def test_a_base_rewrite_stopped_part_way_is_refused_then_finished_by_the_next_round(

@@ -20,6 +20,7 @@ registry as it was):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -164,67 +165,80 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             "toolscout.increment": increment,
         }
         version = register(registry, cfg, challenger, name, report, tags)
-        registry.set_alias(name, "challenger", version.number)
-        if decision.decision == "promoted":
-            blocker = promotion_blocker(registry, version, dataset.queries[next(iter(holdout))])
-            if not blocker:
-                try:
-                    # The check and the move as one step under the alias lock: a hand move in
-                    # between would otherwise be overwritten by a decision made against another
-                    # champion.
-                    registry.promote(name, version.number, replacing=number_of(champion_version))
-                except ChampionMoved:
-                    blocker = MOVED
-                except LockHeld as e:
-                    # A move that never ends (its process died on another host): the round keeps
-                    # its challenger, tagged and reported, rather than dying after registering it.
-                    blocker = f"the alias lock is held: {e}"
-            if blocker:
-                decision.decision = "kept"
-                decision.reasons.append(blocker)
-                registry.set_tag(name, version.number, "toolscout.decision", "kept")
         serving = None
-        if decision.decision == "promoted":
-            registry.set_tag(name, version.number, "toolscout.decision", "promoted")
-            if rcfg.get("follow_serving"):
-                # Before the base is written: a failed write must not leave serving on the model
-                # the registry no longer names (its rerun would keep, and never follow).
-                serving = follow_serving(name, rcfg.get("serve_app"))
-        if not io.same_path(data_out, staged):
-            # Failing here, the registry holds the challenger and the base is as it was: the same
-            # increment can be applied again (its rerun registers one more version).
-            # Marked while it runs: stopped part-way, the next round finishes it from ``staged``.
-            rewrite_beir(merged, data_out, staged, rcfg.get("data_out_storage_options") or options)
-        record = {
-            "model": name,
-            "decision": decision.decision,
-            "reasons": decision.reasons,
-            "interval": decision.interval,
-            "guardrails": decision.guardrails,
-            "champion": {"version": champion_version.number, **measured["champion"].metrics}
-            if champion_version
-            else None,
-            "challenger": {"version": version.number, **measured["challenger"].metrics},
-            "aliases": registry.aliases(name),
-            "increment": {
-                "path": increment,
-                **inc.counts(base),
-                "rejects": len(log),
-                "reject_reasons": log.reason_counts(),
-            },
-            "base_rejects": len(base_log),
-            "data_out": data_out,
-            "holdout_queries": len(holdout),
-            "train_seconds": report["train_seconds"],
-            "wall_seconds": time.perf_counter() - started,
-            "serving": serving,
-        }
-        io.write_bytes(
-            io.join(out, "decision.json"),
-            json.dumps(finite(record), indent=2, allow_nan=False).encode(),
-            options,
-        )
-        return record
+
+        def record(error: str | None = None) -> dict[str, Any]:
+            """What decision.json says: written even when a step after registering fails, since
+            by then the registry (and perhaps serving) has changed and the exporter keeps the
+            increment until a decision names it."""
+            return {
+                "model": name,
+                "decision": decision.decision,
+                "reasons": decision.reasons,
+                "interval": decision.interval,
+                "guardrails": decision.guardrails,
+                "champion": {"version": champion_version.number, **measured["champion"].metrics}
+                if champion_version
+                else None,
+                "challenger": {"version": version.number, **measured["challenger"].metrics},
+                "aliases": registry.aliases(name),
+                "increment": {
+                    "path": increment,
+                    **inc.counts(base),
+                    "rejects": len(log),
+                    "reject_reasons": log.reason_counts(),
+                },
+                "base_rejects": len(base_log),
+                "data_out": data_out,
+                "holdout_queries": len(holdout),
+                "train_seconds": report["train_seconds"],
+                "wall_seconds": time.perf_counter() - started,
+                "serving": serving,
+                **({"error": error} if error else {}),
+            }
+
+        def write(rec: dict[str, Any]) -> None:
+            data = json.dumps(finite(rec), indent=2, allow_nan=False).encode()
+            io.write_bytes(io.join(out, "decision.json"), data, options)
+
+        try:
+            registry.set_alias(name, "challenger", version.number)
+            if decision.decision == "promoted":
+                blocker = promotion_blocker(registry, version, dataset.queries[next(iter(holdout))])
+                if not blocker:
+                    try:
+                        # The check and the move as one step under the alias lock: a hand move in
+                        # between would otherwise be overwritten by a decision made against another
+                        # champion.
+                        registry.promote(name, version.number, replacing=number_of(champion_version))
+                    except ChampionMoved:
+                        blocker = MOVED
+                    except LockHeld as e:
+                        # A move that never ends (its process died on another host): the round keeps
+                        # its challenger, tagged and reported, rather than dying after registering it.
+                        blocker = f"the alias lock is held: {e}"
+                if blocker:
+                    decision.decision = "kept"
+                    decision.reasons.append(blocker)
+                    registry.set_tag(name, version.number, "toolscout.decision", "kept")
+            if decision.decision == "promoted":
+                registry.set_tag(name, version.number, "toolscout.decision", "promoted")
+                if rcfg.get("follow_serving"):
+                    # Before the base is written: a failed write must not leave serving on the model
+                    # the registry no longer names (its rerun would keep, and never follow).
+                    serving = follow_serving(name, rcfg.get("serve_app"))
+            if not io.same_path(data_out, staged):
+                # Failing here, the registry holds the challenger and the base is as it was: the same
+                # increment can be applied again (its rerun registers one more version).
+                # Marked while it runs: stopped part-way, the next round finishes it from ``staged``.
+                rewrite_beir(merged, data_out, staged, rcfg.get("data_out_storage_options") or options)
+        except BaseException as e:  # recorded with what happened so far, then raised
+            with contextlib.suppress(Exception):  # the registry itself may be what failed
+                write(record(f"{type(e).__name__}: {e}"))
+            raise
+        done = record()
+        write(done)
+        return done
 
 
 def splits_mismatch(registry: ModelRegistry, champion: Any, splits: dict[str, Any] | None) -> str | None:
