@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,13 @@ def test_an_increment_with_valid_judgements_grows_the_holdout_and_keeps_the_base
     twins = {q for q in inc.qrels["train"] if same_request(inc.queries[q]) in held}
     assert twins and set(grown.qrels["valid"]) == base_holdout | moved | twins
     assert not set(grown.qrels["valid"]) & set(grown.qrels["train"])
+    # The decision's counts say where the merge put them, and a tool sent again unchanged is no
+    # update (before: every training query counted as trained on, every resent tool as updated).
+    resent = {**inc.tools, next(iter(base.corpus)): base.corpus[next(iter(base.corpus))]}
+    counts = replace(inc, tools=resent).counts(base, merge(base, inc))
+    assert counts["train_judged_queries"] == len(inc.qrels["train"]) - len(twins)
+    assert counts["valid_judged_queries"] == len(moved) + len(twins)
+    assert counts["updated_tools"] == inc.counts(base)["updated_tools"]  # the resent one adds none
 
 
 def retrain_cli(timeline: dict[str, Path], registry_root: Path, *extra: str):

@@ -41,13 +41,19 @@ class Increment:
     qrels: dict[str, Qrels] = field(default_factory=dict)
     neg_queries: list[str] = field(default_factory=list)
 
-    def counts(self, base: Dataset) -> dict[str, int]:
-        new_tools = len(self.new_tools(base))
+    def counts(self, base: Dataset, merged: Dataset | None = None) -> dict[str, int]:
+        """What the increment added. A tool sent again unchanged is not an update, and with
+        ``merged`` each split counts the increment's queries where the merge put them (a training
+        query repeating a holdout request joins the holdout)."""
+        judged = {s: set(q) for s, q in self.qrels.items()}
+        if merged is not None:
+            ours = set().union(*judged.values()) if judged else set()
+            judged = {s: ours & set(merged.qrels.get(s, {})) for s in self.qrels}
         return {
-            "new_tools": new_tools,
-            "updated_tools": len(self.tools) - new_tools,
+            "new_tools": len(self.new_tools(base)),
+            "updated_tools": sum(t in base.corpus and base.corpus[t] != r for t, r in self.tools.items()),
             "new_queries": len(self.queries),
-            **{f"{s}_judged_queries": len(q) for s, q in self.qrels.items()},
+            **{f"{s}_judged_queries": len(q) for s, q in judged.items()},
             "neg_queries": len(self.neg_queries),
         }
 

@@ -184,7 +184,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
                 "aliases": registry.aliases(name),
                 "increment": {
                     "path": increment,
-                    **inc.counts(base),
+                    **inc.counts(base, merged),
                     "rejects": len(log),
                     "reject_reasons": log.reason_counts(),
                 },
