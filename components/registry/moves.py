@@ -5,24 +5,22 @@ own MLflow call. A driver killed between them left ``champion`` and ``previous``
 rollback then refused to move, and the demoted version was in no alias at all. So a move first
 records where every alias it touches must end (a tag on the registered model), then writes them,
 then removes the record; the next move under the alias lock finds a record left behind and
-finishes it first. Callers hold :class:`components.registry.lock.AliasLock`.
+finishes it first. Callers hold :class:`components.registry.lock.AliasLock`; ``registry`` is the
+:class:`components.registry.store.ModelRegistry` that calls them (not imported here: a cycle).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from components.registry.store import ModelRegistry
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 MOVE_TAG = "toolscout.alias_move"  # {alias: [version before, version after]} of a move under way
 
 
-def move(registry: ModelRegistry, name: str, wanted: dict[str, int | None]) -> None:
+def move(registry: Any, name: str, wanted: dict[str, int | None]) -> None:
     """Point each alias of ``wanted`` at its version (``None``: remove it), recorded first with
     where each alias was, so that finishing it later never undoes a move made since."""
     before = registry.aliases(name)
@@ -33,7 +31,7 @@ def move(registry: ModelRegistry, name: str, wanted: dict[str, int | None]) -> N
     registry.client.delete_registered_model_tag(name, MOVE_TAG)
 
 
-def settle(registry: ModelRegistry, name: str) -> bool:
+def settle(registry: Any, name: str) -> bool:
     """Finish a move of ``name`` that a crash interrupted, if its record is there; ``True`` then.
 
     An alias is written only while it still points where the move found it or where it was headed:
