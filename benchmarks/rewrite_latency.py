@@ -18,7 +18,6 @@ Every request forces retrieval. The rewrite's own time inside the graph comes fr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -35,7 +34,7 @@ from components.serving.models import ensure_calibration
 from components.serving.rewriter import QueryGenRewriter
 from components.training.spec import RunSpec
 from workflows.ray_env import init_ray
-from workflows.report import finite
+from workflows.report import strict_json
 from workflows.serve import app_args, read_serve_config
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "rewrite_latency.json")
@@ -185,8 +184,8 @@ def main() -> None:
     serve.shutdown()
     report = {"dataset": "toollens", "results": rows, "machine": f"{os.cpu_count()} CPUs, no GPU"}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(finite(report), f, indent=2, allow_nan=False)
+    with open(args.out, "wb") as f:
+        f.write(strict_json(report))
     write_markdown(report, args.out.replace(".json", ".md"), args)
 
 

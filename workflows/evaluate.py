@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -13,7 +12,7 @@ from components.methods.base import Method
 from components.metrics import DEFAULT_KS, evaluate_retrieval, score_detection
 from components.registry import ModelRegistry, RegistrySettings, is_model_uri
 from components.registry.splits import splits_differ
-from workflows.report import finite
+from workflows.report import strict_json
 from workflows.train import model_name
 
 
@@ -108,6 +107,4 @@ def write_output(cfg: dict[str, Any], report: dict[str, Any]) -> None:
     ecfg = cfg.get("evaluate") or {}
     if ecfg.get("output"):
         options = ecfg.get("storage_options") or (cfg.get("data") or {}).get("storage_options")
-        io.write_bytes(
-            ecfg["output"], json.dumps(finite(report), indent=2, allow_nan=False).encode(), options
-        )
+        io.write_bytes(ecfg["output"], strict_json(report), options)

@@ -103,6 +103,12 @@ def recall_plot(
     io.write_bytes(path, buffer.getvalue(), storage_options)
 
 
+def strict_json(value: Any) -> bytes:
+    """``value`` as indented JSON bytes, a NaN or infinite float written as null (:func:`finite`):
+    the one way results, reports and records are written."""
+    return json.dumps(finite(value), indent=2, allow_nan=False).encode()
+
+
 def finite(value: Any) -> Any:
     """``value`` with every NaN or infinite float replaced by ``None`` (JSON's null), at any depth."""
     if isinstance(value, float):
@@ -133,7 +139,7 @@ def write_report(
     """
     # Strict JSON: a metric that has no value (a first round's champion) is null, not NaN, which
     # Python writes and other readers (jq, JavaScript, a strict parser) refuse.
-    io.write_bytes(out_json, json.dumps(finite(report), indent=2, allow_nan=False).encode(), storage_options)
+    io.write_bytes(out_json, strict_json(report), storage_options)
     stem = os.path.splitext(out_json)[0]
     header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
     if table is None:

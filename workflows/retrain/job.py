@@ -21,7 +21,6 @@ registry as it was):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -37,7 +36,7 @@ from components.data.rejects import DatasetError, RejectLog
 from components.data.splits import splits_from_config
 from components.registry import ChampionMoved, LockHeld, ModelRegistry, RegistrySettings, RetrainLock
 from components.registry.splits import splits_differ
-from workflows.report import finite
+from workflows.report import strict_json
 from workflows.retrain.gate import GateSettings, decide, measure
 from workflows.retrain.increment import merge, read_increment
 from workflows.train import fit_method, model_name, register, run_spec
@@ -198,8 +197,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             }
 
         def write(rec: dict[str, Any]) -> None:
-            data = json.dumps(finite(rec), indent=2, allow_nan=False).encode()
-            io.write_bytes(io.join(out, "decision.json"), data, options)
+            io.write_bytes(io.join(out, "decision.json"), strict_json(rec), options)
 
         try:
             registry.set_alias(name, "challenger", version.number)
