@@ -101,10 +101,34 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def output_options(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """How ``evaluate.output`` is reached: its own storage options, else the data's (an s3://
+    report beside s3 data)."""
+    return (cfg.get("evaluate") or {}).get("storage_options") or (cfg.get("data") or {}).get(
+        "storage_options"
+    )
+
+
 def write_output(cfg: dict[str, Any], report: dict[str, Any]) -> None:
-    """``report`` as JSON at ``evaluate.output`` if set: a local path or an ``s3://`` URL, reached
-    with the data's storage options unless the output has its own (an s3:// report beside s3 data)."""
-    ecfg = cfg.get("evaluate") or {}
-    if ecfg.get("output"):
-        options = ecfg.get("storage_options") or (cfg.get("data") or {}).get("storage_options")
-        io.write_bytes(ecfg["output"], strict_json(report), options)
+    """``report`` as JSON at ``evaluate.output`` if set: a local path or an ``s3://`` URL."""
+    output = (cfg.get("evaluate") or {}).get("output")
+    if output:
+        io.write_bytes(output, strict_json(report), output_options(cfg))
+
+
+def remove_old_output(cfg: dict[str, Any]) -> None:
+    """Delete the file at ``evaluate.output`` (an earlier run's report; a run writes it only at
+    the end, so a failed run left the old one in place). Only a file: a directory there is refused,
+    not deleted with everything in it.
+
+    Raises:
+        ConfigError: ``evaluate.output`` names a directory (or an object-store prefix).
+    """
+    output = (cfg.get("evaluate") or {}).get("output")
+    if not output:
+        return
+    fs = io.filesystem(output, output_options(cfg))
+    if fs.isdir(output):
+        raise ConfigError(f"evaluate.output: {output} is a directory; name the report's file (a .json)")
+    if fs.exists(output):
+        fs.rm_file(output)

@@ -21,7 +21,7 @@ from components.config import ConfigError, as_list, merge
 from components.data import io
 from components.data.prepared import is_prepared, read_manifest
 from components.data.quickstart import QUICKSTART_VERSION, generate_quickstart
-from workflows.evaluate import evaluate, write_output
+from workflows.evaluate import evaluate, remove_old_output, write_output
 from workflows.preprocess import preprocess
 from workflows.quiet import Stage, logged_stage, quiet_output, stage_bars
 from workflows.ray_env import init_ray, logs_dir
@@ -154,25 +154,6 @@ def run(cfg: dict[str, Any], data_dir: str | None = None, stage: Stage = logged_
             step()
     write_output(cfg, report)
     return report
-
-
-def remove_old_output(cfg: dict[str, Any]) -> None:
-    """Delete the file at ``evaluate.output`` (an earlier run's report; this run writes it only at
-    the end, so a failed run left the old one in place). Only a file: a directory there is refused,
-    not deleted with everything in it.
-
-    Raises:
-        ConfigError: ``evaluate.output`` names a directory (or an object-store prefix).
-    """
-    ecfg = cfg.get("evaluate") or {}
-    output = ecfg.get("output")
-    if not output:
-        return
-    fs = io.filesystem(output, ecfg.get("storage_options") or (cfg.get("data") or {}).get("storage_options"))
-    if fs.isdir(output):
-        raise ConfigError(f"evaluate.output: {output} is a directory; name the report's file (a .json)")
-    if fs.exists(output):
-        fs.rm_file(output)
 
 
 def results_table(report: dict[str, Any], columns: tuple[str, ...] = TABLE_COLUMNS) -> Table:

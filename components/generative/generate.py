@@ -37,14 +37,11 @@ def chat_prompts(
     assistant cue kept whole. Training and generation both prompt through here, so a fine-tuned
     generator sees a long request at inference as it saw one in training."""
 
-    def size(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def fits(text: str) -> bool:
-        return size(chat_prompt(tokenizer, system, text)) <= max_tokens
-
     def tokenize(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def fits(text: str) -> bool:
+        return len(tokenize(chat_prompt(tokenizer, system, text))) <= max_tokens
 
     def detokenize(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
