@@ -127,7 +127,7 @@ def crown(registry: ModelRegistry, name: str, number: int, promote: bool = False
     hand promotion."""
     if promote:
         registry.promote(name, number)
-    elif min(v.number for v in registry.versions(name)) == number:
+    elif min(registry.numbers(name)) == number:
         # Only a model's first version has nothing to beat (the oldest: two first trainings at once
         # register v1 and v2, and v1 is crowned). One with older versions but no champion (its alias
         # removed, its version deleted) stays so, as retrain refuses it; and a champion set by

@@ -6,15 +6,13 @@ the lifecycle (:mod:`workflows.retrain`): ``champion`` (what serving follows), `
 (the last candidate a retrain trained) and ``previous`` (the champion before the last promotion,
 what :meth:`ModelRegistry.rollback` returns to).
 
-The embedded default needs no server: a sqlite tracking store and a local artifact directory
-under ``root``. A cluster sets ``MLFLOW_TRACKING_URI`` to an MLflow server (``toolscout registry
-server``, ``deploy/mlflow.yaml``) whose artifacts live on s3://.
+The embedded default is a sqlite store and local artifacts under ``root``; a cluster sets
+``MLFLOW_TRACKING_URI`` to an MLflow server (``deploy/mlflow.yaml``) with artifacts on s3://.
 
-A model reference is either a directory or a registry URI: ``models:/<name>@<alias>``,
-``models:/<name>/<version>`` or ``models:/<name>/latest``. :func:`resolve` turns a URI into a
-local directory ``<root>/versions/<name>/v<N>``: a link to the logged files when the artifact store
-is local, a download otherwise. So loading code only ever sees directories, and the directory's
-last two parts (``<name>/v<N>``) are the version that answers in serving.
+A model reference is a directory or a registry URI (``models:/<name>@<alias>``, ``.../<version>``
+or ``.../latest``); :func:`resolve` turns a URI into ``<root>/versions/<name>/v<N>`` (a link to
+local artifacts, else a download), so loading code only sees directories, whose last two parts
+are the version that answers in serving.
 """
 
 from __future__ import annotations
@@ -144,10 +142,9 @@ class ModelRegistry:
         self.client.set_registered_model_alias(name, alias, str(number))
 
     def promote(self, name: str, number: int, replacing: int | object | None = ANY) -> Version | None:
-        """Make version ``number`` the champion; the champion it replaces becomes ``previous``.
-        Under the alias lock (:class:`.lock.AliasLock`): two moves never interleave their writes.
-        With ``replacing`` (a number; ``None``: no champion) only while the champion is that
-        version (what a retrain gated against). Returns the replaced champion, if another.
+        """Make version ``number`` the champion (the old one becomes ``previous``) under the alias
+        lock (:class:`.lock.AliasLock`); with ``replacing`` (a number; ``None``: no champion) only
+        while the champion is that version (what a retrain gated against). Returns the replaced one.
 
         Raises:
             ChampionMoved: ``replacing`` is given and the champion is another version.
@@ -232,6 +229,9 @@ class ModelRegistry:
             raise
         return self._version(found)
 
+    def numbers(self, name: str) -> list[int]:  # oldest first, one search: no run read per version
+        return sorted(int(mv.version) for mv in self.client.search_model_versions(f"name = '{name}'"))
+
     def versions(self, name: str) -> list[Version]:
         """Every version of ``name``, oldest first (empty for an unknown model)."""
         found = sorted(self.client.search_model_versions(f"name = '{name}'"), key=lambda mv: int(mv.version))
@@ -269,10 +269,10 @@ class ModelRegistry:
                     raise LookupError(f"{ref}: model {name!r} has no alias {alias!r}")
                 return found
             if number == "latest":
-                every = self.versions(name)
+                every = self.numbers(name)
                 if not every:
                     raise LookupError(f"{ref}: model {name!r} has no versions")
-                return every[-1]
+                return self.version(name, every[-1])
             return self.version(name, int(number))
         except MlflowException as e:
             raise LookupError(f"{ref}: {e.message}") from e

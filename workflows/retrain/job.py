@@ -109,7 +109,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
         name = model_name(cfg, base.name)
         registry = ModelRegistry(settings)
         champion_version = registry.alias(name, "champion")
-        if champion_version is None and registry.versions(name):
+        if champion_version is None and registry.numbers(name):
             # Only a first round has nothing to beat. Versions without a champion mean the alias
             # was removed or its version deleted: promoting ungated would crown whatever trained.
             raise LookupError(
