@@ -447,9 +447,11 @@ def load(
     return asyncio.run(_load(urls, bodies, clients, seconds, 1.0, on_start, rate))
 
 
-def with_ratios(m: dict, baseline: dict) -> dict:
-    """``m`` with its p50 and req/s as ratios of the in-process baseline of the same run."""
-    return {**m, "ratio": m["p50_ms"] / baseline["p50_ms"], "rps_ratio": m["rps"] / baseline["rps"]}
+def with_ratios(m: dict, baseline: dict, rps: bool = True) -> dict:
+    """``m`` with its p50 (and, unless ``rps`` is false, its req/s) as ratios of the in-process
+    baseline of the same run."""
+    out = {**m, "ratio": m["p50_ms"] / baseline["p50_ms"]}
+    return out | ({"rps_ratio": m["rps"] / baseline["rps"]} if rps else {})
 
 
 def paced_loads(
@@ -480,7 +482,7 @@ def paced_loads(
             m["p99_ms_runs"] = [round(r["p99_ms"], 1) for r in runs]
             # No req/s ratio: a paced load's throughput is the rate it was offered, not a capacity
             # to hold against the in-process one (it read 0.01-0.03, meaning nothing).
-            m = {k: v for k, v in with_ratios(m, baseline).items() if k != "rps_ratio"}
+            m = with_ratios(m, baseline, rps=False)
             config = {
                 "model": version,
                 "path": path,
