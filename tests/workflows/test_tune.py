@@ -230,6 +230,8 @@ def dense_sweep(ray_session, tmp_path_factory):
         out=str(root / "out" / "planted.json"),
         space={"method.params.lr": {"grid_search": [3e-3, 1e-9]}},
         time_budget_s=600,
+        # The one completed trial trained once more with seed 1 (the seed re-check).
+        recheck={"top": 1, "seeds": 1},
     )
     cfg["train"]["resources_per_worker"] = {"CPU": 2}
     free_before = ray.available_resources().get("CPU", 0.0)
@@ -275,6 +277,21 @@ def test_sweep_writes_every_trial_a_table_plots_and_one_test_reading(dense_sweep
     assert (
         "| planted" not in (out / "planted.md").read_text() and "stopped" in (out / "planted.md").read_text()
     )
+
+
+def test_the_seed_recheck_trains_the_top_trial_again_with_another_seed(dense_sweep):
+    _, report, root, _ = dense_sweep
+    (checked,) = report["recheck"]
+    (good,) = [t for t in report["trials"] if t["status"] == "completed"]
+    assert checked["trial_id"] == good["trial_id"] == report["best"]["trial_id"]
+    assert checked["seeds"] == [0, 1] and checked["failed"] == 0
+    assert checked["valid_runs"][0] == good["valid"]
+    # Training is deterministic (train.deterministic): an equal score would mean seed 1 was not
+    # applied and the re-check measured nothing.
+    assert checked["valid_runs"][1] != checked["valid_runs"][0]
+    assert report["best"]["valid_mean"] == pytest.approx(sum(checked["valid_runs"]) / 2)
+    assert (root / "tune" / "planted-recheck").is_dir()  # its own experiment, beside the sweep's
+    assert "## Seed re-check" in (root / "out" / "planted.md").read_text()
 
 
 def test_the_best_yaml_trains_unchanged_with_the_selected_setting(dense_sweep):

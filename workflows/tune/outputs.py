@@ -16,6 +16,7 @@ from components import methods
 from components.data import Dataset, io
 from workflows.bench import bench_entry, split_rows
 from workflows.report import markdown_table, md_table, write_report
+from workflows.tune.recheck import recheck_table
 from workflows.tune.settings import TuneSettings
 from workflows.tune.space import apply_params
 from workflows.tune.trainable import FINAL
@@ -55,13 +56,18 @@ def trial_rows(results: Any, keys: list[str], metric: str, mode: str) -> list[di
     return rows
 
 
-def best_trial(results: Any, rows: list[dict[str, Any]], mode: str) -> tuple[dict[str, Any], Any]:
-    """The completed trial with the best valid score, and its Tune result."""
+def best_trial(
+    results: Any, rows: list[dict[str, Any]], mode: str, trial_id: str | None = None
+) -> tuple[dict[str, Any], Any]:
+    """The completed trial with the best valid score (or the one named ``trial_id``, as the seed
+    re-check selects it), and its Tune result."""
     done = [r for r in rows if r["status"] == "completed"]
     if not done:
         statuses = [r["status"] for r in rows]
         raise RuntimeError(f"tune: no trial completed ({statuses}); see the trials' errors")
     row = (max if mode == "max" else min)(done, key=lambda r: r["valid"])
+    if trial_id is not None:
+        row = next(r for r in done if r["trial_id"] == trial_id)
     for result in results:
         if (result.metrics or {}).get("trial_id") == row["trial_id"]:
             return row, result
@@ -174,9 +180,11 @@ def write_outputs(
     trials: list[dict[str, Any]],
     best: tuple[dict[str, Any], Any],
     sweep_seconds: float,
+    recheck: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Score the best trial's artifact on valid and test, train the baseline entry if any, and
-    write the JSON, markdown, plots and ``_best.yaml``."""
+    write the JSON, markdown, plots and ``_best.yaml``. ``recheck``: the seed re-check's rows, best
+    mean first (:func:`workflows.tune.recheck.summarise`), when the best was selected by it."""
     row, result = best
     keys = list(settings.space)
     label = f"{settings.entry or base['method']['name']}_tuned"
@@ -197,9 +205,13 @@ def write_outputs(
     options = base["train"].get("storage_options") or {}
     stem = os.path.splitext(out)[0]
     chosen = best_config(cfg, base, row["params"], label)
+    by = f"{settings.metric} = {row['valid']:.4f}"
+    if recheck:
+        seeds = len(recheck[0]["valid_runs"])
+        by = f"mean {settings.metric} = {recheck[0]['valid_mean']:.4f} over {seeds} seeds"
     header = (
         f"# Selected by `toolscout tune` ({settings.name}): trial {row['trial_id']},"
-        f" {settings.metric} = {row['valid']:.4f} of {len(trials)} trials.\n"
+        f" {by} of {len(trials)} trials.\n"
     )
     io.write_bytes(stem + "_best.yaml", (header + yaml.safe_dump(chosen, sort_keys=False)).encode(), options)
     report = {
@@ -216,12 +228,22 @@ def write_outputs(
         "trials": trials,
         "sweep_seconds": sweep_seconds,
     }
+    if recheck:
+        report["recheck"] = recheck
+        report["best"]["valid_mean"] = recheck[0]["valid_mean"]
     counts = {s: sum(r["status"] == s for r in trials) for s in ("completed", "stopped", "error")}
     chosen_text = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in row["params"].items())
     notes = (
         f"{len(trials)} trials ({counts['completed']} completed, {counts['stopped']} stopped by"
         f" {settings.scheduler}, {counts['error']} failed), {settings.search} search on"
-        f" {settings.metric}, {sweep_seconds / 60:.1f} min in all. Best trial {row['trial_id']}:"
+        f" {settings.metric}, {sweep_seconds / 60:.1f} min in all"
+        + (
+            f" with the seed re-check of the top {len(recheck)} ({settings.recheck_seeds} more seeds each;"
+            " selected on the mean)"
+            if recheck
+            else ""
+        )
+        + f". Best trial {row['trial_id']}:"
         f" {chosen_text}; its config is"
         f" `{os.path.basename(stem)}_best.yaml`. Test is read once, for that trial"
         + (f" and for the hand-picked `{settings.baseline}` (this run)." if settings.baseline else ".")
@@ -229,6 +251,8 @@ def write_outputs(
     )
     report["notes"] = notes
     table = markdown_table(report) + "\n## Trials (finishing order)\n\n" + trials_table(trials, keys)
+    if recheck:
+        table += "\n## Seed re-check (best mean first)\n\n" + recheck_table(recheck, keys)
     write_report(
         report, out, title=settings.title or f"Tune: {settings.name}", table=table, storage_options=options
     )

@@ -22,6 +22,8 @@ FINGERPRINT = "toolscout_sweep.json"
 SHAPING = (
     "space", "entry", "metric", "mode", "num_samples", "search", "scheduler", "seed",
     "grace_period", "reduction_factor", "max_t", "shared_stages",
+    # The selection rule too: a finished sweep's test was read for the trial it selected.
+    "recheck_top", "recheck_seeds",
 )  # fmt: skip
 
 
@@ -34,6 +36,10 @@ def fingerprint(settings: TuneSettings, base: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in (section or {}).items() if k not in ("storage_options", "env", "local_dir")}
 
     own = {k: getattr(settings, k) for k in SHAPING}
+    for key in ("recheck_top", "recheck_seeds"):
+        if not own[key]:
+            # Absent from sweeps started before the re-check existed: without it, they restore.
+            del own[key]
     parts = {"method": base.get("method"), "train": public(base.get("train")), "splits": base.get("splits")}
     parts["data"] = public(base.get("data"))
     # Through JSON: tuples and lists, int and float keys compare as they will when read back.

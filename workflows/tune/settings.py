@@ -43,6 +43,10 @@ class TuneSettings:
             same run, for the comparison in the report; None for none.
         out: The results JSON; the table (.md), plots (.png) and best config (_best.yaml) go
             beside it.
+        recheck_top, recheck_seeds: The seed re-check (``recheck: {top: 3, seeds: 2}``): the
+            ``top`` completed trials are trained again with ``seeds`` other seeds, and the one
+            with the best mean valid score is selected (:mod:`workflows.tune.recheck`); 0: the
+            best single valid score is.
     """
 
     name: str
@@ -66,6 +70,8 @@ class TuneSettings:
     time_budget_s: float | None = None
     out: str | None = None
     title: str = ""
+    recheck_top: int = 0
+    recheck_seeds: int = 0
 
     @property
     def experiment_path(self) -> str:
@@ -75,6 +81,24 @@ class TuneSettings:
     def report_key(self) -> str:
         """``valid/ndcg@3`` → ``valid_ndcg@3``: the key trials report per epoch and at the end."""
         return "valid_" + self.metric.partition("/")[2]
+
+
+def recheck_settings(section: Any) -> dict[str, int]:
+    """``tune.recheck`` (``{top: N, seeds: M}``, or null for none) as the settings' two fields."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or set(section) - {"top", "seeds"}:
+        raise ConfigError(f"tune.recheck: expected {{top: <trials>, seeds: <seeds each>}}, got {section!r}")
+    out = {}
+    for key in ("top", "seeds"):
+        value = section.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"tune.recheck.{key}: expected a whole number >= 0, got {value!r}")
+        out[f"recheck_{key}"] = value
+    if (out["recheck_top"] == 0) != (out["recheck_seeds"] == 0):
+        # One without the other re-checks nothing: a config that meant a re-check must not skip it.
+        raise ConfigError(f"tune.recheck: top and seeds must both be set (>= 1), got {section!r}")
+    return out
 
 
 def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
@@ -88,7 +112,7 @@ def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
         )
     if not raw.get("space"):
         raise ConfigError("tune.space is not set: name at least one dotted config key to sweep")
-    known = set(TuneSettings.__dataclass_fields__)
+    known = set(TuneSettings.__dataclass_fields__) - {"recheck_top", "recheck_seeds"} | {"recheck"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"tune: unknown keys {unknown}; known: {sorted(known)}")
@@ -99,6 +123,7 @@ def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
     for key in ("grace_period", "reduction_factor", "max_t"):
         if key in sched:
             raw[key] = sched[key]
+    raw.update(recheck_settings(raw.pop("recheck", None)))
     raw["name"] = raw.get("name") or default_name
     raw["shared_stages"] = tuple(raw.get("shared_stages") or ())
     storage = raw.get("storage_path") or "runs/tune"

@@ -29,12 +29,13 @@ from components.data import Dataset, dataset_from_config, io
 from workflows.train import run_spec
 from workflows.tune.outputs import best_trial, reported, trial_rows, write_outputs
 from workflows.tune.progress import BUDGET_ENV, TimeBudget, TrialProgress
+from workflows.tune.recheck import candidates, run_rechecks, summarise
 from workflows.tune.resources import max_concurrent, train_resources, trial_actor_resources
 from workflows.tune.restore import check_restorable, finished, saved_trials, write_fingerprint
 from workflows.tune.settings import TuneSettings, tune_settings
 from workflows.tune.shared import check_shared_stages
 from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
-from workflows.tune.trainable import run_trial, trial_method
+from workflows.tune.trainable import run_recheck, run_trial, trial_method
 
 
 class SweepInterrupted(RuntimeError):
@@ -149,6 +150,13 @@ def warm_shared_stages(method: Any, base: dict[str, Any], dataset: Dataset, sett
         method.fit(stage, dataset, run)
 
 
+def storage(settings: TuneSettings, base: dict[str, Any]) -> tuple[Any, Any]:
+    """The sweep's Arrow filesystem (None: local) and how to write a path inside it."""
+    fs = io.arrow_filesystem(settings.experiment_path, base["train"].get("storage_options") or {})
+    # With an explicit filesystem Ray wants paths inside it: "bucket/prefix", no scheme.
+    return fs, ((lambda p: p.split("://", 1)[1]) if fs else (lambda p: p))
+
+
 def make_tuner(
     trainable: Any,
     space: dict[str, Any],
@@ -160,9 +168,7 @@ def make_tuner(
     epochs: int,
 ) -> tune.Tuner:
     """A new Tuner, or the interrupted sweep of the same name restored."""
-    fs = io.arrow_filesystem(settings.experiment_path, base["train"].get("storage_options") or {})
-    # With an explicit filesystem Ray wants paths inside it: "bucket/prefix", no scheme.
-    inside = (lambda p: p.split("://", 1)[1]) if fs else (lambda p: p)
+    fs, inside = storage(settings, base)
     path = inside(settings.experiment_path)
     if tune.Tuner.can_restore(path, storage_filesystem=fs) and saved_trials(settings, base):
         if not settings.resume:
@@ -246,22 +252,41 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         ),
         actor,
     )
+    rechecking = tune.with_resources(
+        tune.with_parameters(
+            run_recheck,
+            base=base,
+            dataset=dataset,
+            experiment=f"{settings.name}-recheck",
+            shared_stages=settings.shared_stages,
+        ),
+        actor,
+    )
     epochs = most_epochs(method.config(), settings.space)
     tuner = make_tuner(trainable, space, settings, base, concurrent, expected, list(callbacks or []), epochs)
+    interrupted = SweepInterrupted(
+        f"tune: sweep {settings.name!r} stopped before its {expected} trials"
+        + (" and its seed re-check" if settings.recheck_top else "")
+        + " finished; run the same command again to finish it (finished trials are kept)"
+    )
     os.environ[BUDGET_ENV] = str(settings.time_budget_s or "")
     try:
         results = tuner.fit()
+        if results.num_terminated + results.num_errors < expected:
+            # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
+            raise interrupted
+        # (A sweep already reported was returned above, before restoring: none is reported here.)
+        trials = trial_rows(results, list(space), settings.report_key, settings.mode)
+        best = best_trial(results, trials, settings.mode)
+        checked = None
+        if settings.recheck_top:
+            top = candidates(trials, settings)
+            runs = run_rechecks(rechecking, top, settings, base, concurrent, *storage(settings, base))
+            if runs is None:
+                raise interrupted
+            checked = summarise(top, runs, settings.mode, run_spec(base, "seed").seed)
+            best = best_trial(results, trials, settings.mode, checked[0]["trial_id"])
     finally:
         os.environ.pop(BUDGET_ENV, None)
-    if results.num_terminated + results.num_errors < expected:
-        # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
-        raise SweepInterrupted(
-            f"tune: sweep {settings.name!r} stopped before its {expected} trials finished; "
-            "run the same command again to finish it (finished trials are kept)"
-        )
-    # (A sweep already reported was returned above, before restoring: none is reported here.)
-    trials = trial_rows(results, list(space), settings.report_key, settings.mode)
-    best = best_trial(results, trials, settings.mode)
-    return write_outputs(
-        cfg, settings, base, dataset, trials, best, sweep_seconds=time.perf_counter() - started
-    )
+    seconds = time.perf_counter() - started
+    return write_outputs(cfg, settings, base, dataset, trials, best, sweep_seconds=seconds, recheck=checked)

@@ -50,6 +50,7 @@ def run_trial(
     experiment: str,
     shared_stages: tuple[str, ...] = (),
     epoch_metric: str | None = None,
+    seed: int | None = None,
 ) -> None:
     """Train, score on valid and report one trial (called by Ray Tune with the sampled ``params``).
 
@@ -64,16 +65,21 @@ def run_trial(
             in the method's cache (``{"reused": 1.0}``) fails instead of training it again.
         epoch_metric: The key the scheduler stops trials on, forwarded with each epoch of the last
             stage; None (FIFO): only the final, whole-method report goes to Tune.
+        seed: The seed of the stages the trial trains itself (the seed re-check's); the shared
+            stages keep ``train.seed``, the one they were trained and cached with. None: every
+            stage runs with ``train.seed``.
     """
     cfg, method = trial_method(base, params)
     trial_id = tune.get_context().get_trial_id()
     run = run_spec(cfg, f"{experiment}-{trial_id}")
     started = time.perf_counter()
     stages: dict[str, Any] = {}
+    own = run if seed is None else replace(run, seed=seed)
     for stage in method.stages:
         last = stage == method.stages[-1]
+        stage_run = run if stage in shared_stages else own
         stages[stage] = method.fit(
-            stage, dataset, replace(run, report_to_tune=epoch_metric if last else None)
+            stage, dataset, replace(stage_run, report_to_tune=epoch_metric if last else None)
         )
         if stage in shared_stages and not stages[stage].get("reused"):
             raise RuntimeError(
@@ -90,3 +96,9 @@ def run_trial(
         artifact = os.path.join(tmp, "artifact")
         method.save(artifact)
         tune.report(report, checkpoint=tune.Checkpoint.from_directory(artifact))
+
+
+def run_recheck(config: dict[str, Any], **kwargs: Any) -> None:
+    """One run of the seed re-check: ``config["recheck"]`` holds a trial's ``params`` and the
+    ``seed`` to train them with again (:mod:`workflows.tune.recheck`)."""
+    run_trial(config["recheck"]["params"], seed=int(config["recheck"]["seed"]), **kwargs)

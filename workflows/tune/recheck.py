@@ -1,0 +1,139 @@
+"""The seed re-check: the sweep's top trials trained again with other seeds, selected on the mean.
+
+A sweep's best single valid score is partly its seed's luck: among trials on a plateau (MassTool's
+completed trials span 0.002 N@3, about one seed's spread), the maximum is biased upwards, and the
+selected setting then reads test below its valid score, often below the hand-picked setting's
+(the winner's curse; ``benchmarks/results/toollens_masstool_tune.md``). With ``tune.recheck:
+{top: T, seeds: S}`` the ``T`` best completed trials are each trained ``S`` more times, with
+``train.seed + 1 .. + S``, and the one with the best mean valid score over its ``S + 1`` runs is
+selected. Only the stages a trial trains itself are re-seeded: the shared stages keep the seed they
+were trained and cached with (:func:`workflows.tune.trainable.run_trial`), so a re-check costs
+``T × S`` trials, not as many shared trainings. The selected trial's own artifact (trained with
+``train.seed``, as the hand-picked baseline is) is the one read on test.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ray import tune
+from ray.tune.schedulers import FIFOScheduler
+from ray.tune.search import BasicVariantGenerator
+
+from components.data import io
+from workflows.report import md_table
+from workflows.tune.progress import TimeBudget, TrialProgress
+from workflows.tune.settings import TuneSettings
+
+
+def candidates(trials: list[dict[str, Any]], settings: TuneSettings) -> list[dict[str, Any]]:
+    """The ``recheck_top`` completed trials with the best valid scores, best first."""
+    done = [t for t in trials if t["status"] == "completed"]
+    done.sort(key=lambda t: t["valid"], reverse=settings.mode == "max")
+    return done[: settings.recheck_top]
+
+
+def recheck_runs(top: list[dict[str, Any]], settings: TuneSettings, seed: int) -> list[dict[str, Any]]:
+    """One grid point per (trial, extra seed): what :func:`run_recheck` trains."""
+    return [
+        {"trial_id": t["trial_id"], "params": t["params"], "seed": seed + k}
+        for t in top
+        for k in range(1, settings.recheck_seeds + 1)
+    ]
+
+
+def summarise(
+    top: list[dict[str, Any]], runs: list[tuple[dict[str, Any], float | None]], mode: str, seed: int
+) -> list[dict[str, Any]]:
+    """Each candidate's valid scores (its sweep trial's, with ``seed``, first, then each re-check
+    seed's), their mean and spread, ranked by the mean. A re-check run that failed adds no score
+    (``failed`` counts it)."""
+    rows = []
+    for t in top:
+        mine = [(run, value) for run, value in runs if run["trial_id"] == t["trial_id"]]
+        values = [float(t["valid"])] + [v for _, v in mine if v is not None]
+        rows.append(
+            {
+                "trial_id": t["trial_id"],
+                "params": t["params"],
+                "seeds": [seed] + [run["seed"] for run, v in mine if v is not None],
+                "valid_runs": values,
+                "valid_mean": statistics.fmean(values),
+                "valid_sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "failed": sum(v is None for _, v in mine),
+            }
+        )
+    rows.sort(key=lambda r: r["valid_mean"], reverse=mode == "max")
+    return rows
+
+
+def run_rechecks(
+    trainable: Any,
+    top: list[dict[str, Any]],
+    settings: TuneSettings,
+    base: dict[str, Any],
+    concurrent: int,
+    fs: Any,
+    inside: Any,
+) -> list[tuple[dict[str, Any], float | None]] | None:
+    """Train the re-check runs as a second Tune experiment beside the sweep (``<name>-recheck``),
+    restored if an earlier command was interrupted in it. Returns each run with its valid score
+    (None: it failed), or None when it was interrupted before every run finished."""
+    seed = int((base.get("train") or {}).get("seed", 0))
+    grid = recheck_runs(top, settings, seed)
+    name = f"{settings.name}-recheck"
+    path = inside(io.join(settings.storage_path, name))
+    if tune.Tuner.can_restore(path, storage_filesystem=fs):
+        # Its grid comes from the finished sweep, which a restore has already checked unchanged.
+        tuner = tune.Tuner.restore(
+            path, trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs
+        )
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"recheck": tune.grid_search(grid)},
+            tune_config=tune.TuneConfig(
+                metric=settings.report_key,
+                mode=settings.mode,
+                search_alg=BasicVariantGenerator(max_concurrent=concurrent),
+                scheduler=FIFOScheduler(),
+                max_concurrent_trials=concurrent,
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=inside(settings.storage_path),
+                storage_filesystem=fs,
+                verbose=0,
+                callbacks=[TrialProgress(len(grid), settings.report_key, settings.mode), TimeBudget()],
+            ),
+        )
+    results = tuner.fit()
+    if results.num_terminated + results.num_errors < len(grid):
+        return None
+    out = []
+    for result in results:
+        value = None if result.error is not None else (result.metrics or {}).get(settings.report_key)
+        out.append((result.config["recheck"], None if value is None else float(value)))
+    return out
+
+
+def recheck_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    """The re-check as markdown: each candidate's parameters, valid scores by seed, mean and sd."""
+
+    def cell(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    body = [
+        [
+            r["trial_id"],
+            *(cell(r["params"][k]) for k in keys),
+            ", ".join(f"{v:.4f} (seed {s})" for s, v in zip(r["seeds"], r["valid_runs"], strict=True)),
+            f"{r['valid_mean']:.4f}",
+            f"{r['valid_sd']:.4f}",
+            str(r["failed"]),
+        ]
+        for r in rows
+    ]
+    head = ["trial", *(k.split(".")[-1] for k in keys), "valid by seed", "mean", "sd", "failed"]
+    return "\n".join(md_table(head, body)) + "\n"
