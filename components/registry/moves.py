@@ -15,6 +15,8 @@ import json
 import logging
 from typing import Any
 
+from components.registry.lock import AliasLock
+
 log = logging.getLogger(__name__)
 
 MOVE_TAG = "toolscout.alias_move"  # {alias: [version before, version after]} of a move under way
@@ -59,3 +61,13 @@ def settle(registry: Any, name: str) -> bool:
             log.warning("model %r: %s stays as it is: %s", name, alias, e.message)
     registry.client.delete_registered_model_tag(name, MOVE_TAG)
     return True
+
+
+def settled_alias(registry: Any, name: str, alias: str) -> Any:
+    """The version ``alias`` of ``name`` points at once a move a crash left half done is finished
+    (under the alias lock), or None. A reader that gates or trains against the champion (a
+    retrain round) would otherwise read where the stopped move left it, not where it was going,
+    and find out only at its promotion, after the whole round (``ChampionMoved``)."""
+    with AliasLock(registry.settings.alias_lock):
+        settle(registry, name)
+        return registry.alias(name, alias)

@@ -369,6 +369,34 @@ def test_a_model_with_versions_but_no_champion_is_refused_before_training(
         job.retrain(cfg, str(timeline["increment"]))
 
 
+class Reached(Exception):
+    pass
+
+
+def test_a_round_finishes_an_alias_move_a_crash_left_half_done_before_reading_the_champion(
+    ray_session, timeline, tmp_path, monkeypatch
+):
+    # A crowning stopped after recording its move and before writing champion: the round read "no
+    # champion" and refused the model (or, mid-promotion, gated against the old champion and
+    # learnt so only at its own promotion, after the whole round).
+    import json
+
+    from components.registry.moves import MOVE_TAG
+
+    cfg, registry = first_round(timeline, tmp_path)
+    train(cfg)
+    registry.set_alias("tools", "champion", None)
+    registry.client.set_registered_model_tag("tools", MOVE_TAG, json.dumps({"champion": [None, 1]}))
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(job, "fit_method", reached)  # past the champion check: enough
+    with pytest.raises(Reached):
+        job.retrain(cfg, str(timeline["increment"]))
+    assert registry.aliases("tools") == {"champion": 1}
+
+
 def test_a_round_whose_splits_differ_from_the_champions_is_refused_before_training(
     ray_session, timeline, tmp_path, monkeypatch
 ):

@@ -35,6 +35,7 @@ from components.data.prepared import is_prepared
 from components.data.rejects import DatasetError, RejectLog
 from components.data.splits import splits_from_config
 from components.registry import ChampionMoved, LockHeld, ModelRegistry, RegistrySettings, RetrainLock
+from components.registry.moves import settled_alias
 from components.registry.splits import splits_differ
 from workflows.report import strict_json
 from workflows.retrain.gate import GateSettings, decide, measure
@@ -108,7 +109,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
 
         name = model_name(cfg, base.name)
         registry = ModelRegistry(settings)
-        champion_version = registry.alias(name, "champion")
+        champion_version = settled_alias(registry, name, "champion")
         if champion_version is None and registry.numbers(name):
             # Only a first round has nothing to beat. Versions without a champion mean the alias
             # was removed or its version deleted: promoting ungated would crown whatever trained.
