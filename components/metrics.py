@@ -33,13 +33,20 @@ def check_select_metric(method: str, metric: str, allowed: tuple[str, ...] = EPO
         raise ValueError(f"{method}: select_metric must be one of {list(allowed)}, got {metric!r}")
 
 
-def by_score(item: tuple[str, float]) -> tuple[float, str]:
-    """Sort key of a ``(tool id, score)`` pair: best score first, ties broken by tool id."""
-    return (-item[1], item[0])
+def by_score(item: tuple[str, float]) -> float:
+    """Sort key of a ``(tool id, score)`` pair for a stable sort: best score first, equal scores in
+    the order the method gave them.
+
+    Not by tool id: a method keeps tools tied at its cut in catalog order (the first ``k`` of its
+    top ``K``, :func:`components.encoders.ranking.exact_top_k_np`), and an id order here picked
+    other tied tools from a deeper list (metrics at 3 of a top 10) than the method's own top 3,
+    which is what serving returns. A method's order is reproducible: every method builds its
+    results from its catalog's order, never from a set."""
+    return -item[1]
 
 
 def ranked(scores: dict[str, float], k: int) -> list[str]:
-    """Top-``k`` ids by score, ties broken by id so results are reproducible.
+    """Top-``k`` ids by score, equal scores in the method's order (:func:`by_score`).
 
     Raises:
         ValueError: a score is NaN (a diverged model): it would sort anywhere and score anything.

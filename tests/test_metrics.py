@@ -109,15 +109,31 @@ def test_query_missing_from_results_scores_zero() -> None:
     assert out["precision@3"] == pytest.approx((1 / 3) / 2)
 
 
-def test_ranked_breaks_ties_by_id() -> None:
-    assert ranked({"b": 1.0, "c": 2.0, "a": 1.0, "d": 1.0}, 3) == ["c", "a", "b"]
-    assert ranked({"b": 1.0, "a": 1.0}, 10) == ["a", "b"]
+def test_ranked_keeps_equal_scores_in_the_methods_order() -> None:
+    assert ranked({"b": 1.0, "c": 2.0, "a": 1.0, "d": 1.0}, 3) == ["c", "b", "a"]
+    assert ranked({"b": 1.0, "a": 1.0}, 10) == ["b", "a"]
 
 
-def test_ties_decide_hits_by_id() -> None:
+def test_ties_decide_hits_as_the_method_cut_them() -> None:
     results = {"q": {"b": 1.0, "a": 1.0}}
-    assert evaluate_retrieval({"q": {"a": 1}}, results, ks=(1,))["recall@1"] == 1.0
-    assert evaluate_retrieval({"q": {"b": 1}}, results, ks=(1,))["recall@1"] == 0.0
+    assert evaluate_retrieval({"q": {"b": 1}}, results, ks=(1,))["recall@1"] == 1.0
+    assert evaluate_retrieval({"q": {"a": 1}}, results, ks=(1,))["recall@1"] == 0.0
+
+
+def test_metrics_at_k_of_a_deeper_list_score_the_methods_own_top_k() -> None:
+    # BM25 with two identical tools, "z" first in the catalog: its top 1 is "z" (ties at the cut in
+    # catalog order), and serving returns that. Scored at 1 from its top 10, an id order picked "a".
+    from components.methods.bm25.method import BM25Method
+
+    bm25 = BM25Method()
+    tool = {"title": "", "text": "weather forecast"}
+    bm25.index({"z": tool, "a": dict(tool)})
+    own = bm25.retrieve({"q": "weather"}, 1)
+    deep = bm25.retrieve({"q": "weather"}, 10)
+    assert list(own["q"]) == ["z"]
+    assert ranked(deep["q"], 1) == list(own["q"])
+    qrels = {"q": {"z": 1}}
+    assert evaluate_retrieval(qrels, deep, ks=(1,)) == evaluate_retrieval(qrels, own, ks=(1,))
 
 
 # --- detection -----------------------------------------------------------------------------------------

@@ -135,8 +135,8 @@ class RetrieverModel:
 
     @staticmethod
     def _rankings(results: dict[str, dict[str, float]], n: int, k: int) -> list[Ranking]:
-        # Ties broken by tool id, as evaluation ranks (components.metrics.ranked): the ranking
-        # served is the one the committed figures scored (BM25 ties often, e.g. at the cut-off).
+        # Equal scores in the method's order, as evaluation ranks (components.metrics.ranked): the
+        # ranking served is the one the figures scored (BM25 ties often, e.g. at the cut-off).
         return [sorted(results.get(str(i), {}).items(), key=by_score)[:k] for i in range(n)]
 
     def size(self) -> int:

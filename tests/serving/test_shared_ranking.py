@@ -248,10 +248,10 @@ def test_the_load_benchmarks_in_process_baseline_shares_the_ranking_where_the_gr
 
 
 def test_tied_tools_are_served_in_the_order_evaluation_scored():
-    # Evaluation breaks ties by tool id (components.metrics.ranked); serving kept the method's own
-    # order (BM25: catalog position), so on a tie the list served was not the list scored.
+    # Evaluation and serving both keep equal scores in the method's order (BM25: catalog position,
+    # the order its own cut keeps): on a tie the list served is the list scored.
     from components.metrics import ranked
 
     scores = {"2": 1.0, "10": 1.0, "7": 3.0, "1": 0.5}  # method order: catalog position
     served = RetrieverModel._rankings({"0": scores}, 1, 3)[0]
-    assert [t for t, _ in served] == ranked(scores, 3) == ["7", "10", "2"]
+    assert [t for t, _ in served] == ranked(scores, 3) == ["7", "2", "10"]
