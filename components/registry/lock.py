@@ -5,8 +5,12 @@ moves).
 The lock file is created whole or not at all: the holder's record (host, pid, start times) is
 written to a private file first and hard-linked to the lock's name, which fails if the name
 exists. Two retrains that start together cannot both hold it, and a crash never leaves an empty
-lock that no one could judge. A lock left by a process that died on this host is taken over, one
-from another host is not (its owner may be alive: remove the file by hand, as the error says).
+lock that no one could judge. A lock left by a process that died on this host is taken over. One
+from another host (a pod on a shared volume) cannot be judged by its pid; a holder keeps a lease
+instead (``lease_s``, the retrain and ingest locks): a thread renews the record's ``renewed`` time
+every tenth of the lease, and a record from another host not renewed for a whole lease is stale.
+A record without a lease (older code, the short alias lock) from another host is never judged: its
+owner may be alive, so remove the file by hand, as the error says.
 Takeovers on a host take turns under an ``flock`` on a guard file beside the lock (released by the
 kernel if the process dies): each reads the record again under it and removes the lock file only
 if it is still the one judged stale, so the name is never missing while a live process holds it.
@@ -21,11 +25,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from types import TracebackType
+
+log = logging.getLogger(__name__)
 
 
 class LockHeld(RuntimeError):
@@ -73,11 +81,16 @@ class RetrainLock:
 
     # Who a refusal names as the holder.
     holder_is = "another retrain"
+    # Seconds a holder's record stays valid to other hosts without a renewal (None: no lease). A
+    # round or an ingest holds the lock for minutes to hours; ten minutes outlasts clock skew and
+    # a stalled renewal by far.
+    lease_s: float | None = 600.0
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.held = False
         self.record: dict = {}
+        self._renewing: threading.Event | None = None
 
     def holder(self) -> dict | None:
         """The current holder's record, or ``None`` when the lock is free."""
@@ -90,7 +103,10 @@ class RetrainLock:
             "pid": os.getpid(),
             "started": time.time(),
             "process_start": _process_start(os.getpid()),
+            "token": uuid.uuid4().hex,  # which holding this is, whatever its renewals changed
         }
+        if self.lease_s is not None:
+            self.record |= {"lease_s": self.lease_s, "renewed": self.record["started"]}
         mine = f"{self.path}.{uuid.uuid4().hex}.new"
         with open(mine, "w") as f:
             json.dump(self.record, f)
@@ -106,11 +122,18 @@ class RetrainLock:
                         if holder is not None:
                             self._take_over(holder)
                         continue
+                    lease = holder.get("lease_s") if holder.get("host") != self.record["host"] else None
                     raise LockHeld(
                         f"{self.holder_is} holds {self.path} (host {holder.get('host')}, "
-                        f"pid {holder.get('pid')}); remove the file if that process is gone"
+                        f"pid {holder.get('pid')}); "
+                        + (
+                            f"it is taken over once not renewed for {lease} s (its lease)"
+                            if lease
+                            else "remove the file if that process is gone"
+                        )
                     ) from None
                 self.held = True
+                self._start_renewing()
                 return
             raise LockHeld(f"could not take {self.path}")
         finally:
@@ -118,9 +141,15 @@ class RetrainLock:
 
     def _stale(self, holder: dict) -> bool:
         """Whether ``holder`` is a process of this host that is gone (its pid free, or taken by a
-        process that started after it: the recorded start differs)."""
+        process that started after it: the recorded start differs), or one of another host whose
+        lease ran out (not renewed for ``lease_s`` seconds)."""
         pid = holder.get("pid", -1)
-        if holder.get("host") != self.record["host"] or not isinstance(pid, int) or pid <= 0:
+        if holder.get("host") != self.record["host"]:
+            lease, renewed = holder.get("lease_s"), holder.get("renewed")
+            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lease, renewed)):
+                return False  # no lease (older code, the alias lock): never judged from here
+            return time.time() - float(renewed) > float(lease)  # type: ignore[arg-type]
+        if not isinstance(pid, int) or pid <= 0:
             return False
         if not _alive(pid):
             return True
@@ -138,10 +167,44 @@ class RetrainLock:
                 return True
             return holder is None
 
+    def _mine(self, holder: dict | None) -> bool:
+        return holder is not None and holder.get("token") == self.record.get("token")
+
+    def _start_renewing(self) -> None:
+        if self.lease_s is None:
+            return
+        self._renewing = stop = threading.Event()
+        every = self.lease_s / 10
+
+        def renew() -> None:
+            while not stop.wait(every):
+                try:
+                    self.renew()
+                except OSError as e:  # tried again at the next tick; the lease is ten ticks long
+                    log.warning("could not renew the lease of %s: %s", self.path, e)
+
+        threading.Thread(target=renew, name=f"lease {os.path.basename(self.path)}", daemon=True).start()
+
+    def renew(self) -> bool:
+        """Write this holder's record again with ``renewed`` now (whole, by a rename), while the lock
+        still holds it; ``False`` (and nothing written) once it does not."""
+        if not self._mine(self.holder()):
+            return False
+        record = self.record | {"renewed": time.time()}
+        mine = f"{self.path}.{uuid.uuid4().hex}.new"
+        with open(mine, "w") as f:
+            json.dump(record, f)
+        os.replace(mine, self.path)
+        self.record = record
+        return True
+
     def release(self) -> None:
+        if self._renewing is not None:
+            self._renewing.set()
+            self._renewing = None
         if self.held:
             self.held = False
-            if self.holder() == self.record:  # never another process's lock
+            if self._mine(self.holder()):  # never another process's lock
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
 
@@ -166,6 +229,7 @@ class AliasLock(RetrainLock):
 
     holder_is = "another alias move"
     wait_s = 30.0
+    lease_s = None  # held for a few registry calls: no renewal thread per move
 
     def __init__(self, path: str, wait_s: float | None = None) -> None:
         super().__init__(path)

@@ -6,6 +6,8 @@ import json
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -137,3 +139,46 @@ def test_losing_a_takeover_race_names_the_process_that_won_it(tmp_path, monkeypa
     monkeypatch.setattr(lock_module.RetrainLock, "_take_over", another_process_got_there_first)
     with pytest.raises(LockHeld, match=r"the-winner.*4242"):
         RetrainLock(str(path)).acquire()
+
+
+def test_a_remote_holder_is_taken_over_once_its_lease_runs_out_unrenewed(tmp_path):
+    # A pod that died holding a lock on a shared volume: its pid means nothing here, and the lock
+    # had to be removed by hand. Its lease says when it stopped renewing.
+    path = tmp_path / "retrain.lock"
+    now = time.time()
+    live = {"host": "another-node", "pid": 1, "started": now - 3600, "lease_s": 600.0, "renewed": now - 30}
+    path.write_text(json.dumps(live))
+    with pytest.raises(LockHeld, match=r"taken over once not renewed for 600\.0 s"):
+        RetrainLock(str(path)).acquire()
+    path.write_text(json.dumps(live | {"renewed": now - 601}))
+    with RetrainLock(str(path)) as lock:
+        assert lock.holder()["host"] == socket.gethostname()
+    # No lease (older code, the alias lock), or a lease that is not a number: never judged.
+    for record in ({"host": "another-node", "pid": 1, "started": 0}, live | {"renewed": "0"}):
+        path.write_text(json.dumps(record))
+        with pytest.raises(LockHeld, match="another-node"):
+            RetrainLock(str(path)).acquire()
+
+
+def test_a_holder_renews_its_lease_until_it_releases_and_never_anothers(tmp_path):
+    path = tmp_path / "retrain.lock"
+    lock = RetrainLock(str(path))
+    lock.acquire()
+    first = lock.holder()
+    assert first["lease_s"] == RetrainLock.lease_s and first["renewed"] == first["started"]
+    assert any(t.name == "lease retrain.lock" for t in threading.enumerate())  # the renewing thread
+    assert lock.renew()
+    renewed = lock.holder()
+    assert renewed["renewed"] >= first["renewed"] and renewed["token"] == first["token"]
+    assert renewed == lock.record
+    lock.release()
+    assert not path.exists()
+    # Taken over by another holder meanwhile: a late renewal writes nothing over its record.
+    other = {"host": "another-node", "pid": 1, "started": 0, "token": "theirs"}
+    path.write_text(json.dumps(other))
+    assert lock.renew() is False and json.loads(path.read_text()) == other
+    # The alias lock is held for a few calls: no lease, no thread.
+    from components.registry import AliasLock
+
+    with AliasLock(str(tmp_path / "alias.lock")) as alias:
+        assert "lease_s" not in alias.holder() and alias._renewing is None
