@@ -235,7 +235,18 @@ def dense_sweep(ray_session, tmp_path_factory):
     )
     cfg["train"]["resources_per_worker"] = {"CPU": 2}
     free_before = ray.available_resources().get("CPU", 0.0)
+    # Ctrl+C as the re-check's trial starts: the same command then restores the finished sweep
+    # (no trial of it run again) and the re-check, and finishes.
+    import workflows.tune.recheck as recheck
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(recheck, "TimeBudget", lambda: InterruptAtStart(str(root / "interrupted")))
+        with pytest.raises(SweepInterrupted, match="and its seed re-check finished"):
+            tune_sweep(cfg)
+    swept = {p: p.read_text() for p in (root / "tune" / "planted").glob("*/result.json")}
     report = tune_sweep(cfg)
+    rerun = [p for p, text in swept.items() if p.read_text() != text]
+    assert len(swept) == 2 and not rerun
     return cfg, report, root, cpus_free_again(free_before)
 
 
@@ -313,14 +324,15 @@ def test_the_best_yaml_trains_unchanged_with_the_selected_setting(dense_sweep):
     assert "&id" not in (root / "out" / "planted_best.yaml").read_text()  # plain YAML, no anchors
 
 
-class InterruptOnce(tune.Callback):
-    """Ctrl+C after the first trial finishes (once: Tune restores its callbacks with the sweep)."""
+class InterruptAtStart(tune.Callback):
+    """Ctrl+C as the ``nth`` trial starts (once: a marker file remembers it across the restore)."""
 
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
+    def __init__(self, marker: str, nth: int = 1) -> None:
+        self.marker, self.nth, self.started = marker, nth, 0
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        if not os.path.exists(self.marker):
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started += 1
+        if self.started == self.nth and not os.path.exists(self.marker):
             Path(self.marker).write_text(json.dumps(trial.trial_id))
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -342,9 +354,11 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
     # A placement group an earlier run left reserved would make this sweep wait forever: fail now.
     assert cpus_free_again(ray.cluster_resources()["CPU"]), "CPUs are still reserved by an earlier run"
     marker = str(tmp_path / "interrupted")
+    # Ctrl+C while the last trial runs: fit's results count it as terminated, and the sweep was
+    # selected and test read with that trial unrun (then run again by the next command).
     with pytest.raises(SweepInterrupted, match="stopped before its 3 trials finished"):
-        tune_sweep(cfg, callbacks=[InterruptOnce(marker)])
-    first = json.loads(Path(marker).read_text())
+        tune_sweep(cfg, callbacks=[InterruptAtStart(marker, nth=3)])
+    cut = json.loads(Path(marker).read_text())
     assert not (tmp_path / "out").exists()  # nothing selected from a partial sweep
     # Restored under an edited config, the old sweep ran and was then counted and written by the
     # new settings: refused, naming what differs, before any trial.
@@ -358,10 +372,13 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
     report = tune_sweep(cfg)
     assert [t["status"] for t in report["trials"]] == ["completed"] * 3
     assert sorted(t["params"]["method.params.k1"] for t in report["trials"]) == [0.9, 1.2, 1.5]
-    (kept,) = [t for t in report["trials"] if t["trial_id"] == first]
-    trial_dir = next((tmp_path / "tune" / "bm").glob(f"*{first}*"))
-    assert len((trial_dir / "result.json").read_text().splitlines()) == 1  # it reported once: not re-run
-    assert kept["finished_at"] <= min(t["finished_at"] for t in report["trials"])
+    kept = [t for t in report["trials"] if t["trial_id"] != cut]
+    assert len(kept) == 2
+    for t in kept:
+        trial_dir = next((tmp_path / "tune" / "bm").glob(f"*{t['trial_id']}*"))
+        assert len((trial_dir / "result.json").read_text().splitlines()) == 1  # reported once: not re-run
+    (rerun,) = [t for t in report["trials"] if t["trial_id"] == cut]
+    assert rerun["finished_at"] >= max(t["finished_at"] for t in kept)
     with pytest.raises(ConfigError, match=r"tune\.resume=true"):
         tune_sweep(merge(cfg, {"tune": {"resume": False}}))
     assert yaml.safe_load((tmp_path / "out" / "bm_best.yaml").read_text())["method"]["name"] == "bm25"

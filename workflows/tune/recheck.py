@@ -24,6 +24,7 @@ from ray.tune.search import BasicVariantGenerator
 from components.data import io
 from workflows.report import md_table
 from workflows.tune.progress import TimeBudget, TrialProgress
+from workflows.tune.restore import finished, trial_states
 from workflows.tune.settings import TuneSettings
 
 
@@ -81,6 +82,7 @@ def run_rechecks(
     restored if an earlier command was interrupted in it. Returns each run with its valid score
     (None: it failed), or None when it was interrupted before every run finished."""
     seed = int((base.get("train") or {}).get("seed", 0))
+    options = base["train"].get("storage_options") or {}
     grid = recheck_runs(top, settings, seed)
     name = f"{settings.name}-recheck"
     path = inside(io.join(settings.storage_path, name))
@@ -109,8 +111,8 @@ def run_rechecks(
             ),
         )
     results = tuner.fit()
-    if results.num_terminated + results.num_errors < len(grid):
-        return None
+    if not finished(trial_states(io.join(settings.storage_path, name), options), len(grid)):
+        return None  # the saved state, not the results' count (restore.trial_states)
     out = []
     for result in results:
         value = None if result.error is not None else (result.metrics or {}).get(settings.report_key)

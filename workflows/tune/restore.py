@@ -82,9 +82,17 @@ def saved_trials(settings: TuneSettings, base: dict[str, Any]) -> list[tuple[str
     """``(trial id, status)`` of the trials in the sweep's newest saved state. A sweep whose
     driver died before its first trial (state written, searcher not yet given its space) has
     none: it is started anew rather than restored into a searcher with no space."""
-    options = base["train"].get("storage_options") or {}
-    fs = io.filesystem(settings.experiment_path, options)
-    states = sorted(fs.glob(io.join(settings.experiment_path, "experiment_state-*.json")))
+    return trial_states(settings.experiment_path, base["train"].get("storage_options") or {})
+
+
+def trial_states(path: str, options: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(trial id, status)`` in the newest saved state of the Tune experiment at ``path``.
+
+    What tells a finished experiment from an interrupted one: after Ctrl+C, ``Tuner.fit``'s
+    results count a trial that was running as terminated (with no result), while the saved state
+    keeps it ``RUNNING``, and a restore runs it again."""
+    fs = io.filesystem(path, options)
+    states = sorted(fs.glob(io.join(path, "experiment_state-*.json")))
     if not states:
         return []
     with fs.open(states[-1], "rb") as f:  # glob gives paths inside the filesystem

@@ -179,7 +179,13 @@ def make_tuner(
         check_restorable(settings, base)
         # The run config (callbacks included) comes back from the sweep's saved state.
         return tune.Tuner.restore(
-            path, trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs
+            path,
+            trainable=trainable,
+            resume_unfinished=True,
+            # A finished sweep restored for its interrupted seed re-check keeps its trials as they
+            # ended: a failed one run again could change the top trials the re-check trains.
+            resume_errored=not finished(saved_trials(settings, base), total),
+            storage_filesystem=fs,
         )
     write_fingerprint(settings, base)
     metric = settings.report_key
@@ -272,8 +278,9 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     os.environ[BUDGET_ENV] = str(settings.time_budget_s or "")
     try:
         results = tuner.fit()
-        if results.num_terminated + results.num_errors < expected:
+        if not finished(saved_trials(settings, base), expected):
             # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
+            # Not by the results' count: it counts a trial cut off while running as terminated.
             raise interrupted
         # (A sweep already reported was returned above, before restoring: none is reported here.)
         trials = trial_rows(results, list(space), settings.report_key, settings.mode)
