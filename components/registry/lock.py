@@ -91,6 +91,10 @@ class RetrainLock:
         self.held = False
         self.record: dict = {}
         self._renewing: threading.Event | None = None
+        self.renewer: threading.Thread | None = None  # the thread renewing the lease while held
+        # A renewal and the release take turns: a renewal that had read "mine" just before the
+        # release removed the file would write the record back, a lock held by no one.
+        self._turns = threading.Lock()
 
     def holder(self) -> dict | None:
         """The current holder's record, or ``None`` when the lock is free."""
@@ -168,7 +172,8 @@ class RetrainLock:
             return holder is None
 
     def _mine(self, holder: dict | None) -> bool:
-        return holder is not None and holder.get("token") == self.record.get("token")
+        token = self.record.get("token")
+        return holder is not None and token is not None and holder.get("token") == token
 
     def _start_renewing(self) -> None:
         if self.lease_s is None:
@@ -179,34 +184,44 @@ class RetrainLock:
         def renew() -> None:
             while not stop.wait(every):
                 try:
-                    self.renew()
+                    if not self.renew():
+                        if self.held:  # not a release: another holder took the lock over
+                            log.error("lost %s: its lease ran out and another holder took it", self.path)
+                        return
                 except OSError as e:  # tried again at the next tick; the lease is ten ticks long
                     log.warning("could not renew the lease of %s: %s", self.path, e)
 
-        threading.Thread(target=renew, name=f"lease {os.path.basename(self.path)}", daemon=True).start()
+        name = f"lease {os.path.basename(self.path)}"
+        self.renewer = threading.Thread(target=renew, name=name, daemon=True)
+        self.renewer.start()
 
     def renew(self) -> bool:
         """Write this holder's record again with ``renewed`` now (whole, by a rename), while the lock
-        still holds it; ``False`` (and nothing written) once it does not."""
-        if not self._mine(self.holder()):
-            return False
-        record = self.record | {"renewed": time.time()}
-        mine = f"{self.path}.{uuid.uuid4().hex}.new"
-        with open(mine, "w") as f:
-            json.dump(record, f)
-        os.replace(mine, self.path)
-        self.record = record
-        return True
+        still holds it; ``False`` (and nothing written) once it does not, or once released."""
+        with self._turns, open(f"{self.path}.takeover", "a") as guard:
+            # Under the takeovers' guard too: a takeover on this host reads and removes the record
+            # as one step, and a renewal must not land between the two.
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            if not self.held or not self._mine(self.holder()):
+                return False
+            record = self.record | {"renewed": time.time()}
+            mine = f"{self.path}.{uuid.uuid4().hex}.new"
+            with open(mine, "w") as f:
+                json.dump(record, f)
+            os.replace(mine, self.path)
+            self.record = record
+            return True
 
     def release(self) -> None:
         if self._renewing is not None:
             self._renewing.set()
             self._renewing = None
-        if self.held:
-            self.held = False
-            if self._mine(self.holder()):  # never another process's lock
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
+        with self._turns:
+            if self.held:
+                self.held = False
+                if self._mine(self.holder()):  # never another process's lock
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path)
 
     def __enter__(self) -> RetrainLock:
         self.acquire()

@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -166,17 +165,29 @@ def test_a_holder_renews_its_lease_until_it_releases_and_never_anothers(tmp_path
     lock.acquire()
     first = lock.holder()
     assert first["lease_s"] == RetrainLock.lease_s and first["renewed"] == first["started"]
-    assert any(t.name == "lease retrain.lock" for t in threading.enumerate())  # the renewing thread
+    assert lock.renewer is not None and lock.renewer.is_alive()
     assert lock.renew()
     renewed = lock.holder()
     assert renewed["renewed"] >= first["renewed"] and renewed["token"] == first["token"]
     assert renewed == lock.record
     lock.release()
     assert not path.exists()
-    # Taken over by another holder meanwhile: a late renewal writes nothing over its record.
+    lock.renewer.join(timeout=30)  # woken by the release, not at its next tick
+    assert not lock.renewer.is_alive()
+    # A renewal under way as the release ran (it had read its own record just before): it must
+    # write nothing back, or the lock stays held by no one.
+    mine = dict(lock.record)
+    lock.holder = lambda: mine  # what it read before the release removed the file
+    assert lock.renew() is False and not path.exists()
+    del lock.holder
+    # Nor over another holder's record, nor does a lock that never held write over one.
     other = {"host": "another-node", "pid": 1, "started": 0, "token": "theirs"}
     path.write_text(json.dumps(other))
     assert lock.renew() is False and json.loads(path.read_text()) == other
+    tokenless = {"host": "another-node", "pid": 1, "started": 0}
+    path.write_text(json.dumps(tokenless))
+    never = RetrainLock(str(path))
+    assert never.renew() is False and json.loads(path.read_text()) == tokenless
     # The alias lock is held for a few calls: no lease, no thread.
     from components.registry import AliasLock
 

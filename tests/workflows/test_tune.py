@@ -301,7 +301,7 @@ def test_the_seed_recheck_trains_the_top_trial_again_with_another_seed(dense_swe
     # applied and the re-check measured nothing.
     assert checked["valid_runs"][1] != checked["valid_runs"][0]
     assert report["best"]["valid_mean"] == pytest.approx(sum(checked["valid_runs"]) / 2)
-    assert (root / "tune" / "planted-recheck").is_dir()  # its own experiment, beside the sweep's
+    assert (root / "tune" / "planted" / "recheck").is_dir()  # its own experiment, inside the sweep's
     assert "## Seed re-check" in (root / "out" / "planted.md").read_text()
 
 
@@ -433,15 +433,20 @@ def test_the_time_budget_interrupts_as_ctrl_c_does_once_per_command(monkeypatch)
     sent = []
     monkeypatch.setattr(progress.os, "kill", lambda pid, sig: sent.append(sig))
     budget = progress.TimeBudget()
-    monkeypatch.setenv(progress.BUDGET_ENV, "0")
+    monkeypatch.setenv(progress.BUDGET_ENV, str(time.monotonic()))  # the command's deadline, passed
     budget.setup()
     budget.on_step_begin(0, [])
     budget.on_step_begin(1, [])
     assert sent == [signal.SIGINT]  # once
+    # The seed re-check's own callback, set up after the sweep: the same deadline, not a new budget.
+    recheck = progress.TimeBudget()
+    recheck.setup()
+    recheck.on_step_begin(0, [])
+    assert sent == [signal.SIGINT] * 2
     monkeypatch.setenv(progress.BUDGET_ENV, "")  # the restoring command has no budget
     budget.setup()
     budget.on_step_begin(2, [])
-    assert sent == [signal.SIGINT]
+    assert sent == [signal.SIGINT] * 2
 
 
 def test_the_best_yaml_of_a_swept_bench_entry_holds_that_entrys_method_only():

@@ -30,16 +30,28 @@ def test_the_mean_over_seeds_selects_not_the_luckiest_single_score():
     assert [t["trial_id"] for t in top] == ["a", "b"]  # completed only, best first
     runs = recheck_runs(top, settings(top=2, seeds=2), seed=10)
     assert [(r["trial_id"], r["seed"]) for r in runs] == [("a", 11), ("a", 12), ("b", 11), ("b", 12)]
-    # a's first score was its seed's luck; b holds its level. One of b's runs failed.
-    values = {("a", 11): 0.955, ("a", 12): 0.956, ("b", 11): 0.960, ("b", 12): None}
-    rows = summarise(top, [(r, values[r["trial_id"], r["seed"]]) for r in runs], "max", seed=10)
+    # a's first score was its seed's luck; b holds its level.
+    values = {("a", 11): 0.955, ("a", 12): 0.956, ("b", 11): 0.960, ("b", 12): 0.959}
+    scored = [(r, values[r["trial_id"], r["seed"]]) for r in runs]
+    rows = summarise(top, scored, "max", seed=10)
     assert [r["trial_id"] for r in rows] == ["b", "a"]
-    assert rows[0]["valid_runs"] == [0.961, 0.960] and rows[0]["seeds"] == [10, 11]
-    assert rows[0]["failed"] == 1 and rows[0]["valid_mean"] == pytest.approx(0.9605)
+    assert rows[0]["valid_runs"] == [0.961, 0.960, 0.959] and rows[0]["seeds"] == [10, 11, 12]
+    assert rows[0]["failed"] == 0 and rows[0]["valid_mean"] == pytest.approx(0.960)
     assert rows[1]["valid_mean"] == pytest.approx((0.962 + 0.955 + 0.956) / 3)
     # Minimising, the lowest mean wins.
-    low = summarise(top, [(r, values[r["trial_id"], r["seed"]]) for r in runs], "min", seed=10)
-    assert low[0]["trial_id"] == "a"
+    assert summarise(top, scored, "min", seed=10)[0]["trial_id"] == "a"
+
+
+def test_a_candidate_whose_recheck_run_failed_ranks_last_and_all_failing_is_an_error():
+    top = [trial("a", 0.962), trial("b", 0.950)]
+    runs = recheck_runs(top, settings(top=2, seeds=2), seed=0)
+    # a diverges on both other seeds: its mean over its one score would be the best of all.
+    values = {("a", 1): None, ("a", 2): None, ("b", 1): 0.951, ("b", 2): 0.949}
+    rows = summarise(top, [(r, values[r["trial_id"], r["seed"]]) for r in runs], "max", seed=0)
+    assert [(r["trial_id"], r["failed"]) for r in rows] == [("b", 0), ("a", 2)]
+    assert rows[1]["valid_runs"] == [0.962] and rows[1]["seeds"] == [0]
+    with pytest.raises(RuntimeError, match="all 4 seed re-check runs failed"):
+        summarise(top, [(r, None) for r in runs], "max", seed=0)
 
 
 @pytest.mark.parametrize(
@@ -54,6 +66,13 @@ def test_the_mean_over_seeds_selects_not_the_luckiest_single_score():
 def test_a_bad_recheck_section_is_refused_naming_the_key(recheck, says):
     with pytest.raises(ConfigError, match=says):
         settings(**recheck)
+
+
+def test_a_recheck_of_a_swept_seed_is_refused():
+    space = SPACE | {"train.seed": {"choice": [0, 1, 2]}}
+    cfg = {"method": {"name": "masstool"}, "tune": {"space": space, "recheck": {"top": 2, "seeds": 1}}}
+    with pytest.raises(ConfigError, match=r"train\.seed is swept"):
+        tune_settings(cfg, "x")
 
 
 def test_the_recheck_shapes_the_sweep_but_an_old_sweep_without_one_still_restores():

@@ -46,15 +46,16 @@ class TrialProgress(Callback):
             self.bar.close()
 
 
-# The running command's tune.time_budget_s, set by the driver around fit(): Tune restores a sweep's
-# callbacks as they were pickled, so a restored TimeBudget reads the budget of the command that
-# restores it, not the one that started the sweep.
-BUDGET_ENV = "TOOLSCOUT_TUNE_TIME_BUDGET_S"
+# When the running command's tune.time_budget_s ends (a time.monotonic() reading), set by the
+# driver before its first fit(): Tune restores a sweep's callbacks as they were pickled, so a
+# restored TimeBudget reads the budget of the command that restores it, not the one that started
+# the sweep; and the sweep and its seed re-check, two experiments, share the one deadline.
+BUDGET_ENV = "TOOLSCOUT_TUNE_DEADLINE"
 
 
 class TimeBudget(Callback):
-    """Stops the sweep as Ctrl+C does once ``$TOOLSCOUT_TUNE_TIME_BUDGET_S`` seconds have passed
-    since this command started or restored it (no budget when unset).
+    """Stops the sweep as Ctrl+C does once ``$TOOLSCOUT_TUNE_DEADLINE`` (``time.monotonic()``) has
+    passed: ``tune.time_budget_s`` after this command started or restored it (none when unset).
 
     Not Tune's ``time_budget_s``: at its end Tune marks the searcher finished and every running
     trial terminated, so the restored sweep had nothing left to run and stayed unfinished for
@@ -66,8 +67,8 @@ class TimeBudget(Callback):
         self.deadline: float | None = None
 
     def setup(self, **info: Any) -> None:
-        seconds = os.environ.get(BUDGET_ENV)
-        self.deadline = time.monotonic() + float(seconds) if seconds else None
+        deadline = os.environ.get(BUDGET_ENV)
+        self.deadline = float(deadline) if deadline else None
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         if self.deadline is not None and time.monotonic() >= self.deadline:

@@ -49,7 +49,15 @@ def summarise(
 ) -> list[dict[str, Any]]:
     """Each candidate's valid scores (its sweep trial's, with ``seed``, first, then each re-check
     seed's), their mean and spread, ranked by the mean. A re-check run that failed adds no score
-    (``failed`` counts it)."""
+    (``failed`` counts it) and ranks its candidate below every one whose runs all finished: a
+    setting that fails on another seed is the instability the re-check is for, and its mean over
+    fewer runs would fall back less (down to its single, best-of-the-sweep score).
+
+    Raises:
+        RuntimeError: every re-check run failed (nothing was re-checked).
+    """
+    if runs and all(v is None for _, v in runs):
+        raise RuntimeError(f"tune: all {len(runs)} seed re-check runs failed; see their errors")
     rows = []
     for t in top:
         mine = [(run, value) for run, value in runs if run["trial_id"] == t["trial_id"]]
@@ -65,7 +73,8 @@ def summarise(
                 "failed": sum(v is None for _, v in mine),
             }
         )
-    rows.sort(key=lambda r: r["valid_mean"], reverse=mode == "max")
+    sign = -1.0 if mode == "max" else 1.0
+    rows.sort(key=lambda r: (r["failed"] > 0, sign * r["valid_mean"]))
     return rows
 
 
@@ -78,18 +87,29 @@ def run_rechecks(
     fs: Any,
     inside: Any,
 ) -> list[tuple[dict[str, Any], float | None]] | None:
-    """Train the re-check runs as a second Tune experiment beside the sweep (``<name>-recheck``),
-    restored if an earlier command was interrupted in it. Returns each run with its valid score
-    (None: it failed), or None when it was interrupted before every run finished."""
+    """Train the re-check runs as a second Tune experiment inside the sweep's directory
+    (``<sweep>/recheck``: it lives and goes with its sweep), restored if an earlier command was
+    interrupted in it. Returns each run with its valid score (None: it failed), or None when it
+    was interrupted before every run finished.
+
+    Raises:
+        RuntimeError: the saved re-check trains other runs than this sweep's top trials.
+    """
     seed = int((base.get("train") or {}).get("seed", 0))
     options = base["train"].get("storage_options") or {}
     grid = recheck_runs(top, settings, seed)
-    name = f"{settings.name}-recheck"
-    path = inside(io.join(settings.storage_path, name))
+    name = "recheck"
+    where = io.join(settings.experiment_path, name)
+    path = inside(where)
     if tune.Tuner.can_restore(path, storage_filesystem=fs):
-        # Its grid comes from the finished sweep, which a restore has already checked unchanged.
         tuner = tune.Tuner.restore(
-            path, trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs
+            path,
+            trainable=trainable,
+            resume_unfinished=True,
+            # Finished (the outputs failed after it): its failed runs stay failed, or a rerun could
+            # select another trial and read test for it too.
+            resume_errored=not finished(trial_states(where, options), len(grid)),
+            storage_filesystem=fs,
         )
     else:
         tuner = tune.Tuner(
@@ -104,19 +124,25 @@ def run_rechecks(
             ),
             run_config=tune.RunConfig(
                 name=name,
-                storage_path=inside(settings.storage_path),
+                storage_path=inside(settings.experiment_path),
                 storage_filesystem=fs,
                 verbose=0,
                 callbacks=[TrialProgress(len(grid), settings.report_key, settings.mode), TimeBudget()],
             ),
         )
     results = tuner.fit()
-    if not finished(trial_states(io.join(settings.storage_path, name), options), len(grid)):
+    if not finished(trial_states(where, options), len(grid)):
         return None  # the saved state, not the results' count (restore.trial_states)
     out = []
     for result in results:
         value = None if result.error is not None else (result.metrics or {}).get(settings.report_key)
         out.append((result.config["recheck"], None if value is None else float(value)))
+    key = lambda run: (run["trial_id"], run["seed"])  # noqa: E731
+    if sorted(map(key, (run for run, _ in out))) != sorted(map(key, grid)):
+        raise RuntimeError(
+            f"tune: the saved seed re-check at {where} trained other runs than this sweep's top "
+            "trials; remove it to re-check again"
+        )
     return out
 
 

@@ -136,6 +136,9 @@ def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
         raise ConfigError(f"tune.scheduler: {settings.scheduler!r} is not one of {SCHEDULERS}")
     if settings.mode not in ("max", "min"):
         raise ConfigError(f"tune.mode: expected max or min, got {settings.mode!r}")
+    if settings.recheck_top and "train.seed" in settings.space:
+        # Its runs take train.seed + 1, + 2 ... of the base config: a swept seed could repeat one.
+        raise ConfigError("tune.recheck: train.seed is swept (tune.space); a seed re-check needs it fixed")
     if int(settings.num_samples) < 1:
         raise ConfigError(f"tune.num_samples: expected at least 1, got {settings.num_samples}")
     split, _, name = settings.metric.partition("/")

@@ -258,16 +258,6 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         ),
         actor,
     )
-    rechecking = tune.with_resources(
-        tune.with_parameters(
-            run_recheck,
-            base=base,
-            dataset=dataset,
-            experiment=f"{settings.name}-recheck",
-            shared_stages=settings.shared_stages,
-        ),
-        actor,
-    )
     epochs = most_epochs(method.config(), settings.space)
     tuner = make_tuner(trainable, space, settings, base, concurrent, expected, list(callbacks or []), epochs)
     interrupted = SweepInterrupted(
@@ -275,7 +265,8 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         + (" and its seed re-check" if settings.recheck_top else "")
         + " finished; run the same command again to finish it (finished trials are kept)"
     )
-    os.environ[BUDGET_ENV] = str(settings.time_budget_s or "")
+    budget = settings.time_budget_s
+    os.environ[BUDGET_ENV] = str(time.monotonic() + float(budget)) if budget else ""
     try:
         results = tuner.fit()
         if not finished(saved_trials(settings, base), expected):
@@ -288,6 +279,16 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         checked = None
         if settings.recheck_top:
             top = candidates(trials, settings)
+            rechecking = tune.with_resources(
+                tune.with_parameters(
+                    run_recheck,
+                    base=base,
+                    dataset=dataset,
+                    experiment=f"{settings.name}-recheck",
+                    shared_stages=settings.shared_stages,
+                ),
+                actor,
+            )
             runs = run_rechecks(rechecking, top, settings, base, concurrent, *storage(settings, base))
             if runs is None:
                 raise interrupted
