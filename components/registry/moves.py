@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Any
 
-from components.registry.lock import AliasLock
+from components.registry.lock import AliasLock, LockHeld
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,12 @@ def settled_alias(registry: Any, name: str, alias: str) -> Any:
     (under the alias lock), or None. A reader that gates or trains against the champion (a
     retrain round) would otherwise read where the stopped move left it, not where it was going,
     and find out only at its promotion, after the whole round (``ChampionMoved``)."""
-    with AliasLock(registry.settings.alias_lock):
-        settle(registry, name)
+    try:
+        with AliasLock(registry.settings.alias_lock):
+            settle(registry, name)
+            return registry.alias(name, alias)
+    except LockHeld as e:
+        # A move is under way (its holder finishes it) or its holder died on another host: read
+        # the alias as it is. A round can still train and register; its promotion needs the lock.
+        log.warning("model %r: reading %s without settling: %s", name, alias, e)
         return registry.alias(name, alias)
