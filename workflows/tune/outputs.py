@@ -65,8 +65,9 @@ def best_trial(
     if not done:
         statuses = [r["status"] for r in rows]
         raise RuntimeError(f"tune: no trial completed ({statuses}); see the trials' errors")
-    row = (max if mode == "max" else min)(done, key=lambda r: r["valid"])
-    if trial_id is not None:
+    if trial_id is None:
+        row = (max if mode == "max" else min)(done, key=lambda r: r["valid"])
+    else:
         row = next(r for r in done if r["trial_id"] == trial_id)
     for result in results:
         if (result.metrics or {}).get("trial_id") == row["trial_id"]:

@@ -21,11 +21,13 @@ from ray import tune
 from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
 
-from components.data import io
+from components.data import Dataset, io
 from workflows.report import md_table
+from workflows.train import run_spec
 from workflows.tune.progress import TimeBudget, TrialProgress
 from workflows.tune.restore import finished, trial_states
 from workflows.tune.settings import TuneSettings
+from workflows.tune.trainable import run_recheck
 
 
 def candidates(trials: list[dict[str, Any]], settings: TuneSettings) -> list[dict[str, Any]]:
@@ -78,11 +80,41 @@ def summarise(
     return rows
 
 
+def recheck(
+    trials: list[dict[str, Any]],
+    settings: TuneSettings,
+    base: dict[str, Any],
+    dataset: Dataset,
+    actor: dict[str, float],
+    concurrent: int,
+    fs: Any,
+    inside: Any,
+) -> list[dict[str, Any]] | None:
+    """Re-check the sweep's top ``trials``: each candidate's row (:func:`summarise`, best mean
+    first), or None when the re-check was interrupted. ``actor`` and ``concurrent``: a trial's
+    resources and how many run at once, as in the sweep; ``fs`` and ``inside``: its storage."""
+    top = candidates(trials, settings)
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            run_recheck,
+            base=base,
+            dataset=dataset,
+            experiment=f"{settings.name}-recheck",
+            shared_stages=settings.shared_stages,
+        ),
+        actor,
+    )
+    seed = run_spec(base, "recheck").seed
+    runs = run_rechecks(trainable, top, settings, base, seed, concurrent, fs, inside)
+    return None if runs is None else summarise(top, runs, settings.mode, seed)
+
+
 def run_rechecks(
     trainable: Any,
     top: list[dict[str, Any]],
     settings: TuneSettings,
     base: dict[str, Any],
+    seed: int,
     concurrent: int,
     fs: Any,
     inside: Any,
@@ -95,7 +127,6 @@ def run_rechecks(
     Raises:
         RuntimeError: the saved re-check trains other runs than this sweep's top trials.
     """
-    seed = int((base.get("train") or {}).get("seed", 0))
     options = base["train"].get("storage_options") or {}
     grid = recheck_runs(top, settings, seed)
     name = "recheck"
@@ -137,8 +168,8 @@ def run_rechecks(
     for result in results:
         value = None if result.error is not None else (result.metrics or {}).get(settings.report_key)
         out.append((result.config["recheck"], None if value is None else float(value)))
-    key = lambda run: (run["trial_id"], run["seed"])  # noqa: E731
-    if sorted(map(key, (run for run, _ in out))) != sorted(map(key, grid)):
+    ran = sorted((run["trial_id"], run["seed"]) for run, _ in out)
+    if ran != sorted((run["trial_id"], run["seed"]) for run in grid):
         raise RuntimeError(
             f"tune: the saved seed re-check at {where} trained other runs than this sweep's top "
             "trials; remove it to re-check again"

@@ -29,13 +29,13 @@ from components.data import Dataset, dataset_from_config, io
 from workflows.train import run_spec
 from workflows.tune.outputs import best_trial, reported, trial_rows, write_outputs
 from workflows.tune.progress import BUDGET_ENV, TimeBudget, TrialProgress
-from workflows.tune.recheck import candidates, run_rechecks, summarise
+from workflows.tune.recheck import recheck
 from workflows.tune.resources import max_concurrent, train_resources, trial_actor_resources
 from workflows.tune.restore import check_restorable, finished, saved_trials, write_fingerprint
 from workflows.tune.settings import TuneSettings, tune_settings
 from workflows.tune.shared import check_shared_stages
 from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
-from workflows.tune.trainable import run_recheck, run_trial, trial_method
+from workflows.tune.trainable import run_trial, trial_method
 
 
 class SweepInterrupted(RuntimeError):
@@ -166,11 +166,13 @@ def make_tuner(
     total: int,
     callbacks: list[Any],
     epochs: int,
+    saved: list[tuple[str, str]],
 ) -> tune.Tuner:
-    """A new Tuner, or the interrupted sweep of the same name restored."""
+    """A new Tuner, or the interrupted sweep of the same name restored (``saved``: its trials'
+    states, :func:`saved_trials`)."""
     fs, inside = storage(settings, base)
     path = inside(settings.experiment_path)
-    if tune.Tuner.can_restore(path, storage_filesystem=fs) and saved_trials(settings, base):
+    if tune.Tuner.can_restore(path, storage_filesystem=fs) and saved:
         if not settings.resume:
             raise ConfigError(
                 f"tune: a sweep named {settings.name!r} exists at {path}; pass tune.resume=true to "
@@ -184,7 +186,7 @@ def make_tuner(
             resume_unfinished=True,
             # A finished sweep restored for its interrupted seed re-check keeps its trials as they
             # ended: a failed one run again could change the top trials the re-check trains.
-            resume_errored=not finished(saved_trials(settings, base), total),
+            resume_errored=not finished(saved, total),
             storage_filesystem=fs,
         )
     write_fingerprint(settings, base)
@@ -259,7 +261,9 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         actor,
     )
     epochs = most_epochs(method.config(), settings.space)
-    tuner = make_tuner(trainable, space, settings, base, concurrent, expected, list(callbacks or []), epochs)
+    tuner = make_tuner(
+        trainable, space, settings, base, concurrent, expected, list(callbacks or []), epochs, saved
+    )
     interrupted = SweepInterrupted(
         f"tune: sweep {settings.name!r} stopped before its {expected} trials"
         + (" and its seed re-check" if settings.recheck_top else "")
@@ -278,21 +282,9 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
         best = best_trial(results, trials, settings.mode)
         checked = None
         if settings.recheck_top:
-            top = candidates(trials, settings)
-            rechecking = tune.with_resources(
-                tune.with_parameters(
-                    run_recheck,
-                    base=base,
-                    dataset=dataset,
-                    experiment=f"{settings.name}-recheck",
-                    shared_stages=settings.shared_stages,
-                ),
-                actor,
-            )
-            runs = run_rechecks(rechecking, top, settings, base, concurrent, *storage(settings, base))
-            if runs is None:
+            checked = recheck(trials, settings, base, dataset, actor, concurrent, *storage(settings, base))
+            if checked is None:
                 raise interrupted
-            checked = summarise(top, runs, settings.mode, run_spec(base, "seed").seed)
             best = best_trial(results, trials, settings.mode, checked[0]["trial_id"])
     finally:
         os.environ.pop(BUDGET_ENV, None)
