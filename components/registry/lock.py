@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from types import TracebackType
 
 log = logging.getLogger(__name__)
@@ -111,9 +112,7 @@ class RetrainLock:
         }
         if self.lease_s is not None:
             self.record |= {"lease_s": self.lease_s, "renewed": self.record["started"]}
-        mine = f"{self.path}.{uuid.uuid4().hex}.new"
-        with open(mine, "w") as f:
-            json.dump(self.record, f)
+        mine = self._private(self.record)
         try:
             for _ in range(3):
                 try:
@@ -160,11 +159,26 @@ class RetrainLock:
         recorded = holder.get("process_start")
         return recorded is not None and _process_start(pid) not in (None, recorded)
 
+    def _private(self, record: dict) -> str:
+        """``record`` written whole to a file of this process's own beside the lock (linked or
+        renamed to the lock's name: a reader never sees half a record). Returns its path."""
+        mine = f"{self.path}.{uuid.uuid4().hex}.new"
+        with open(mine, "w") as f:
+            json.dump(record, f)
+        return mine
+
+    @contextlib.contextmanager
+    def _takeover_turn(self) -> Iterator[None]:
+        """One takeover (or renewal) of this lock at a time on this host: an ``flock`` on a guard
+        file beside it, which the kernel frees if the process dies."""
+        with open(f"{self.path}.takeover", "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            yield
+
     def _take_over(self, stale: dict) -> bool:
         """Remove the lock file if it still holds ``stale``; ``True`` when the lock is free then,
         ``False`` if another process's record is there by now (left as it is)."""
-        with open(f"{self.path}.takeover", "a") as guard:
-            fcntl.flock(guard, fcntl.LOCK_EX)  # one takeover at a time; the kernel frees it on exit
+        with self._takeover_turn():
             holder = _read(self.path)
             if holder == stale:
                 os.unlink(self.path)
@@ -198,17 +212,13 @@ class RetrainLock:
     def renew(self) -> bool:
         """Write this holder's record again with ``renewed`` now (whole, by a rename), while the lock
         still holds it; ``False`` (and nothing written) once it does not, or once released."""
-        with self._turns, open(f"{self.path}.takeover", "a") as guard:
-            # Under the takeovers' guard too: a takeover on this host reads and removes the record
-            # as one step, and a renewal must not land between the two.
-            fcntl.flock(guard, fcntl.LOCK_EX)
+        # Under the takeovers' guard too: a takeover on this host reads and removes the record as
+        # one step, and a renewal must not land between the two.
+        with self._turns, self._takeover_turn():
             if not self.held or not self._mine(self.holder()):
                 return False
             record = self.record | {"renewed": time.time()}
-            mine = f"{self.path}.{uuid.uuid4().hex}.new"
-            with open(mine, "w") as f:
-                json.dump(record, f)
-            os.replace(mine, self.path)
+            os.replace(self._private(record), self.path)
             self.record = record
             return True
 
