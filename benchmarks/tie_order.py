@@ -18,18 +18,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import components.metrics as metrics
 from components.data import open_dataset
 from components.methods.bm25.method import BM25Method
+from components.metrics import evaluate_retrieval
 from workflows.report import write_report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tie_order.json")
 SHOWN = ("recall@1", "recall@3", "recall@5", "ndcg@1", "ndcg@3", "ndcg@5", "comp@3", "comp@5")
 
 
-def by_id(item: tuple[str, float]) -> tuple[float, str]:
-    """The rule before: best score first, equal scores by tool id."""
-    return (-item[1], item[0])
+def by_id(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """``results`` with each ranking reordered by the rule before (best score first, equal scores
+    by tool id): scored in their given order (the rule now), they score as the old rule did."""
+    return {q: dict(sorted(found.items(), key=lambda i: (-i[1], i[0]))) for q, found in results.items()}
 
 
 def main() -> None:
@@ -44,13 +45,8 @@ def main() -> None:
         bm25 = BM25Method(profile)
         bm25.index(dataset.corpus)
         found = bm25.retrieve(queries, 10)
-        now = metrics.evaluate_retrieval(qrels, found)
-        own = metrics.by_score
-        metrics.by_score = by_id  # ranked() looks it up at each call
-        try:
-            before = metrics.evaluate_retrieval(qrels, found)
-        finally:
-            metrics.by_score = own
+        now = evaluate_retrieval(qrels, found)
+        before = evaluate_retrieval(qrels, by_id(found))
         for rule, scored in (("by_id", before), ("method_order", now)):
             results.append(
                 {

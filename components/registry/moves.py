@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from components.registry.lock import AliasLock, LockHeld
+from components.registry.settings import Version
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def settle(registry: Any, name: str) -> bool:
     return True
 
 
-def settled_alias(registry: Any, name: str, alias: str) -> Any:
+def settled_alias(registry: Any, name: str, alias: str) -> Version | None:
     """The version ``alias`` of ``name`` points at once a move a crash left half done is finished
     (under the alias lock), or None. A reader that gates or trains against the champion (a
     retrain round) would otherwise read where the stopped move left it, not where it was going,
