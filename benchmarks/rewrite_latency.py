@@ -27,7 +27,7 @@ import torch
 from ray import serve
 
 from benchmarks.serve_load import doors, load, row, summary, train_artifacts
-from components.data import open_dataset
+from components.data import io, open_dataset
 from components.methods.querygen.method import QueryGenMethod
 from components.serving.deploy import apply_serve_env, deploy_config, serve_config
 from components.serving.models import ensure_calibration
@@ -183,9 +183,7 @@ def main() -> None:
             print(rows[-1])
     serve.shutdown()
     report = {"dataset": "toollens", "results": rows, "machine": f"{os.cpu_count()} CPUs, no GPU"}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "wb") as f:
-        f.write(strict_json(report))
+    io.write_bytes(args.out, strict_json(report))
     write_markdown(report, args.out.replace(".json", ".md"), args)
 
 
