@@ -48,7 +48,10 @@ class Increment:
         judged = {s: set(q) for s, q in self.qrels.items()}
         if merged is not None:
             ours = set().union(*judged.values()) if judged else set()
-            judged = {s: ours & set(merged.qrels.get(s, {})) for s in self.qrels}
+            # Every split holding one of ours, not only the increment's own: a train-only
+            # increment's twin of a holdout request is in valid after the merge, and counted there.
+            where = {s: ours & set(q) for s, q in merged.qrels.items()}
+            judged = {s: found for s, found in where.items() if found or s in self.qrels}
         return {
             "new_tools": len(self.new_tools(base)),
             "updated_tools": sum(t in base.corpus and base.corpus[t] != r for t, r in self.tools.items()),
