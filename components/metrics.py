@@ -172,6 +172,14 @@ def score_detection(
     return detection_metrics(labels, np.array([probs[str(i)] for i in range(len(texts))]), threshold)
 
 
+def joint_score(ndcg_at_3: float, detect_accuracy: float) -> float:
+    """One figure for both of MassTool's towers (arXiv 2507.00487): the mean of retrieval's N@3 and
+    detection accuracy. A selection on N@3 alone is free to trade detection away (the MiniLM
+    sweep's pick gave up 0.006 test accuracy for 0.002 R@3, ``toollens_masstool_minilm_tune_seeds``);
+    MassTool's joint stage selects its epoch on this, and a sweep can select on it."""
+    return (ndcg_at_3 + detect_accuracy) / 2
+
+
 def per_query(qrels: Qrels, results: Results, metric: str) -> dict[str, float]:
     """``metric`` (e.g. ``ndcg@3``) of each query with a relevant tool: the paired samples a
     significance test compares two systems on."""

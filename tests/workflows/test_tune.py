@@ -466,3 +466,12 @@ def test_the_best_yaml_of_a_swept_bench_entry_holds_that_entrys_method_only():
     out = best_config(cfg, base, {"method.params.epsilon": 0.7}, "frozen_tuned")
     assert out["method"] == {"name": "masstool", "params": {"finetune_encoder": False, "epsilon": 0.7}}
     assert out["bench"]["methods"]["frozen_tuned"]["params"] == out["method"]["params"]
+
+
+def test_a_trial_reports_the_joint_score_of_a_method_scored_on_detection():
+    from workflows.tune.trainable import valid_report
+
+    # tune.metric: valid/joint selects on both towers: (N@3 + detection accuracy) / 2.
+    both = valid_report({"ndcg@3": 0.9, "recall@3": 0.8, "detect_accuracy": 0.7, "detect_auroc": 0.95})
+    assert both["valid_joint"] == pytest.approx(0.8) and both["valid_ndcg@3"] == 0.9
+    assert "valid_joint" not in valid_report({"ndcg@3": 0.9, "recall@3": 0.8})  # no detector

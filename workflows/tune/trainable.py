@@ -28,6 +28,7 @@ from ray import tune
 
 from components import methods
 from components.data import Dataset
+from components.metrics import joint_score
 from workflows.evaluate import score
 from workflows.train import run_spec
 from workflows.tune.space import apply_params
@@ -40,6 +41,17 @@ def trial_method(base: dict[str, Any], params: dict[str, Any]) -> tuple[dict[str
     cfg = apply_params(base, params)
     mcfg = cfg["method"]
     return cfg, methods.build(mcfg["name"], mcfg.get("params"))
+
+
+def valid_report(valid: dict[str, float]) -> dict[str, float]:
+    """A trial's whole-method valid scores as Tune keys: ``valid_<metric>`` for every metric, the
+    selection metric among them, and ``valid_joint`` for a method scored on detection too."""
+    report = {f"valid_{k}": float(v) for k, v in valid.items()}
+    if "detect_accuracy" in valid and "ndcg@3" in valid:
+        # ``tune.metric: valid/joint`` selects on both towers; the joint stage's epochs report the
+        # same figure under the same key, which is what ASHA stops trials on.
+        report["valid_joint"] = joint_score(valid["ndcg@3"], valid["detect_accuracy"])
+    return report
 
 
 def run_trial(
@@ -89,9 +101,7 @@ def run_trial(
     method.index(dataset.corpus)
     train_seconds = time.perf_counter() - started
     valid = score(method, dataset, "valid")
-    # ``valid_<metric>`` for every metric, the selection metric among them (the per-epoch key too).
-    report = {f"valid_{k}": float(v) for k, v in valid.items()}
-    report |= {FINAL: 1.0, "train_seconds": train_seconds}
+    report = valid_report(valid) | {FINAL: 1.0, "train_seconds": train_seconds}
     with tempfile.TemporaryDirectory() as tmp:
         artifact = os.path.join(tmp, "artifact")
         method.save(artifact)

@@ -27,7 +27,7 @@ from components.methods.masstool.graph import build_graphs
 from components.methods.masstool.method import MassToolMethod
 from components.methods.masstool.model import MassToolModel
 from components.methods.masstool.params import MassToolParams
-from components.metrics import evaluate_retrieval, score_detection
+from components.metrics import evaluate_retrieval, joint_score, score_detection
 from components.training.parallel import unwrap
 from components.training.spec import StageConfig
 from components.training.task import StageTask
@@ -214,7 +214,7 @@ class MassToolTask(StageTask):
                 method.detect, queries, self.data.qrels["valid"], negatives, self.params.detect_threshold
             )
             out |= {"detect_accuracy": det["accuracy"], "detect_f1": det["f1"], "detect_auroc": det["auroc"]}
-            out["joint"] = (out["ndcg@3"] + out["detect_accuracy"]) / 2
+            out["joint"] = joint_score(out["ndcg@3"], out["detect_accuracy"])
         return out
 
     def save_model(self, model: torch.nn.Module, path: str) -> None:
