@@ -146,6 +146,26 @@ def tables(summaries: dict[str, dict[str, Any]], labels: list[str]) -> str:
     return "\n".join(text) + "\n"
 
 
+def per_seed_table(runs: list[dict[str, Any]]) -> str:
+    """Every run's valid N@3 and test figures, by seed (the shown metrics every run has)."""
+    tests = [next(x["metrics"] for x in r["rows"] if x["split"] == "test") for r in runs]
+    shown = [k for k in SHOWN if all(k in t for t in tests)]
+    body = []
+    for r in sorted(runs, key=lambda r: (r["seed"], r["label"])):
+        split = {x["split"]: x["metrics"] for x in r["rows"]}
+        body.append(
+            [
+                str(r["seed"]),
+                r["label"],
+                f"{split['valid']['ndcg@3']:.4f}",
+                *(f"{split['test'][k]:.4f}" for k in shown),
+                f"{r['train_seconds']:.0f}",
+            ]
+        )
+    head = ["seed", "config", "valid ndcg@3", *(f"test {k}" for k in shown), "train s"]
+    return "## Every run\n\n" + "\n".join(md_table(head, body)) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-c", "--config", required=True, help="the bench config holding the baseline entry")
@@ -182,13 +202,13 @@ def main() -> None:
     if os.path.exists(log):
         with open(log, encoding="utf-8") as f:
             runs = [json.loads(line) for line in f if line.strip()]
-    init_ray({"local": True})
     dataset = dataset_from_config(cfg)
     for seed in args.seeds:
         # Baseline then selected at each seed: machine drift over the hour falls on both alike.
         for label in labels:
             if any(r["label"] == label and r["seed"] == seed for r in runs):
                 continue
+            init_ray({"local": True})  # only when something is trained: a rerun that only reports needs none
             name, params = configs[label]
             print(f"tune_seeds: {label} seed {seed}", file=sys.stderr, flush=True)
             run = train_and_score(cfg, label, name, params, seed, args.shared, dataset)
@@ -216,7 +236,9 @@ def main() -> None:
         f"{t['ndcg@3']['mean']:+.4f} ({t['ndcg@3']['above']} higher).\n"
     )
     report = {"dataset": dataset.name, "results": results, "summary": summaries, "notes": notes}
-    write_report(report, args.out, title=args.title, plot=False, table=tables(summaries, labels))
+    write_report(
+        report, args.out, title=args.title, plot=False, table=tables(summaries, labels) + per_seed_table(runs)
+    )
     print(f"wrote {args.out}")
 
 
