@@ -9,8 +9,10 @@ re-seeded for both, the same shared first stage (MassTool's semantic encoder, tr
 here: both configs were fixed before this runs (the sweep selected on valid), so these test
 readings measure the selected config's test figure and its spread, they choose nothing.
 
-Every finished run is appended to ``<work>/runs.jsonl`` at once, so an interrupted benchmark
-started again with the same arguments trains only the runs it lacks.
+Every finished run, with its per-query R@3 and N@3, is appended to ``<work>/runs.jsonl`` at once,
+so an interrupted benchmark started again with the same arguments trains only the runs it lacks.
+The per-query values give a second view: each query's difference averaged over the seeds, with a
+bootstrap interval over queries, which the seeds do not resample.
 
     python benchmarks/tune_seeds.py -c workflows/configs/toollens_masstool_minilm.yaml \\
         --baseline masstool_minilm_cpu \\
@@ -34,13 +36,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from components import methods
 from components.config import load_config
 from components.data import dataset_from_config
-from workflows.bench import split_rows
+from components.metrics import paired_bootstrap, per_query
+from workflows.bench import report_splits
+from workflows.evaluate import score_with_rankings
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 from workflows.train import run_spec
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tune_seeds.json")
 SHOWN = ("recall@3", "ndcg@3", "recall@5", "comp@5", "detect_accuracy", "detect_auroc")
+# Kept per query for every run, for the bootstrap over queries.
+PER_QUERY = ("recall@3", "ndcg@3")
 
 
 def entry_params(cfg: dict[str, Any], name: str, where: str) -> tuple[str, dict[str, Any]]:
@@ -76,7 +82,7 @@ def train_and_score(
     dataset: Any,
 ) -> dict[str, Any]:
     """Train one config with ``seed`` for its own stages (``train.seed`` for the shared ones) and
-    score it on valid and test."""
+    score it on valid and test, keeping each query's R@3 and N@3 (:data:`PER_QUERY`)."""
     method = methods.build(name, params)
     run = run_spec(cfg, f"tune-seeds-{label}-seed{seed}")
     own = replace(run, seed=seed)
@@ -85,8 +91,21 @@ def train_and_score(
         method.fit(stage, dataset, run if stage in shared else own)
     method.index(dataset.corpus)
     seconds = time.perf_counter() - started
-    rows = split_rows(method, dataset, label)
-    return {"label": label, "seed": seed, "train_seconds": seconds, "rows": rows}
+    rows, queries = [], {}
+    for split in report_splits(dataset):
+        metrics, results = score_with_rankings(method, dataset, split)
+        eval_seconds = metrics.pop("eval_seconds")
+        rows.append(
+            {
+                "method": label,
+                "config": method.config(),
+                "split": split,
+                "metrics": metrics,
+                "eval_seconds": eval_seconds,
+            }
+        )
+        queries[split] = {m: per_query(dataset.qrels[split], results, m) for m in PER_QUERY}
+    return {"label": label, "seed": seed, "train_seconds": seconds, "rows": rows, "per_query": queries}
 
 
 def summary(runs: list[dict[str, Any]], labels: list[str], split: str) -> dict[str, Any]:
@@ -114,6 +133,52 @@ def summary(runs: list[dict[str, Any]], labels: list[str], split: str) -> dict[s
             "below": sum(d < 0 for d in diffs),
         }
     return out
+
+
+def query_bootstrap(runs: list[dict[str, Any]], labels: list[str], split: str) -> dict[str, Any] | None:
+    """Selected minus baseline per query on ``split``, each query's value first averaged over the
+    paired seeds, with a 95 % bootstrap interval over queries (:func:`paired_bootstrap`).
+
+    The seeds resample training, not queries: a difference steady across seeds can still be one
+    that another draw of 1.8k queries would not show. None when a paired run has no per-query
+    values (a ``runs.jsonl`` line written before they were kept).
+    """
+    by = {(r["label"], r["seed"]): (r.get("per_query") or {}).get(split) for r in runs}
+    seeds = sorted({s for (_, s) in by if all((label, s) in by for label in labels)})
+    if not seeds or any(by[label, s] is None for label in labels for s in seeds):
+        return None
+    out: dict[str, Any] = {"seeds": seeds}
+    for metric in PER_QUERY:
+        means = []
+        for label in labels:
+            values = [by[label, s][metric] for s in seeds]
+            common = set.intersection(*(set(v) for v in values))
+            means.append({q: statistics.fmean(v[q] for v in values) for q in common})
+        out[metric] = paired_bootstrap(means[0], means[1], samples=10000)
+    return out
+
+
+def bootstrap_table(boot: dict[str, dict[str, Any] | None], labels: list[str]) -> str:
+    """One row per split and metric: the mean per-query difference and its interval."""
+    body = [
+        [
+            split,
+            metric,
+            str(len(b["seeds"])),
+            f"{r['mean']:+.4f}",
+            f"[{r['low']:+.4f}, {r['high']:+.4f}]",
+            f"{r['p_not_better']:.3f}",
+            f"{r['queries']:.0f}",
+        ]
+        for split, b in boot.items()
+        if b
+        for metric, r in ((m, b[m]) for m in PER_QUERY)
+    ]
+    if not body:
+        return ""
+    head = ["split", "metric", "seeds", f"{labels[1]} − {labels[0]}", "95% interval", "share ≤ 0", "queries"]
+    title = "## Over queries: per-query difference averaged over the seeds, bootstrap over queries\n\n"
+    return title + "\n".join(md_table(head, body)) + "\n\n"
 
 
 def tables(summaries: dict[str, dict[str, Any]], labels: list[str]) -> str:
@@ -217,6 +282,7 @@ def main() -> None:
                 f.write(json.dumps(run) + "\n")
     runs = [r for r in runs if r["seed"] in args.seeds]
     summaries = {split: summary(runs, labels, split) for split in ("valid", "test")}
+    boot = {split: query_bootstrap(runs, labels, split) for split in ("valid", "test")}
     results = [
         {**row, "config": {"seed": r["seed"], **row["config"]}, "train_seconds": r["train_seconds"]}
         for r in runs
@@ -233,11 +299,27 @@ def main() -> None:
         "hand-picked one's at the same seed (↑: seeds where the selected config is higher). Nothing is "
         f"selected on these readings. Test, selected − hand-picked: R@3 {t['recall@3']['mean']:+.4f} "
         f"({t['recall@3']['above']} of {len(summaries['test']['seeds'])} seeds higher), N@3 "
-        f"{t['ndcg@3']['mean']:+.4f} ({t['ndcg@3']['above']} higher).\n"
+        f"{t['ndcg@3']['mean']:+.4f} ({t['ndcg@3']['above']} higher)"
+        + (
+            f"; over test queries (seed-averaged), N@3 {boot['test']['ndcg@3']['mean']:+.4f}, 95% interval"
+            f" [{boot['test']['ndcg@3']['low']:+.4f}, {boot['test']['ndcg@3']['high']:+.4f}].\n"
+            if boot["test"]
+            else ".\n"
+        )
     )
-    report = {"dataset": dataset.name, "results": results, "summary": summaries, "notes": notes}
+    report = {
+        "dataset": dataset.name,
+        "results": results,
+        "summary": summaries,
+        "bootstrap": boot,
+        "notes": notes,
+    }
     write_report(
-        report, args.out, title=args.title, plot=False, table=tables(summaries, labels) + per_seed_table(runs)
+        report,
+        args.out,
+        title=args.title,
+        plot=False,
+        table=tables(summaries, labels) + bootstrap_table(boot, labels) + per_seed_table(runs),
     )
     print(f"wrote {args.out}")
 

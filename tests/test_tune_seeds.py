@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.tune_seeds import SHOWN, check_shared, summary
+from benchmarks.tune_seeds import PER_QUERY, SHOWN, bootstrap_table, check_shared, query_bootstrap, summary
 
 
 def run(label: str, seed: int, split_values: dict[str, float]) -> dict:
@@ -50,3 +50,44 @@ def test_a_shared_stage_the_configs_train_differently_is_refused():
 def test_a_shared_stage_the_method_lacks_is_refused():
     with pytest.raises(SystemExit, match="no stage 'memorization'"):
         check_shared({"a": ("masstool", MASSTOOL)}, ["memorization"], 0)
+
+
+def with_queries(label: str, seed: int, values: dict[str, float]) -> dict:
+    """A run whose test split holds per-query values: ``values`` for R@3, each minus 0.5 for N@3."""
+    r = run(label, seed, {"valid": 0.5, "test": 0.5})
+    r["per_query"] = {"test": {"recall@3": values, "ndcg@3": {q: v - 0.5 for q, v in values.items()}}}
+    return r
+
+
+def test_the_query_bootstrap_averages_each_query_over_the_seeds_before_pairing():
+    queries = [f"q{i}" for i in range(40)]
+    runs = [
+        with_queries("base", 0, dict.fromkeys(queries, 0.5)),
+        with_queries("base", 1, dict.fromkeys(queries, 0.5)),
+        # +0.2 on every query at seed 0, level at seed 1: +0.1 per query once averaged.
+        with_queries("tuned", 0, dict.fromkeys(queries, 0.7)),
+        with_queries("tuned", 1, dict.fromkeys(queries, 0.5)),
+    ]
+    boot = query_bootstrap(runs, ["base", "tuned"], "test")
+    assert boot is not None and boot["seeds"] == [0, 1]
+    for metric in PER_QUERY:
+        assert boot[metric]["mean"] == pytest.approx(0.1)
+        assert boot[metric]["low"] == pytest.approx(0.1) and boot[metric]["queries"] == 40
+    assert "| test | recall@3 | 2 | +0.1000 |" in bootstrap_table({"test": boot}, ["base", "tuned"])
+
+
+def test_the_query_bootstrap_interval_covers_zero_when_gains_and_losses_cancel():
+    queries = [f"q{i}" for i in range(200)]
+    base = dict.fromkeys(queries, 0.5)
+    tuned = {q: 0.5 + (0.3 if i % 2 else -0.3) for i, q in enumerate(queries)}
+    boot = query_bootstrap(
+        [with_queries("base", 0, base), with_queries("tuned", 0, tuned)], ["base", "tuned"], "test"
+    )
+    r = boot["recall@3"]
+    assert r["mean"] == pytest.approx(0.0, abs=1e-12) and r["low"] < 0 < r["high"]
+
+
+def test_no_query_bootstrap_when_a_paired_run_kept_no_per_query_values():
+    runs = [with_queries("base", 0, {"q": 1.0}), run("tuned", 0, {"valid": 0.5, "test": 0.5})]
+    assert query_bootstrap(runs, ["base", "tuned"], "test") is None
+    assert bootstrap_table({"test": None}, ["base", "tuned"]) == ""

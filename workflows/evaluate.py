@@ -8,6 +8,7 @@ from typing import Any
 from components import methods
 from components.config import ConfigError, as_list
 from components.data import Dataset, dataset_from_config, io
+from components.data.types import Results
 from components.methods.base import Method
 from components.metrics import DEFAULT_KS, evaluate_retrieval, score_detection
 from components.registry import ModelRegistry, RegistrySettings, is_model_uri
@@ -17,7 +18,16 @@ from workflows.train import model_name
 
 
 def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
-    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``).
+    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``):
+    :func:`score_with_rankings` without the rankings."""
+    return score_with_rankings(method, dataset, split, ks)[0]
+
+
+def score_with_rankings(
+    method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DEFAULT_KS
+) -> tuple[dict[str, float], Results]:
+    """The metrics of ``split`` (plus ``eval_seconds``) and the rankings they were computed from,
+    for per-query statistics (:func:`components.metrics.per_query`) without retrieving twice.
 
     A method with a tool-usage detector (``detect``) is also scored on detection: the split's
     queries with a relevant tool (they need one; a query judged only irrelevant says nothing
@@ -37,7 +47,7 @@ def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DE
         )
         metrics |= {f"detect_{k}": v for k, v in det.items()}
     metrics["eval_seconds"] = time.perf_counter() - started
-    return metrics
+    return metrics, results
 
 
 def new_tool_metrics(
