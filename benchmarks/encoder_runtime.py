@@ -1,4 +1,4 @@
-"""Where a served text encoder runs on CPU: PyTorch, ONNX Runtime (fp32) or ONNX Runtime (int8).
+"""Where a served text encoder runs on CPU: PyTorch, ONNX Runtime (fp32, int8) or OpenVINO (fp32, bf16).
 
     python -m benchmarks.encoder_runtime --data ../shared/datasets/toollens --seconds 8 --rounds 3
 
@@ -16,7 +16,8 @@ thread, as each replica has:
   the runtime's, from the same run.
 * ``valid`` / ``test`` rows: recall@3 and ndcg@3 of every query of the split, and the change
   against PyTorch (``delta_recall@3``, ``delta_ndcg@3``), with the queries encoded one at a time
-  and in batches of 8 (``quality_batch``): int8 quantises each batch's activations with one scale.
+  and in batches of 8 (``quality_batch``): int8 quantises each batch's activations with one scale
+  (bf16 rounds each value alone, so its vectors should not depend on the batch).
 
 Rule, stated before the run and applied by the code: the serving default is the runtime with the
 lowest 1-query p50 whose recall@3 and ndcg@3 are within 0.002 of PyTorch's on valid and, as issue
@@ -48,7 +49,9 @@ QUALITY_BATCHES = (1, BATCH)
 ABOUT_ANY = (
     "Latency is encode + exact search + ranking of one query (`RetrieverModel.retrieve`), one thread. "
     "int8 is ONNX Runtime's dynamic quantisation of the MatMuls, weights per channel, embedding tables "
-    "fp32 (components/encoders/onnx_runtime.py). The bound is checked on test "
+    "fp32 (components/encoders/onnx_runtime.py); OpenVINO compiles the same exported graph, bf16 "
+    "where the CPU multiplies bf16 natively (components/encoders/openvino_runtime.py). "
+    "The bound is checked on test "
     "as issue 29 asks of an encoder option, so this decision reads test.\n"
 )
 ABOUT = (
@@ -89,6 +92,13 @@ def quality(model: RetrieverModel, qrels: dict, queries: dict[str, str], batch: 
         results |= {q: dict(r) for q, r in zip(chunk, rankings, strict=True)}
     m = evaluate_retrieval({q: qrels[q] for q in qids}, results)
     return {"recall@3": m["recall@3"], "ndcg@3": m["ndcg@3"]}
+
+
+def bf16_note(models: dict[str, RetrieverModel]) -> str:
+    """What the openvino-bf16 rows ran in: OpenVINO falls back to fp32 on a CPU without bf16."""
+    compiled = [e._compiled for e in models["openvino-bf16"].method.text_encoders()]
+    precisions = sorted({getattr(c, "precision", "?") for c in compiled})
+    return f"openvino-bf16 compiled in {', '.join(precisions)}"
 
 
 def main() -> None:
@@ -195,7 +205,8 @@ def main() -> None:
     )
     notes = (
         f"Run: `python -m benchmarks.encoder_runtime --data {args.data} --seconds {args.seconds:g} "
-        f"--rounds {args.rounds}` on this {os.cpu_count()}-core machine, 1-min load average "
+        f"--rounds {args.rounds}` on this {os.cpu_count()}-core machine ({bf16_note(models)}), "
+        "1-min load average "
         f"{os.getloadavg()[0]:.1f} at the end. Each latency figure is the median of {args.rounds} rounds in "
         "which the runtimes took turns. Eligible as the serving default (R@3 and N@3 within "
         f"{BOUND} of PyTorch on valid and on test, every query scored alone and in batches of {BATCH}): "
@@ -204,7 +215,8 @@ def main() -> None:
         + (ABOUT if not args.artifact else f"The model is {args.model} (`{args.artifact}`). " + ABOUT_ANY)
     )
     report = {"dataset": "toollens", "results": rows, "chosen": chosen, "eligible": eligible, "notes": notes}
-    title = f"Served text encoder on CPU: PyTorch vs ONNX Runtime (fp32, int8), {args.model}"
+    engines = "PyTorch, ONNX Runtime (fp32, int8), OpenVINO (fp32, bf16)"
+    title = f"Served text encoder on CPU: {engines}, {args.model}"
     write_report(report, args.out, title=title, plot=False, table=table)
     print("\n".join(table))
 

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.encoders.ngram_bag import hybrid_sum
+from components.encoders.openvino_runtime import PRECISIONS, OpenVinoEncoder
 from components.encoders.runtimes import check_runtime
 
 OPSET = 17
@@ -34,26 +36,34 @@ INPUTS = ("input_ids", "attention_mask")
 
 
 class _Forward(nn.Module):
-    """The encoder's forward as a graph root (input ids, mask) -> pooled vectors."""
+    """The encoder's forward as a graph root (input ids, mask) -> pooled vectors; with
+    ``ngrams=False``, its transformer channel only."""
 
-    def __init__(self, encoder: nn.Module) -> None:
+    def __init__(self, encoder: nn.Module, ngrams: bool = True) -> None:
         super().__init__()
-        self.encoder = encoder
+        self.encoder, self.ngrams = encoder, ngrams
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.encoder(input_ids, attention_mask)
+        if self.ngrams:
+            return self.encoder(input_ids, attention_mask)
+        return self.encoder.transformer(input_ids, attention_mask)
 
 
 def export_onnx(
-    encoder: nn.Module, sample: dict[str, torch.Tensor], path: str, quantize: bool = False
+    encoder: nn.Module,
+    sample: dict[str, torch.Tensor],
+    path: str,
+    quantize: bool = False,
+    ngrams: bool = True,
 ) -> str:
     """Write ``encoder``'s forward ``(input_ids, attention_mask) -> vectors`` to ``path`` as ONNX,
     batch and length dynamic, traced on ``sample`` (a tokenized batch); with ``quantize``, the int8
-    graph (see :func:`_quantize`) instead. Returns ``path``."""
+    graph (see :func:`_quantize`) instead; with ``ngrams=False``, a hybrid encoder's transformer
+    channel without its n-gram bag. Returns ``path``."""
     # Export in eval mode (no dropout) and leave the encoder in the mode it was in: export()
     # restores the root's mode onto its children, so the wrapper must be in eval mode too.
     was_training = encoder.training
-    root = _Forward(encoder).eval()
+    root = _Forward(encoder, ngrams).eval()
     args = tuple(sample[name].cpu() for name in INPUTS)
     dynamic = {name: {0: "batch", 1: "length"} for name in INPUTS} | {"embedding": {0: "batch"}}
     target = path if not quantize else path + ".fp32"
@@ -166,12 +176,37 @@ class OnnxEncoder:
         return torch.from_numpy(vectors)
 
 
-def onnx_encoder(encoder: nn.Module, sample: dict[str, torch.Tensor], runtime: str) -> OnnxEncoder | None:
-    """The ONNX Runtime stand-in for ``encoder``'s inference under ``runtime`` (None for "torch"),
-    exported (see :func:`export_onnx`) into a temporary file that is gone once the session has
-    read it."""
+class _WithTorchNgrams:
+    """An engine's transformer channel plus the encoder's n-gram bag run by PyTorch.
+
+    For OpenVINO: its CPU plugin computes int64 tensors in int32, so the bag's rolling hash
+    (int64, wrapping on overflow) lands n-grams in other buckets there and the vectors come out
+    wrong. The bag is a table lookup and a mean, a small part of the encoder's work; the
+    transformer, the large part, stays on the engine.
+    """
+
+    def __init__(self, engine: OpenVinoEncoder, bag: nn.Module) -> None:
+        self.engine, self.bag = engine, bag
+        self.precision = engine.precision
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return hybrid_sum(self.engine(input_ids, attention_mask), self.bag(input_ids, attention_mask))
+
+
+def onnx_encoder(
+    encoder: nn.Module, sample: dict[str, torch.Tensor], runtime: str
+) -> OnnxEncoder | OpenVinoEncoder | _WithTorchNgrams | None:
+    """The exported stand-in for ``encoder``'s inference under ``runtime`` (None for "torch"):
+    the graph of :func:`export_onnx`, written to a temporary file that is gone once the engine
+    (ONNX Runtime, or OpenVINO for the ``openvino*`` runtimes) has read it."""
     if check_runtime(runtime) == "torch":
         return None
+    bag = getattr(encoder, "ngrams", None)
+    on_openvino = runtime in PRECISIONS
     with tempfile.TemporaryDirectory(prefix="toolscout-onnx-") as tmp:
         target = os.path.join(tmp, "encoder.onnx")
-        return OnnxEncoder(export_onnx(encoder, sample, target, quantize=runtime == "onnx-int8"))
+        export_onnx(encoder, sample, target, quantize=runtime == "onnx-int8", ngrams=not on_openvino)
+        if not on_openvino:
+            return OnnxEncoder(target)
+        engine = OpenVinoEncoder(target, PRECISIONS[runtime])
+        return engine if bag is None else _WithTorchNgrams(engine, bag)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-# "torch": the module itself; "onnx": the exported fp32 graph; "onnx-int8": dynamically quantised.
-RUNTIMES = ("torch", "onnx", "onnx-int8")
+# "torch": the module itself; "onnx": the exported fp32 graph on ONNX Runtime; "onnx-int8": that
+# graph dynamically quantised; "openvino" / "openvino-bf16": the same graph compiled by OpenVINO in
+# fp32 / bf16.
+RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
 
 
 def check_runtime(runtime: str) -> str:

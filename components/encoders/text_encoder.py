@@ -22,12 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import nn
 from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel
 
-from components.encoders.ngram_bag import TokenNgramBag
+from components.encoders.ngram_bag import TokenNgramBag, hybrid_sum
 from components.encoders.packaged import PACKAGED_ENCODERS, resolve_encoder
 from components.encoders.sentence_config import checkpoint_pooling
 from components.encoders.tokenizer import train_wordpiece
@@ -174,15 +173,15 @@ class TextEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Pooled embeddings, shape ``(batch, dim)``."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        pooled = self.transformer(input_ids, attention_mask)
         if self.ngrams is None:
-            return self.pool(hidden, attention_mask)
-        # Each channel normalised before the sum: neither dominates by scale (a LayerNorm'd
-        # transformer output has norm ~sqrt(dim), a fresh bag ~0.02), and the cosine of two sums
-        # is close to the mean of the channels' cosines.
-        return F.normalize(self.pool(hidden, attention_mask), dim=-1) + F.normalize(
-            self.ngrams(input_ids, attention_mask), dim=-1
-        )
+            return pooled
+        return hybrid_sum(pooled, self.ngrams(input_ids, attention_mask))
+
+    def transformer(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The transformer channel alone: the backbone's last hidden states, pooled."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.pool(hidden, attention_mask)
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """One vector per text from the last hidden states ``(batch, length, dim)``."""
@@ -207,8 +206,8 @@ class TextEncoder(nn.Module):
         return {**self.__dict__, "_compiled": None, "runtime": "torch"}
 
     def use_runtime(self, runtime: str) -> None:
-        """Run :meth:`encode` on ``runtime``: ``"torch"`` (this module), ``"onnx"`` or ``"onnx-int8"``
-        (ONNX Runtime on the CPU, :mod:`components.encoders.onnx_runtime`).
+        """Run :meth:`encode` on ``runtime``: ``"torch"`` (this module) or an exported graph on the CPU
+        (:mod:`components.encoders.onnx_runtime`; ``"onnx"``, ``"onnx-int8"``, ``"openvino"``, ...).
 
         The graph is exported from the current weights, so this is for a trained encoder being
         served; training (``forward``) never uses it, and :meth:`train` drops it.

@@ -81,7 +81,8 @@ class ServeArgs(BaseModel):
     encoder_runtime: str = Field(
         DEFAULT_ENCODER_RUNTIME,
         description="Where the Detector's and Retriever's text encoders (dense, MassTool) run on CPU "
-        "replicas: PyTorch, or ONNX Runtime in fp32 or dynamic int8 (BM25 has none to move).",
+        "replicas: PyTorch, ONNX Runtime in fp32 or dynamic int8, or OpenVINO in fp32 or bf16 (BM25 has "
+        "none to move).",
     )
     lm_engine: str | None = Field(
         None,

@@ -48,10 +48,12 @@ def same_ranking(reads: str | None, ranking: str | None) -> bool:
 
 # Where the served Detector's and Retriever's text encoders run unless the config says otherwise
 # (app arg / user config ``encoder_runtime``; the model classes below default to PyTorch, so what a
-# benchmark measures in process is what it asks for). ONNX Runtime in fp32 gave the PyTorch model's
-# ToolLens recall exactly at 1.57x its single-query speed for MiniLM on one CPU thread; int8 was
-# 2.9x but moved test R@3 by 0.0028, past the 0.002 a default may cost (results/encoder_runtime.md).
-DEFAULT_ENCODER_RUNTIME = "onnx"
+# benchmark measures in process is what it asks for). Chosen by benchmarks/encoder_runtime.py on
+# MiniLM zero-shot and the trained MassTool MiniLM (results/encoder_runtime*.md): OpenVINO in bf16
+# was the fastest runtime within 0.002 R@3 / N@3 of PyTorch on valid and test (1.83x / 1.65x its
+# one-query speed; ONNX Runtime fp32 1.47x / 1.46x; int8 faster still but outside the bound). On a
+# CPU without native bf16 OpenVINO compiles fp32 and says so; ``onnx`` is then a little faster.
+DEFAULT_ENCODER_RUNTIME = "openvino-bf16"
 
 
 def load_method(

@@ -103,7 +103,8 @@ def test_a_copy_of_a_served_encoder_runs_on_pytorch():
 
 def test_an_unknown_runtime_is_refused_by_name():
     encoder = scratch_encoder()
-    with pytest.raises(ValueError, match=r"encoder_runtime must be one of \['torch', 'onnx', 'onnx-int8'\]"):
+    names = r"\['torch', 'onnx', 'onnx-int8', 'openvino', 'openvino-bf16'\]"
+    with pytest.raises(ValueError, match=f"encoder_runtime must be one of {names}"):
         encoder.use_runtime("tensorrt")
     assert encoder.runtime == "torch"
 
@@ -206,14 +207,16 @@ def dense_artifact(tmp_path_factory) -> str:
     return str(root / "artifact")
 
 
-def test_a_served_dense_artifact_ranks_alike_on_either_runtime(dense_artifact):
+# bf16 rounds activations and weights to 8 significant bits: scores move by ~1e-3, not 1e-5.
+@pytest.mark.parametrize("runtime, tolerance", [("onnx", 1e-5), ("openvino", 1e-5), ("openvino-bf16", 2e-2)])
+def test_a_served_dense_artifact_ranks_alike_on_each_exported_runtime(dense_artifact, runtime, tolerance):
     artifact = dense_artifact
     queries = ["weather in Rome", "flights and hotels", "salmon recipes", "hello"]
-    torch_model, onnx_model = RetrieverModel(artifact), RetrieverModel(artifact, "onnx")
-    assert [e.runtime for e in onnx_model.method.text_encoders()] == ["onnx"]
-    for a, b in zip(torch_model.retrieve(queries, 4), onnx_model.retrieve(queries, 4), strict=True):
+    torch_model, exported = RetrieverModel(artifact), RetrieverModel(artifact, runtime)
+    assert [e.runtime for e in exported.method.text_encoders()] == [runtime]
+    for a, b in zip(torch_model.retrieve(queries, 4), exported.retrieve(queries, 4), strict=True):
         assert [t for t, _ in a] == [t for t, _ in b]
-        assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-5)
+        assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=tolerance)
 
 
 def test_bm25_has_no_encoder_to_move_and_loads_on_any_runtime(tiny_dataset, tmp_path):

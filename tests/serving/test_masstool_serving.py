@@ -10,7 +10,7 @@ import requests
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import deploy
 
-from components import methods
+from components.serving.models import DEFAULT_ENCODER_RUNTIME, load_method
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,9 @@ def test_masstool_artifact_serves_its_own_detector(
     url, dataset = serve_instance, with_negatives
     # No detector_file: a method with detect() needs no calibrated threshold.
     deploy({"artifact": masstool_version, "catalog": str(with_negatives_dir)})
-    local = methods.load(masstool_version)
+    # The same artifact on the encoder runtime the replicas serve on (bf16 moves a probability
+    # by ~1e-4 against PyTorch fp32).
+    local = load_method(masstool_version, DEFAULT_ENCODER_RUNTIME)
     n = 8
     queries = list(dataset.split_queries("test").values())[:n] + dataset.neg_split["test"][:n]
     decisions, probabilities = [], []
