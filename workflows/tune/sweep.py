@@ -27,6 +27,7 @@ from ray.tune.search import BasicVariantGenerator
 from components.config import ConfigError
 from components.data import Dataset, dataset_from_config, io
 from workflows.train import run_spec
+from workflows.tune.orphans import releasing_orphans
 from workflows.tune.outputs import best_trial, reported, trial_rows, write_outputs
 from workflows.tune.progress import BUDGET_ENV, TimeBudget, TrialProgress
 from workflows.tune.recheck import recheck
@@ -272,20 +273,22 @@ def tune_sweep(cfg: dict[str, Any], callbacks: list[Any] | None = None) -> dict[
     budget = settings.time_budget_s
     os.environ[BUDGET_ENV] = str(time.monotonic() + float(budget)) if budget else ""
     try:
-        results = tuner.fit()
-        if not finished(saved_trials(settings, base), expected):
-            # Tune returns normally after Ctrl+C (its state is saved): nothing to select from yet.
-            # Not by the results' count: it counts a trial cut off while running as terminated.
-            raise interrupted
-        # (A sweep already reported was returned above, before restoring: none is reported here.)
-        trials = trial_rows(results, list(space), settings.report_key, settings.mode)
-        best = best_trial(results, trials, settings.mode)
-        checked = None
-        if settings.recheck_top:
-            checked = recheck(trials, settings, base, dataset, actor, concurrent, *storage(settings, base))
-            if checked is None:
+        with releasing_orphans():  # a trial cut off as it starts can leave its workers' CPUs reserved
+            results = tuner.fit()
+            if not finished(saved_trials(settings, base), expected):
+                # Tune returns normally after Ctrl+C (its state is saved): nothing to select from
+                # yet. Not by the results' count: it counts a trial cut off while running as done.
                 raise interrupted
-            best = best_trial(results, trials, settings.mode, checked[0]["trial_id"])
+            # (A sweep already reported was returned above, before restoring: none is reported here.)
+            trials = trial_rows(results, list(space), settings.report_key, settings.mode)
+            best = best_trial(results, trials, settings.mode)
+            checked = None
+            if settings.recheck_top:
+                where = storage(settings, base)
+                checked = recheck(trials, settings, base, dataset, actor, concurrent, *where)
+                if checked is None:
+                    raise interrupted
+                best = best_trial(results, trials, settings.mode, checked[0]["trial_id"])
     finally:
         os.environ.pop(BUDGET_ENV, None)
     seconds = time.perf_counter() - started
