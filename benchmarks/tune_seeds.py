@@ -37,8 +37,7 @@ from components import methods
 from components.config import load_config
 from components.data import dataset_from_config
 from components.metrics import paired_bootstrap, per_query
-from workflows.bench import report_splits
-from workflows.evaluate import score_with_rankings
+from workflows.bench import split_rows
 from workflows.ray_env import init_ray
 from workflows.report import md_table, write_report
 from workflows.train import run_spec
@@ -91,20 +90,12 @@ def train_and_score(
         method.fit(stage, dataset, run if stage in shared else own)
     method.index(dataset.corpus)
     seconds = time.perf_counter() - started
-    rows, queries = [], {}
-    for split in report_splits(dataset):
-        metrics, results = score_with_rankings(method, dataset, split)
-        eval_seconds = metrics.pop("eval_seconds")
-        rows.append(
-            {
-                "method": label,
-                "config": method.config(),
-                "split": split,
-                "metrics": metrics,
-                "eval_seconds": eval_seconds,
-            }
-        )
-        queries[split] = {m: per_query(dataset.qrels[split], results, m) for m in PER_QUERY}
+    rankings: dict[str, Any] = {}
+    rows = split_rows(method, dataset, label, rankings=rankings)
+    queries = {
+        split: {m: per_query(dataset.qrels[split], results, m) for m in PER_QUERY}
+        for split, results in rankings.items()
+    }
     return {"label": label, "seed": seed, "train_seconds": seconds, "rows": rows, "per_query": queries}
 
 

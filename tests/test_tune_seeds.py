@@ -91,3 +91,20 @@ def test_no_query_bootstrap_when_a_paired_run_kept_no_per_query_values():
     runs = [with_queries("base", 0, {"q": 1.0}), run("tuned", 0, {"valid": 0.5, "test": 0.5})]
     assert query_bootstrap(runs, ["base", "tuned"], "test") is None
     assert bootstrap_table({"test": None}, ["base", "tuned"]) == ""
+
+
+def test_a_trained_run_keeps_per_query_values_that_average_to_its_split_scores(tiny_dataset, tmp_path):
+    from benchmarks.tune_seeds import train_and_score
+    from components.data import open_dataset
+    from workflows.bench import report_splits
+
+    data = open_dataset(str(tiny_dataset))
+    cfg = {"train": {"storage_path": str(tmp_path / "runs")}}
+    out = train_and_score(cfg, "bm25", "bm25", {}, 3, [], data)
+    assert [r["split"] for r in out["rows"]] == report_splits(data) == list(out["per_query"])
+    for row in out["rows"]:
+        values = out["per_query"][row["split"]]
+        for metric in PER_QUERY:
+            assert set(values[metric]) == set(data.qrels[row["split"]])  # every judged query
+            mean = sum(values[metric].values()) / len(values[metric])
+            assert mean == pytest.approx(row["metrics"][metric])

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from components import methods
 from components.config import ConfigError, as_list, merge
 from components.data import Dataset, dataset_from_config
+from components.data.types import Results
 from components.metrics import DEFAULT_KS, evaluate_retrieval
 from components.training.spec import RunSpec
 from workflows.evaluate import score
@@ -109,12 +110,14 @@ def split_rows(
     label: str,
     ks: tuple[int, ...] = DEFAULT_KS,
     splits: list[str] | None = None,
+    rankings: dict[str, Results] | None = None,
 ) -> list[dict[str, Any]]:
-    """One result row per split of ``splits`` (default :func:`report_splits`), scored with :func:`score`."""
+    """One result row per split of ``splits`` (default :func:`report_splits`), scored with
+    :func:`score` (each split's rankings kept in ``rankings`` when a dict is given)."""
     config = method.config()
     rows = []
     for split in splits or report_splits(dataset):
-        metrics = score(method, dataset, split, ks)
+        metrics = score(method, dataset, split, ks, rankings)
         rows.append(
             {
                 "method": label,

@@ -17,10 +17,19 @@ from workflows.report import strict_json
 from workflows.train import model_name
 
 
-def score(method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
-    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``):
-    :func:`score_with_rankings` without the rankings."""
-    return score_with_rankings(method, dataset, split, ks)[0]
+def score(
+    method: Method,
+    dataset: Dataset,
+    split: str,
+    ks: tuple[int, ...] = DEFAULT_KS,
+    rankings: dict[str, Results] | None = None,
+) -> dict[str, float]:
+    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``), as
+    :func:`score_with_rankings`; the rankings go to ``rankings[split]`` when a dict is given."""
+    metrics, results = score_with_rankings(method, dataset, split, ks)
+    if rankings is not None:
+        rankings[split] = results
+    return metrics
 
 
 def score_with_rankings(

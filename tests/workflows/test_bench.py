@@ -45,8 +45,8 @@ def test_bench_selects_on_valid_and_reads_test_for_the_selection_only(tiny_datas
     scored: list[tuple[float, str]] = []
     real_score = bench_module.score
 
-    def recording(method, dataset, split, ks=(1, 3, 5)):
-        metrics = real_score(method, dataset, split, ks)
+    def recording(method, dataset, split, ks=(1, 3, 5), *rest):
+        metrics = real_score(method, dataset, split, ks, *rest)
         scored.append((method.config()["k1"], split))
         # Planted: the middle k1 is the best on valid, whatever the data says.
         metrics["ndcg@3"] = {0.5: 0.2, 1.2: 0.9, 2.0: 0.4}[method.config()["k1"]] if split == "valid" else 0.0
