@@ -23,11 +23,11 @@ def state(group) -> str:
 
 def test_an_interrupted_sweep_removes_only_the_groups_it_left_unoccupied(ray_session):
     older = placement_group([{"CPU": 0.1}])
-    ray.get(older.ready())
+    ray.get(older.ready(), timeout=60)  # bounded: CPUs left reserved fail here, not hang
     with pytest.raises(KeyboardInterrupt), releasing_orphans():
         orphan = placement_group([{"CPU": 0.1}])  # a worker group whose controller died
         occupied = placement_group([{"CPU": 0.1}])
-        ray.get([orphan.ready(), occupied.ready()])
+        ray.get([orphan.ready(), occupied.ready()], timeout=60)
         holder = Holder.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=occupied)
         ).remote()
@@ -45,7 +45,7 @@ def test_an_interrupted_sweep_removes_only_the_groups_it_left_unoccupied(ray_ses
 def test_a_sweep_that_ends_normally_removes_nothing(ray_session):
     with releasing_orphans():
         group = placement_group([{"CPU": 0.1}])
-        ray.get(group.ready())
+        ray.get(group.ready(), timeout=60)
     try:
         assert state(group) == "CREATED"
     finally:
