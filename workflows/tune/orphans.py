@@ -46,14 +46,22 @@ def _live_actors() -> list:
     return list(actors)
 
 
-def release_orphans(before: set[str], settle_s: float = SETTLE_S) -> list[str]:
+def controllers() -> set[str]:
+    """Ids of this job's live Ray Train controllers."""
+    return {a.actor_id for a in _live_actors() if a.class_name == CONTROLLER}
+
+
+def release_orphans(
+    before: set[str], settle_s: float = SETTLE_S, old: frozenset[str] = frozenset()
+) -> list[str]:
     """Remove this job's placement groups created since ``before`` (:func:`job_groups`) that no
-    live actor occupies, once no Ray Train controller of the job is alive (waiting up to
-    ``settle_s``; if one still is, nothing is removed). Returns the removed groups' ids."""
+    live actor occupies, once no Ray Train controller of the job is alive but those in ``old``
+    (alive before the sweep, not its own), waiting up to ``settle_s``; if one still is, nothing
+    is removed. Returns the removed groups' ids."""
     deadline = time.monotonic() + settle_s
     while True:
         actors = _live_actors()
-        if not any(a.class_name == CONTROLLER for a in actors):
+        if not any(a.class_name == CONTROLLER and a.actor_id not in old for a in actors):
             break
         if time.monotonic() > deadline:
             log.warning("tune: a Ray Train controller is still alive; no placement group released")
@@ -74,7 +82,7 @@ def releasing_orphans() -> Iterator[None]:
     """Around a sweep's ``fit``: on an exception (the sweep interrupted), :func:`release_orphans`
     of the groups created inside, then the exception goes on."""
     try:
-        before = job_groups()
+        before, old = job_groups(), frozenset(controllers())
     except Exception as e:  # no State API (no dashboard): the sweep runs, nothing is released
         log.warning("tune: cannot list placement groups (%s); an interrupted trial's may stay reserved", e)
         before = None
@@ -82,5 +90,5 @@ def releasing_orphans() -> Iterator[None]:
         yield
     except BaseException:
         if before is not None:
-            release_orphans(before)
+            release_orphans(before, old=old)
         raise
