@@ -20,16 +20,11 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import tempfile
 import warnings
 
 import numpy as np
 import torch
 from torch import nn
-
-from components.encoders.ngram_bag import hybrid_sum
-from components.encoders.openvino_runtime import PRECISIONS, OpenVinoEncoder
-from components.encoders.runtimes import check_runtime
 
 OPSET = 17
 INPUTS = ("input_ids", "attention_mask")
@@ -149,6 +144,14 @@ def needs_reduced_range(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return not ({"avx512_vnni", "avx_vnni"} & set(flags))
 
 
+def graph_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, np.ndarray]:
+    """The exported graph's inputs (:data:`INPUTS`) as the int64 arrays either engine takes."""
+    return {
+        "input_ids": input_ids.cpu().numpy().astype(np.int64),
+        "attention_mask": attention_mask.cpu().numpy().astype(np.int64),
+    }
+
+
 class OnnxEncoder:
     """An exported encoder graph in an ONNX Runtime session; called like the module's forward.
 
@@ -168,45 +171,5 @@ class OnnxEncoder:
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        feeds = {
-            "input_ids": input_ids.cpu().numpy().astype(np.int64),
-            "attention_mask": attention_mask.cpu().numpy().astype(np.int64),
-        }
-        (vectors,) = self.session.run(["embedding"], feeds)
+        (vectors,) = self.session.run(["embedding"], graph_inputs(input_ids, attention_mask))
         return torch.from_numpy(vectors)
-
-
-class _WithTorchNgrams:
-    """An engine's transformer channel plus the encoder's n-gram bag run by PyTorch.
-
-    For OpenVINO: its CPU plugin computes int64 tensors in int32, so the bag's rolling hash
-    (int64, wrapping on overflow) lands n-grams in other buckets there and the vectors come out
-    wrong. The bag is a table lookup and a mean, a small part of the encoder's work; the
-    transformer, the large part, stays on the engine.
-    """
-
-    def __init__(self, engine: OpenVinoEncoder, bag: nn.Module) -> None:
-        self.engine, self.bag = engine, bag
-        self.precision = engine.precision
-
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return hybrid_sum(self.engine(input_ids, attention_mask), self.bag(input_ids, attention_mask))
-
-
-def onnx_encoder(
-    encoder: nn.Module, sample: dict[str, torch.Tensor], runtime: str
-) -> OnnxEncoder | OpenVinoEncoder | _WithTorchNgrams | None:
-    """The exported stand-in for ``encoder``'s inference under ``runtime`` (None for "torch"):
-    the graph of :func:`export_onnx`, written to a temporary file that is gone once the engine
-    (ONNX Runtime, or OpenVINO for the ``openvino*`` runtimes) has read it."""
-    if check_runtime(runtime) == "torch":
-        return None
-    bag = getattr(encoder, "ngrams", None)
-    on_openvino = runtime in PRECISIONS
-    with tempfile.TemporaryDirectory(prefix="toolscout-onnx-") as tmp:
-        target = os.path.join(tmp, "encoder.onnx")
-        export_onnx(encoder, sample, target, quantize=runtime == "onnx-int8", ngrams=not on_openvino)
-        if not on_openvino:
-            return OnnxEncoder(target)
-        engine = OpenVinoEncoder(target, PRECISIONS[runtime])
-        return engine if bag is None else _WithTorchNgrams(engine, bag)

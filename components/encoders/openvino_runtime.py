@@ -21,6 +21,8 @@ import threading
 import numpy as np
 import torch
 
+from components.encoders.onnx_runtime import graph_inputs
+
 log = logging.getLogger(__name__)
 
 PRECISIONS = {"openvino": "f32", "openvino-bf16": "bf16"}
@@ -69,10 +71,7 @@ class OpenVinoEncoder:
         self._lock = threading.Lock()
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        feeds = {
-            "input_ids": input_ids.cpu().numpy().astype(np.int64),
-            "attention_mask": attention_mask.cpu().numpy().astype(np.int64),
-        }
+        feeds = graph_inputs(input_ids, attention_mask)
         with self._lock:
             result = self.request.infer(feeds)
             # The output is the request's own buffer, overwritten by its next call: copy it.

@@ -207,18 +207,18 @@ class TextEncoder(nn.Module):
 
     def use_runtime(self, runtime: str) -> None:
         """Run :meth:`encode` on ``runtime``: ``"torch"`` (this module) or an exported graph on the CPU
-        (:mod:`components.encoders.onnx_runtime`; ``"onnx"``, ``"onnx-int8"``, ``"openvino"``, ...).
+        (:mod:`components.encoders.exported`; ``"onnx"``, ``"onnx-int8"``, ``"openvino"``, ...).
 
         The graph is exported from the current weights, so this is for a trained encoder being
         served; training (``forward``) never uses it, and :meth:`train` drops it.
         """
-        from components.encoders.onnx_runtime import onnx_encoder
+        from components.encoders.exported import exported_encoder
 
         device = next(self.parameters()).device
         if runtime != "torch" and device.type != "cpu":
             raise ValueError(f"encoder_runtime {runtime!r} runs on the CPU; this encoder is on {device}")
         sample = self.tokenize(["a short query", "a somewhat longer second query text"])
-        compiled = onnx_encoder(self, sample, runtime)
+        compiled = exported_encoder(self, sample, runtime)
         self.eval()  # a served encoder; train() would drop the runtime again
         self._compiled, self.runtime = compiled, runtime
         self._exported_from = weight_versions(self)

@@ -7,25 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY_ENCODER, write_tiny_dataset
+from runtime_cases import PARAPHRASES, TEXTS, scratch_encoder
 
 from components.data import open_dataset
 from components.encoders.bi_encoder import BiEncoder
 from components.encoders.text_encoder import EncoderSpec, TextEncoder
 from components.methods.dense.method import DenseMethod
 from components.serving.models import RetrieverModel, load_method
-
-TEXTS = [
-    "weather forecast in Paris",
-    "find cheap flights from Oslo to Rome and a hotel near the station",
-    "x",
-    "",
-    "recipes with salmon and dill for a dinner party of eight",
-]
-
-
-def scratch_encoder(**extra: int | str) -> TextEncoder:
-    spec = EncoderSpec(**{**TINY_ENCODER, **extra})
-    return TextEncoder.from_spec(spec, TEXTS * 5, seed=0)
 
 
 @pytest.mark.parametrize(
@@ -111,11 +99,7 @@ def test_an_unknown_runtime_is_refused_by_name():
 
 def test_int8_minilm_stays_close_and_keeps_a_paraphrase_nearer_than_an_unrelated_sentence():
     encoder = TextEncoder.from_spec(EncoderSpec(name_or_path="minilm"))
-    texts = [
-        "What will the weather be like in Paris tomorrow?",
-        "Paris weather forecast for tomorrow",
-        "A recipe for apple pie",
-    ]
+    texts = PARAPHRASES
     fp32 = F.normalize(encoder.encode(texts), dim=-1)
     encoder.use_runtime("onnx-int8")
     int8 = F.normalize(encoder.encode(texts), dim=-1)

