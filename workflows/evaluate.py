@@ -24,19 +24,9 @@ def score(
     ks: tuple[int, ...] = DEFAULT_KS,
     rankings: dict[str, Results] | None = None,
 ) -> dict[str, float]:
-    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``), as
-    :func:`score_with_rankings`; the rankings go to ``rankings[split]`` when a dict is given."""
-    metrics, results = score_with_rankings(method, dataset, split, ks)
-    if rankings is not None:
-        rankings[split] = results
-    return metrics
-
-
-def score_with_rankings(
-    method: Method, dataset: Dataset, split: str, ks: tuple[int, ...] = DEFAULT_KS
-) -> tuple[dict[str, float], Results]:
-    """The metrics of ``split`` (plus ``eval_seconds``) and the rankings they were computed from,
-    for per-query statistics (:func:`components.metrics.per_query`) without retrieving twice.
+    """Retrieve for every query of ``split`` and compute the metrics (plus ``eval_seconds``); the
+    rankings they were computed from go to ``rankings[split]`` when a dict is given, for per-query
+    statistics (:func:`components.metrics.per_query`) without retrieving twice.
 
     A method with a tool-usage detector (``detect``) is also scored on detection: the split's
     queries with a relevant tool (they need one; a query judged only irrelevant says nothing
@@ -56,7 +46,9 @@ def score_with_rankings(
         )
         metrics |= {f"detect_{k}": v for k, v in det.items()}
     metrics["eval_seconds"] = time.perf_counter() - started
-    return metrics, results
+    if rankings is not None:
+        rankings[split] = results
+    return metrics
 
 
 def new_tool_metrics(
