@@ -46,9 +46,9 @@ def _live_actors() -> list:
     return list(actors)
 
 
-def controllers() -> set[str]:
-    """Ids of this job's live Ray Train controllers."""
-    return {a.actor_id for a in _live_actors() if a.class_name == CONTROLLER}
+def _controllers(actors: list) -> set[str]:
+    """Ids of the Ray Train controllers among ``actors``."""
+    return {a.actor_id for a in actors if a.class_name == CONTROLLER}
 
 
 def release_orphans(
@@ -61,7 +61,7 @@ def release_orphans(
     deadline = time.monotonic() + settle_s
     while True:
         actors = _live_actors()
-        if not any(a.class_name == CONTROLLER and a.actor_id not in old for a in actors):
+        if not _controllers(actors) - old:
             break
         if time.monotonic() > deadline:
             log.warning("tune: a Ray Train controller is still alive; no placement group released")
@@ -82,7 +82,7 @@ def releasing_orphans() -> Iterator[None]:
     """Around a sweep's ``fit``: on an exception (the sweep interrupted), :func:`release_orphans`
     of the groups created inside, then the exception goes on."""
     try:
-        before, old = job_groups(), frozenset(controllers())
+        before, old = job_groups(), frozenset(_controllers(_live_actors()))
     except Exception as e:  # no State API (no dashboard): the sweep runs, nothing is released
         log.warning("tune: cannot list placement groups (%s); an interrupted trial's may stay reserved", e)
         before = None
