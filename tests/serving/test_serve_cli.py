@@ -95,6 +95,18 @@ def test_serve_config_and_rayservice_agree():
     assert inner["applications"] == config["applications"]
 
 
+def test_the_shipped_config_serves_the_default_encoder_runtime():
+    """The runtime chosen by benchmarks/encoder_runtime.py is the one ``toolscout serve`` and
+    ``serve run deploy/serve_config.yaml`` start with (the file's value overrides the code's)."""
+    from components.serving.models import DEFAULT_ENCODER_RUNTIME
+
+    args = read_serve_config(None)["applications"][0]["args"]
+    assert args["encoder_runtime"] == DEFAULT_ENCODER_RUNTIME
+    assert (
+        ServeArgs.model_validate({"artifact": "a", "catalog": "c"}).encoder_runtime == DEFAULT_ENCODER_RUNTIME
+    )
+
+
 def test_no_stage_rejects_what_the_ingress_admits():
     """A stage at its ``max_ongoing_requests`` rejects, and Serve's router backs off while that
     replica idles (a Selector capped at 32 fell from 99 to 12 req/s at 64 clients)."""
