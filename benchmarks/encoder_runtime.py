@@ -37,7 +37,7 @@ import torch
 from benchmarks.serve_batching import MINILM
 from benchmarks.serve_load import train_artifacts
 from components.data import open_dataset
-from components.encoders.runtimes import RUNTIMES
+from components.encoders.runtimes import AUTO, RUNTIMES, effective_runtime, native_bf16
 from components.metrics import evaluate_retrieval
 from components.serving.models import RetrieverModel
 from workflows.report import md_table, write_report
@@ -94,8 +94,19 @@ def quality(model: RetrieverModel, qrels: dict, queries: dict[str, str], batch: 
     return {"recall@3": m["recall@3"], "ndcg@3": m["ndcg@3"]}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (runtimes rank differently on CPUs with and without native bf16 / VNNI)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        return "?"
+
+
 def bf16_note(models: dict[str, RetrieverModel]) -> str:
-    """What the openvino-bf16 rows ran in: OpenVINO falls back to fp32 on a CPU without bf16."""
+    """What the openvino-bf16 rows ran in, or why there are none."""
+    if "openvino-bf16" not in models:
+        return "openvino-bf16 not measured: without native bf16 OpenVINO compiles it as the openvino row"
     compiled = [e._compiled for e in models["openvino-bf16"].method.text_encoders()]
     precisions = sorted({getattr(c, "precision", "?") for c in compiled})
     return f"openvino-bf16 compiled in {', '.join(precisions)}"
@@ -115,10 +126,12 @@ def main() -> None:
     torch.set_num_threads(1)  # a replica's one CPU (ONNX Runtime takes torch's thread count)
     data = open_dataset(args.data)  # valid carved from train with the default split settings
     artifact = args.artifact or train_artifacts(data, args.work, 0, keys=("dense",), dense=MINILM)["dense"]
-    models = {r: RetrieverModel(artifact, r) for r in RUNTIMES}
+    # The runtimes that run as named on this CPU (openvino-bf16 is openvino's fp32 without native bf16).
+    runtimes = [r for r in RUNTIMES if r != "openvino-bf16" or native_bf16()]
+    models = {r: RetrieverModel(artifact, r) for r in runtimes}
     valid = list(data.split_queries("valid").values())
 
-    timings: dict[str, dict[str, list[float]]] = {r: {"p50": [], "p99": [], "rps": []} for r in RUNTIMES}
+    timings: dict[str, dict[str, list[float]]] = {r: {"p50": [], "p99": [], "rps": []} for r in runtimes}
     for round_ in range(args.rounds):
         for runtime, model in models.items():
             model.retrieve(valid[:16], 5)  # warm the session / allocator before timing
@@ -139,7 +152,7 @@ def main() -> None:
     # Each runtime's change from PyTorch, per (runtime, split, batch): the rows, the rule and the table.
     change = {key: {k: v - scores[("torch", *key[1:])][k] for k, v in m.items()} for key, m in scores.items()}
     rows = []
-    for runtime in RUNTIMES:
+    for runtime in runtimes:
         config = {"model": args.model, "runtime": runtime, "threads": 1, "batch": BATCH}
         t = median[runtime]
         rows.append(
@@ -167,7 +180,7 @@ def main() -> None:
 
     eligible = [
         r
-        for r in RUNTIMES
+        for r in runtimes
         if all(
             abs(change[(r, split, b)][k]) <= BOUND
             for split in ("valid", "test")
@@ -176,6 +189,9 @@ def main() -> None:
         )
     ]
     chosen = min(eligible, key=lambda r: median[r]["p50"])
+    auto = effective_runtime(AUTO)
+    if auto != chosen:  # components/encoders/runtimes.py's rule for this kind of CPU is then wrong
+        print(f"WARNING: encoder_runtime auto runs {auto} on this CPU, but this run chose {chosen}")
 
     table = md_table(
         ["runtime", "p50 ms", "p99 ms", "×torch (p50)", f"batch-{BATCH} q/s", "test R@3 (alone)"]
@@ -200,21 +216,29 @@ def main() -> None:
                 for b in QUALITY_BATCHES
                 for k in ("recall@3", "ndcg@3")
             ]
-            for r in RUNTIMES
+            for r in runtimes
         ],
     )
     notes = (
         f"Run: `python -m benchmarks.encoder_runtime --data {args.data} --seconds {args.seconds:g} "
-        f"--rounds {args.rounds}` on this {os.cpu_count()}-core machine ({bf16_note(models)}), "
+        f"--rounds {args.rounds}` on this {os.cpu_count()}-core machine ({cpu_name()}; {bf16_note(models)}), "
         "1-min load average "
         f"{os.getloadavg()[0]:.1f} at the end. Each latency figure is the median of {args.rounds} rounds in "
         "which the runtimes took turns. Eligible as the serving default (R@3 and N@3 within "
         f"{BOUND} of PyTorch on valid and on test, every query scored alone and in batches of {BATCH}): "
         f"{', '.join(eligible)}; chosen by the lowest "
-        f"1-query p50: **{chosen}**. "
+        f"1-query p50: **{chosen}** (`encoder_runtime: auto` runs {auto} on this CPU). "
         + (ABOUT if not args.artifact else f"The model is {args.model} (`{args.artifact}`). " + ABOUT_ANY)
     )
-    report = {"dataset": "toollens", "results": rows, "chosen": chosen, "eligible": eligible, "notes": notes}
+    report = {
+        "dataset": "toollens",
+        "results": rows,
+        "chosen": chosen,
+        "eligible": eligible,
+        "auto": auto,
+        "cpu": cpu_name(),
+        "notes": notes,
+    }
     engines = "PyTorch, ONNX Runtime (fp32, int8), OpenVINO (fp32, bf16)"
     title = f"Served text encoder on CPU: {engines}, {args.model}"
     write_report(report, args.out, title=title, plot=False, table=table)

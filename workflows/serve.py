@@ -48,6 +48,7 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
     Done here, in the driver, so replicas only read the file; returns the args with
     ``detector_file`` set.
     """
+    from components.encoders.runtimes import effective_runtime
     from components.serving.calibration import find_calibration, has_detect
     from components.serving.models import DEFAULT_ENCODER_RUNTIME, calibrate_artifact
 
@@ -59,7 +60,9 @@ def prepare(args: dict[str, Any], data: str | None, splits: dict[str, Any] | Non
         args.setdefault("splits", splits)
     # A registry URI is calibrated for the version it names now: the one the app will pin.
     artifact = resolve(args.get("detector_artifact") or args["artifact"], args.get("registry"))
-    runtime = args.get("encoder_runtime") or DEFAULT_ENCODER_RUNTIME  # what the replicas will run
+    # What the replicas will run, if their CPUs are this one's ("auto" resolved on this machine; a
+    # replica on another kind of CPU finds no threshold for its runtime and calibrates its own).
+    runtime = effective_runtime(args.get("encoder_runtime") or DEFAULT_ENCODER_RUNTIME)
     found = find_calibration(args["detector_file"], artifact, runtime, args.get("lm_engine"))
     if found is not None or has_detect(artifact):
         return args

@@ -2,7 +2,8 @@
 
 ``TextEncoder.use_runtime`` asks here for the stand-in of its forward: the graph of
 :func:`components.encoders.onnx_runtime.export_onnx`, run by ONNX Runtime (``onnx``,
-``onnx-int8``) or compiled by OpenVINO (``openvino``, ``openvino-bf16``).
+``onnx-int8``) or compiled by OpenVINO (``openvino``, ``openvino-bf16``); ``auto`` picks one for
+this CPU (:func:`components.encoders.runtimes.effective_runtime`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from torch import nn
 from components.encoders.ngram_bag import hybrid_sum
 from components.encoders.onnx_runtime import OnnxEncoder, export_onnx
 from components.encoders.openvino_runtime import PRECISIONS, OpenVinoEncoder
-from components.encoders.runtimes import check_runtime
+from components.encoders.runtimes import effective_runtime
+
+__all__ = ["effective_runtime", "exported_encoder"]
 
 
 class _WithTorchNgrams:
@@ -45,8 +48,9 @@ def exported_encoder(
 ) -> OnnxEncoder | OpenVinoEncoder | _WithTorchNgrams | None:
     """The exported stand-in for ``encoder``'s inference under ``runtime`` (None for "torch"):
     the graph of :func:`export_onnx` traced on ``sample``, written to a temporary file that is gone
-    once the engine has read it."""
-    if check_runtime(runtime) == "torch":
+    once the engine has read it. ``runtime`` may be ``"auto"`` (:func:`effective_runtime`)."""
+    runtime = effective_runtime(runtime)
+    if runtime == "torch":
         return None
     bag = getattr(encoder, "ngrams", None)
     on_openvino = runtime in PRECISIONS

@@ -1,15 +1,58 @@
-"""The encoder runtimes a serving replica can run (names only: no torch, no onnxruntime here)."""
+"""The encoder runtimes a serving replica can run, and which one ``auto`` picks on this CPU.
+
+No torch and no onnxruntime here; OpenVINO is imported only to ask what the CPU multiplies natively.
+"""
 
 from __future__ import annotations
+
+import functools
+import logging
+
+log = logging.getLogger(__name__)
 
 # "torch": the module itself; "onnx": the exported fp32 graph on ONNX Runtime; "onnx-int8": that
 # graph dynamically quantised; "openvino" / "openvino-bf16": the same graph compiled by OpenVINO in
 # fp32 / bf16.
 RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
+# The fastest runtime within issue 29's 0.002 R@3 / N@3 of PyTorch on the CPU a replica runs on
+# (see effective_runtime): CPUs differ in what they multiply natively, and a cluster's nodes may too.
+AUTO = "auto"
+CHOICES = (AUTO, *RUNTIMES)
 
 
 def check_runtime(runtime: str) -> str:
-    """``runtime`` if it is one of :data:`RUNTIMES`, else a ValueError naming them."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"encoder_runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
+    """``runtime`` if it is one of :data:`CHOICES`, else a ValueError naming them."""
+    if runtime not in CHOICES:
+        raise ValueError(f"encoder_runtime must be one of {list(CHOICES)}, got {runtime!r}")
+    return runtime
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), as OpenVINO's CPU plugin
+    reports it: without it OpenVINO compiles a bf16 request in fp32."""
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def effective_runtime(runtime: str, device: str = "cpu") -> str:
+    """The runtime that will really run ``runtime`` for an encoder on ``device`` (a torch device
+    type) on this machine, as models and calibrations are keyed by it (a threshold fitted on bf16
+    scores does not belong to fp32 ones).
+
+    ``auto`` is ``openvino-bf16`` where the CPU has native bf16 (the fastest runtime within the
+    0.002 bound on an AVX-512 BF16 Xeon, results/encoder_runtime.md) and ``onnx`` elsewhere (the
+    fastest within it on an AVX2-only EPYC, results/encoder_runtime_avx2.md); an encoder on a GPU
+    stays on PyTorch, the one runtime that runs there. ``openvino-bf16`` on a CPU without native
+    bf16 is ``openvino``: OpenVINO compiles it in fp32 there.
+    """
+    check_runtime(runtime)
+    if runtime == AUTO and device != "cpu":
+        return "torch"
+    if runtime == AUTO:
+        return "openvino-bf16" if native_bf16() else "onnx"
+    if runtime == "openvino-bf16" and not native_bf16():
+        log.warning("encoder_runtime openvino-bf16 runs as openvino (fp32): this CPU has no native bf16")
+        return "openvino"
     return runtime

@@ -206,15 +206,16 @@ class TextEncoder(nn.Module):
         return {**self.__dict__, "_compiled": None, "runtime": "torch"}
 
     def use_runtime(self, runtime: str) -> None:
-        """Run :meth:`encode` on ``runtime``: ``"torch"`` (this module) or an exported graph on the CPU
-        (:mod:`components.encoders.exported`; ``"onnx"``, ``"onnx-int8"``, ``"openvino"``, ...).
+        """Run :meth:`encode` on ``runtime``: ``"torch"`` (this module), an exported graph on the CPU
+        (:mod:`components.encoders.exported`; ``"onnx"``, ``"openvino"``, ...) or ``"auto"``
+        (:func:`~components.encoders.runtimes.effective_runtime`, which :attr:`runtime` then names).
 
-        The graph is exported from the current weights, so this is for a trained encoder being
-        served; training (``forward``) never uses it, and :meth:`train` drops it.
-        """
-        from components.encoders.exported import exported_encoder
+        The graph is exported from the current weights, for a trained encoder being served;
+        training (``forward``) never uses it, and :meth:`train` drops it."""
+        from components.encoders.exported import effective_runtime, exported_encoder
 
         device = next(self.parameters()).device
+        runtime = effective_runtime(runtime, device.type)
         if runtime != "torch" and device.type != "cpu":
             raise ValueError(f"encoder_runtime {runtime!r} runs on the CPU; this encoder is on {device}")
         sample = self.tokenize(["a short query", "a somewhat longer second query text"])

@@ -80,9 +80,9 @@ class ServeArgs(BaseModel):
     )
     encoder_runtime: str = Field(
         DEFAULT_ENCODER_RUNTIME,
-        description="Where the Detector's and Retriever's text encoders (dense, MassTool) run on CPU "
-        "replicas: PyTorch, ONNX Runtime in fp32 or dynamic int8, or OpenVINO in fp32 or bf16 (BM25 has "
-        "none to move).",
+        description="Where the Detector's and Retriever's text encoders (dense, MassTool) run: auto "
+        "(OpenVINO bf16 on a CPU with native bf16, else ONNX Runtime fp32; PyTorch on a GPU), torch, "
+        "onnx, onnx-int8, openvino or openvino-bf16 (BM25 has none to move).",
     )
     lm_engine: str | None = Field(
         None,

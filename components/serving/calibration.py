@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from components.data.types import Dataset
+from components.encoders.runtimes import effective_runtime
 from components.registry import resolve
 
 
@@ -156,7 +157,8 @@ def calibration_key(artifact: str, encoder_runtime: str, lm_engine: str | None) 
     whatever the setting (``-``); ``lm_engine`` None is the engine the artifact was saved with.
     The method's class decides, not the loaded instance (the key is read before anything loads):
     a query-generation artifact is keyed per runtime even over BM25, and an engine named
-    explicitly is its own entry even when it is the saved one. Both only cost a calibration."""
+    explicitly is its own entry even when it is the saved one. Both only cost a calibration.
+    ``auto`` and ``openvino-bf16`` are keyed as what runs on this CPU (:func:`effective_runtime`)."""
     return _key(artifact, scoring(artifact, encoder_runtime, lm_engine))
 
 
@@ -169,7 +171,7 @@ def scoring(artifact: str, encoder_runtime: str, lm_engine: str | None) -> tuple
     from components.methods import artifact_method, method_class
 
     capabilities = method_class(artifact_method(artifact)[1]).capabilities
-    runtime = encoder_runtime if "text_encoders" in capabilities else "-"
+    runtime = effective_runtime(encoder_runtime) if "text_encoders" in capabilities else "-"
     engine = (lm_engine or "saved") if "generate" in capabilities else "-"
     return runtime, engine
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from components import methods
 from components.data import open_dataset
-from components.encoders.runtimes import check_runtime
+from components.encoders.runtimes import AUTO, effective_runtime
 from components.methods.base import Method
 from components.metrics import by_score
 from components.registry import resolve
@@ -46,14 +46,11 @@ def same_ranking(reads: str | None, ranking: str | None) -> bool:
     return reads is not None and reads == ranking
 
 
-# Where the served Detector's and Retriever's text encoders run unless the config says otherwise
-# (app arg / user config ``encoder_runtime``; the model classes below default to PyTorch, so what a
-# benchmark measures in process is what it asks for). Chosen by benchmarks/encoder_runtime.py on
-# MiniLM zero-shot and the trained MassTool MiniLM (results/encoder_runtime*.md): OpenVINO in bf16
-# was the fastest runtime within 0.002 R@3 / N@3 of PyTorch on valid and test (1.83x / 1.65x its
-# one-query speed; ONNX Runtime fp32 1.47x / 1.46x; int8 faster still but outside the bound). On a
-# CPU without native bf16 OpenVINO compiles fp32 and says so; ``onnx`` is then a little faster.
-DEFAULT_ENCODER_RUNTIME = "openvino-bf16"
+# Where served text encoders run unless the config says otherwise (the model classes below default
+# to PyTorch, so a benchmark in process measures what it asks for): "auto", the fastest runtime
+# within 0.002 R@3 / N@3 of PyTorch for the CPU each replica runs on (effective_runtime; measured
+# by benchmarks/encoder_runtime.py: OpenVINO bf16 on native-bf16 CPUs, else ONNX Runtime fp32).
+DEFAULT_ENCODER_RUNTIME = AUTO
 
 
 def load_method(
@@ -67,7 +64,7 @@ def load_method(
     (``transformers`` / ``llama.cpp`` / ``vllm`` at ``lm_endpoint``), a generative method's (ToolGen,
     ToolWeaver) constrained decoder on that engine instead of the one it was saved with. What a
     method does not have (BM25's encoders, dense's LM) has nothing to move."""
-    check_runtime(encoder_runtime)
+    encoder_runtime = effective_runtime(encoder_runtime)
     path, name = methods.artifact_method(artifact)
     cls = methods.method_class(name)
     if lm_engine is not None and "generate" in cls.capabilities:
@@ -116,6 +113,7 @@ class RetrieverModel:
     ) -> None:
         self.artifact = artifact_dir(artifact, source, registry)
         self.source = source  # the registry version it is (models:/<name>/<N>), if it is one
+        encoder_runtime = self.encoder_runtime = effective_runtime(encoder_runtime)  # "auto" resolved
         self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
         self.version = model_version(self.artifact)
         self.ranking = ranking_key(self.artifact, encoder_runtime, lm_engine)
@@ -179,6 +177,7 @@ class DetectorModel:
     ) -> None:
         self.artifact = artifact_dir(artifact, source, registry)
         self.version = model_version(self.artifact)
+        encoder_runtime = self.encoder_runtime = effective_runtime(encoder_runtime)  # as the Retriever's
         self.method = load_method(self.artifact, encoder_runtime, lm_engine, lm_endpoint)
         self.ranking = ranking_key(self.artifact, encoder_runtime, lm_engine)
         self.threshold: ScoreThreshold | None = None

@@ -6,12 +6,14 @@ artifact moves the retriever it wraps; an unknown runtime is refused on the driv
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 from serving_helpers import unbatched
 
+from components.encoders.runtimes import AUTO, effective_runtime
 from components.serving.app import ServeArgs, user_configs
 from components.serving.deployments import Detector
 from components.serving.models import load_method
@@ -49,7 +51,8 @@ def test_masstool_detects_and_retrieves_alike_on_each_exported_runtime(
     trained_masstool[0].save(str(tmp_path / "masstool"))
     torch_model = load_method(str(tmp_path / "masstool"), "torch")
     exported = load_method(str(tmp_path / "masstool"), runtime)
-    assert [e.runtime for e in exported.text_encoders()] == [runtime]
+    # openvino-bf16 runs (and is named) openvino on a CPU without native bf16.
+    assert [e.runtime for e in exported.text_encoders()] == [effective_runtime(runtime)]
     queries = dict(list(with_negatives.split_queries("test").items())[:6])
     queries |= {f"neg{i}": q for i, q in enumerate(with_negatives.neg_split["test"][:4])}
     expected, got = torch_model.detect(queries), exported.detect(queries)
@@ -66,3 +69,23 @@ def test_an_unknown_runtime_is_refused_when_the_args_are_read(duplicated_dense):
             catalog=duplicated_dense["data"],
             encoder_runtime="tensorrt",
         )
+
+
+def test_auto_is_keyed_by_the_runtime_it_runs_so_driver_and_replicas_meet(duplicated_dense, tmp_path):
+    """A threshold the driver fits under ``auto`` is the one a replica told the resolved runtime
+    finds (and the other way round), and a Detector under ``auto`` reads a Retriever's ranking on
+    that runtime: calibrations and ranking keys name what runs, never ``auto``."""
+    from components.serving.calibration import find_calibration
+    from components.serving.models import DetectorModel, RetrieverModel, ensure_calibration
+
+    data, artifact = duplicated_dense["data"], duplicated_dense["artifact"]
+    file = str(tmp_path / "detector.json")
+    runs = effective_runtime(AUTO)
+    fitted = ensure_calibration(artifact, data, file, AUTO)
+    assert fitted is not None and find_calibration(file, artifact, runs) == fitted
+    assert "|auto|" not in Path(file).read_text()  # no entry under a name nothing runs
+    detector = DetectorModel(artifact, file, encoder_runtime=AUTO)  # no calibration data: must find it
+    retriever = RetrieverModel(artifact, runs)
+    assert detector.encoder_runtime == runs and detector.threshold == fitted
+    assert detector.reads_ranking_of == retriever.ranking
+    assert [e.runtime for e in detector.method.text_encoders()] == [runs]
