@@ -25,9 +25,10 @@ import os
 import ray
 from ray import serve
 
+from benchmarks.encoder_runtime import cpu_name
 from benchmarks.serve_batching import in_process, start
 from benchmarks.serve_load import doors, load, row
-from components.encoders.runtimes import RUNTIMES
+from components.encoders.runtimes import AUTO, RUNTIMES, effective_runtime, native_bf16
 from components.serving.deploy import deploy_config, serve_config
 from components.serving.models import DetectorModel, RetrieverModel
 from workflows.ray_env import init_ray
@@ -52,8 +53,10 @@ def main() -> None:
     queries = list(data.split_queries("test").values())
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
 
+    # The runtimes that run as named on this CPU (openvino-bf16 is openvino's fp32 without native bf16).
+    runtimes = [r for r in RUNTIMES if r != "openvino-bf16" or native_bf16()]
     rows, baselines = [], {}
-    for runtime in RUNTIMES:
+    for runtime in runtimes:
         # Each runtime's own threshold, fitted on its own scores on valid (kept in the file).
         detector = DetectorModel(artifact, detector_file, args.data, encoder_runtime=runtime)
         retriever = RetrieverModel(artifact, runtime)
@@ -68,7 +71,7 @@ def main() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = read_serve_config(None)
     flags = {"artifact": artifact, "catalog": os.path.abspath(args.data), "detector_file": detector_file}
-    for runtime in RUNTIMES:
+    for runtime in runtimes:
         deploy_config(
             serve_config(app_args(base, {**flags, "cache_size": 0, "encoder_runtime": runtime}, []), base)
         )
@@ -133,17 +136,21 @@ def main() -> None:
                 f"{served[r]['p99_ms_sustainable']:.1f}",
                 str(served[r]["errors"]),
             ]
-            for r in RUNTIMES
+            for r in runtimes
         ],
     )
     notes = (
         f"Run: `python -m benchmarks.serve_runtime --data {args.data} --seconds {args.seconds:g} "
-        f"--rate {args.rate:g}` on this {os.cpu_count()}-core machine (client, Ray and every replica "
-        f"on the same cores; 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} "
-        f"after). Serve environment: {settings}. Each load is {args.seconds:g} s after 1 s of warm-up, "
+        f"--rate {args.rate:g}` on this {os.cpu_count()}-core machine ({cpu_name()}; "
+        f"`encoder_runtime: auto` runs {effective_runtime(AUTO)} here; openvino-bf16 "
+        f"{'measured' if 'openvino-bf16' in runtimes else 'not measured: no native bf16'}; client, Ray "
+        f"and every replica on the same cores; 1-min load average {load_before:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after). Serve environment: {settings}. Each load is "
+        f"{args.seconds:g} s after 1 s of warm-up, "
         "one run per row.\n"
     )
-    report = {"dataset": "toollens", "results": rows, "notes": notes}
+    report = {"dataset": "toollens", "results": rows, "notes": notes, "cpu": cpu_name()}
+    report["auto"] = effective_runtime(AUTO)
     engines = "PyTorch, ONNX Runtime fp32 / int8, OpenVINO fp32 / bf16"
     title = f"Served MiniLM detect → retrieve on each encoder runtime ({engines})"
     write_report(report, args.out, title=title, plot=False, table=table)
