@@ -30,9 +30,13 @@ def check_runtime(runtime: str) -> str:
 @functools.cache
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), as OpenVINO's CPU plugin
-    reports it: without it OpenVINO compiles a bf16 request in fp32."""
-    import openvino as ov
-
+    reports it: without it OpenVINO compiles a bf16 request in fp32. False where OpenVINO is not
+    installed (``auto`` then runs ONNX Runtime, which needs nothing from it)."""
+    try:
+        import openvino as ov
+    except ImportError:
+        log.info("OpenVINO is not installed: encoder_runtime auto runs onnx")
+        return False
     return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 

@@ -74,3 +74,15 @@ def test_an_encoder_told_auto_names_the_runtime_it_runs(bf16):
     encoder = scratch_encoder()
     encoder.use_runtime(AUTO)
     assert encoder.runtime == "onnx" and type(encoder._compiled).__name__ == "OnnxEncoder"
+
+
+def test_without_openvino_auto_runs_onnx(monkeypatch):
+    """An install without OpenVINO still serves: auto falls to ONNX Runtime instead of failing."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    runtimes.native_bf16.cache_clear()
+    try:
+        assert effective_runtime(AUTO) == "onnx"
+    finally:
+        runtimes.native_bf16.cache_clear()  # the next caller asks the real OpenVINO again
