@@ -37,7 +37,7 @@ import torch
 from benchmarks.serve_batching import MINILM
 from benchmarks.serve_load import train_artifacts
 from components.data import open_dataset
-from components.encoders.runtimes import AUTO, RUNTIMES, effective_runtime, native_bf16
+from components.encoders.runtimes import AUTO, effective_runtime, native_runtimes
 from components.metrics import evaluate_retrieval
 from components.serving.models import RetrieverModel
 from workflows.report import md_table, write_report
@@ -126,8 +126,7 @@ def main() -> None:
     torch.set_num_threads(1)  # a replica's one CPU (ONNX Runtime takes torch's thread count)
     data = open_dataset(args.data)  # valid carved from train with the default split settings
     artifact = args.artifact or train_artifacts(data, args.work, 0, keys=("dense",), dense=MINILM)["dense"]
-    # The runtimes that run as named on this CPU (openvino-bf16 is openvino's fp32 without native bf16).
-    runtimes = [r for r in RUNTIMES if r != "openvino-bf16" or native_bf16()]
+    runtimes = native_runtimes()  # openvino-bf16 would be the openvino row again on a CPU without bf16
     models = {r: RetrieverModel(artifact, r) for r in runtimes}
     valid = list(data.split_queries("valid").values())
 
@@ -189,7 +188,7 @@ def main() -> None:
         )
     ]
     chosen = min(eligible, key=lambda r: median[r]["p50"])
-    auto = effective_runtime(AUTO)
+    auto, cpu = effective_runtime(AUTO), cpu_name()
     if auto != chosen:  # components/encoders/runtimes.py's rule for this kind of CPU is then wrong
         print(f"WARNING: encoder_runtime auto runs {auto} on this CPU, but this run chose {chosen}")
 
@@ -221,7 +220,7 @@ def main() -> None:
     )
     notes = (
         f"Run: `python -m benchmarks.encoder_runtime --data {args.data} --seconds {args.seconds:g} "
-        f"--rounds {args.rounds}` on this {os.cpu_count()}-core machine ({cpu_name()}; {bf16_note(models)}), "
+        f"--rounds {args.rounds}` on this {os.cpu_count()}-core machine ({cpu}; {bf16_note(models)}), "
         "1-min load average "
         f"{os.getloadavg()[0]:.1f} at the end. Each latency figure is the median of {args.rounds} rounds in "
         "which the runtimes took turns. Eligible as the serving default (R@3 and N@3 within "
@@ -236,7 +235,7 @@ def main() -> None:
         "chosen": chosen,
         "eligible": eligible,
         "auto": auto,
-        "cpu": cpu_name(),
+        "cpu": cpu,
         "notes": notes,
     }
     engines = "PyTorch, ONNX Runtime (fp32, int8), OpenVINO (fp32, bf16)"

@@ -28,7 +28,7 @@ from ray import serve
 from benchmarks.encoder_runtime import cpu_name
 from benchmarks.serve_batching import in_process, start
 from benchmarks.serve_load import doors, load, row
-from components.encoders.runtimes import AUTO, RUNTIMES, effective_runtime, native_bf16
+from components.encoders.runtimes import AUTO, effective_runtime, native_runtimes
 from components.serving.deploy import deploy_config, serve_config
 from components.serving.models import DetectorModel, RetrieverModel
 from workflows.ray_env import init_ray
@@ -53,8 +53,8 @@ def main() -> None:
     queries = list(data.split_queries("test").values())
     bodies = [{"query": q, "top_k": 5, "needs_tool_threshold": 0.0} for q in queries]
 
-    # The runtimes that run as named on this CPU (openvino-bf16 is openvino's fp32 without native bf16).
-    runtimes = [r for r in RUNTIMES if r != "openvino-bf16" or native_bf16()]
+    runtimes = native_runtimes()  # openvino-bf16 would be the openvino row again on a CPU without bf16
+    auto, cpu = effective_runtime(AUTO), cpu_name()
     rows, baselines = [], {}
     for runtime in runtimes:
         # Each runtime's own threshold, fitted on its own scores on valid (kept in the file).
@@ -141,16 +141,15 @@ def main() -> None:
     )
     notes = (
         f"Run: `python -m benchmarks.serve_runtime --data {args.data} --seconds {args.seconds:g} "
-        f"--rate {args.rate:g}` on this {os.cpu_count()}-core machine ({cpu_name()}; "
-        f"`encoder_runtime: auto` runs {effective_runtime(AUTO)} here; openvino-bf16 "
+        f"--rate {args.rate:g}` on this {os.cpu_count()}-core machine ({cpu}; "
+        f"`encoder_runtime: auto` runs {auto} here; openvino-bf16 "
         f"{'measured' if 'openvino-bf16' in runtimes else 'not measured: no native bf16'}; client, Ray "
         f"and every replica on the same cores; 1-min load average {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after). Serve environment: {settings}. Each load is "
         f"{args.seconds:g} s after 1 s of warm-up, "
         "one run per row.\n"
     )
-    report = {"dataset": "toollens", "results": rows, "notes": notes, "cpu": cpu_name()}
-    report["auto"] = effective_runtime(AUTO)
+    report = {"dataset": "toollens", "results": rows, "notes": notes, "cpu": cpu, "auto": auto}
     engines = "PyTorch, ONNX Runtime fp32 / int8, OpenVINO fp32 / bf16"
     title = f"Served MiniLM detect → retrieve on each encoder runtime ({engines})"
     write_report(report, args.out, title=title, plot=False, table=table)

@@ -2,8 +2,7 @@
 
 ``TextEncoder.use_runtime`` asks here for the stand-in of its forward: the graph of
 :func:`components.encoders.onnx_runtime.export_onnx`, run by ONNX Runtime (``onnx``,
-``onnx-int8``) or compiled by OpenVINO (``openvino``, ``openvino-bf16``); ``auto`` picks one for
-this CPU (:func:`components.encoders.runtimes.effective_runtime`).
+``onnx-int8``) or compiled by OpenVINO (``openvino``, ``openvino-bf16``).
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ from torch import nn
 from components.encoders.ngram_bag import hybrid_sum
 from components.encoders.onnx_runtime import OnnxEncoder, export_onnx
 from components.encoders.openvino_runtime import PRECISIONS, OpenVinoEncoder
-from components.encoders.runtimes import effective_runtime
-
-__all__ = ["effective_runtime", "exported_encoder"]
+from components.encoders.runtimes import RUNTIMES
 
 
 class _WithTorchNgrams:
@@ -48,8 +45,10 @@ def exported_encoder(
 ) -> OnnxEncoder | OpenVinoEncoder | _WithTorchNgrams | None:
     """The exported stand-in for ``encoder``'s inference under ``runtime`` (None for "torch"):
     the graph of :func:`export_onnx` traced on ``sample``, written to a temporary file that is gone
-    once the engine has read it. ``runtime`` may be ``"auto"`` (:func:`effective_runtime`)."""
-    runtime = effective_runtime(runtime)
+    once the engine has read it. ``runtime`` is one of :data:`RUNTIMES`, as
+    :func:`~components.encoders.runtimes.effective_runtime` resolves it (``TextEncoder.use_runtime``)."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"a resolved runtime is one of {list(RUNTIMES)}, got {runtime!r}")
     if runtime == "torch":
         return None
     bag = getattr(encoder, "ngrams", None)

@@ -40,6 +40,18 @@ def native_bf16() -> bool:
     return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
+def native_runtimes() -> list[str]:
+    """The :data:`RUNTIMES` that run as named on this CPU (``openvino-bf16`` only with native bf16;
+    without it, it would be the ``openvino`` runtime again)."""
+    return [r for r in RUNTIMES if r != "openvino-bf16" or native_bf16()]
+
+
+@functools.cache
+def _warn_no_bf16() -> None:
+    # Once per process: every model load resolves its runtime, and the CPU does not change.
+    log.warning("encoder_runtime openvino-bf16 runs as openvino (fp32): this CPU has no native bf16")
+
+
 def effective_runtime(runtime: str, device: str = "cpu") -> str:
     """The runtime that will really run ``runtime`` for an encoder on ``device`` (a torch device
     type) on this machine, as models and calibrations are keyed by it (a threshold fitted on bf16
@@ -57,6 +69,6 @@ def effective_runtime(runtime: str, device: str = "cpu") -> str:
     if runtime == AUTO:
         return "openvino-bf16" if native_bf16() else "onnx"
     if runtime == "openvino-bf16" and not native_bf16():
-        log.warning("encoder_runtime openvino-bf16 runs as openvino (fp32): this CPU has no native bf16")
+        _warn_no_bf16()
         return "openvino"
     return runtime

@@ -28,6 +28,7 @@ from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, Be
 
 from components.encoders.ngram_bag import TokenNgramBag, hybrid_sum
 from components.encoders.packaged import PACKAGED_ENCODERS, resolve_encoder
+from components.encoders.runtimes import effective_runtime
 from components.encoders.sentence_config import checkpoint_pooling
 from components.encoders.tokenizer import train_wordpiece
 
@@ -208,11 +209,9 @@ class TextEncoder(nn.Module):
     def use_runtime(self, runtime: str) -> None:
         """Run :meth:`encode` on ``runtime``: ``"torch"`` (this module), an exported graph on the CPU
         (:mod:`components.encoders.exported`; ``"onnx"``, ``"openvino"``, ...) or ``"auto"``
-        (:func:`~components.encoders.runtimes.effective_runtime`, which :attr:`runtime` then names).
-
-        The graph is exported from the current weights, for a trained encoder being served;
-        training (``forward``) never uses it, and :meth:`train` drops it."""
-        from components.encoders.exported import effective_runtime, exported_encoder
+        (:func:`effective_runtime`, which :attr:`runtime` then names). The graph is exported from
+        the current weights, for a served encoder: ``forward`` never uses it, :meth:`train` drops it."""
+        from components.encoders.exported import exported_encoder
 
         device = next(self.parameters()).device
         runtime = effective_runtime(runtime, device.type)

@@ -14,7 +14,7 @@ import numpy as np
 
 from components import methods
 from components.data import open_dataset
-from components.encoders.runtimes import AUTO, effective_runtime
+from components.encoders.runtimes import AUTO, check_runtime, effective_runtime
 from components.methods.base import Method
 from components.metrics import by_score
 from components.registry import resolve
@@ -64,7 +64,7 @@ def load_method(
     (``transformers`` / ``llama.cpp`` / ``vllm`` at ``lm_endpoint``), a generative method's (ToolGen,
     ToolWeaver) constrained decoder on that engine instead of the one it was saved with. What a
     method does not have (BM25's encoders, dense's LM) has nothing to move."""
-    encoder_runtime = effective_runtime(encoder_runtime)
+    check_runtime(encoder_runtime)  # each encoder resolves it for its device (TextEncoder.use_runtime)
     path, name = methods.artifact_method(artifact)
     cls = methods.method_class(name)
     if lm_engine is not None and "generate" in cls.capabilities:

@@ -12,13 +12,10 @@ from runtime_cases import PARAPHRASES, TEXTS, scratch_encoder
 
 from components.encoders.onnx_runtime import export_onnx
 from components.encoders.openvino_runtime import OpenVinoEncoder
+from components.encoders.runtimes import native_bf16
 from components.encoders.text_encoder import EncoderSpec, TextEncoder
 
 ov = pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
-
-
-def native_bf16() -> bool:
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 @pytest.mark.parametrize(
