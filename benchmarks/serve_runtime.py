@@ -6,7 +6,8 @@ For each encoder runtime (PyTorch, ONNX Runtime fp32 and int8, OpenVINO fp32 and
 ``benchmarks/encoder_runtime.py`` for the encoder alone and the recall change) the graph is
 deployed as ``toolscout serve`` builds it, with the shipped batching and the answer cache off, on
 the zero-shot MiniLM dense artifact that ``serve_batching.py`` builds (its score-threshold
-detector runs the same encoder, so a request makes two encoder passes). Loads go through direct
+detector reads the Retriever's top score, ``share_ranking`` as shipped, so a request makes one
+encoder pass, and so does the in-process baseline). Loads go through direct
 ingress on ToolLens test queries, every request forcing retrieval: one client (the unloaded
 latency), eight clients in a closed loop (throughput), paced at ``--rate`` requests per second
 (issue 29's target: p50 ≤ 15 ms, p99 ≤ 50 ms, no errors at 120 req/s), and paced at 0.8× the
