@@ -12,7 +12,7 @@ over ``--down`` and stays at ``--low`` for ``--tail`` seconds. Each request is s
 time whatever the earlier ones are doing, through the ingress replicas' own ports (direct
 ingress), and its latency counts from that slot, so queueing during a scale-up is charged to it.
 Replica counts are sampled every ``--sample`` seconds. The report bins everything into
-``--window``-second windows: offered and completed req/s, p50/p99 latency, errors, replicas.
+``--window``-second windows: offered and completed req/s, p50/p99 latency, errors and timeouts, replicas.
 The client runs on the same cores as the server.
 """
 
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from ray import serve
 
+from benchmarks.encoder_runtime import cpu_name
 from benchmarks.serve_load import doors, train_artifacts
 from components.data import open_dataset
 from components.serving.deploy import apply_serve_env, deploy_config, serve_config
@@ -88,11 +89,20 @@ class ReplicaSampler:
         self._thread.join()
 
 
-async def offer(urls: list[str], bodies: list[dict], times: list[float]) -> list[tuple[float, float, bool]]:
-    """Post one request at each of ``times`` (round-robin over ``urls``); (slot, latency s, ok) each."""
-    results: list[tuple[float, float, bool]] = []
+# What became of a request: answered, given up by the client after TIMEOUT_S (a backlog past
+# what the cores drain in time: overload, not a failure of the server), or failed (a non-200
+# answer or a broken connection).
+OK, TIMEOUT, ERROR = "ok", "timeout", "error"
+TIMEOUT_S = 30.0
+
+
+async def offer(urls: list[str], bodies: list[dict], times: list[float]) -> list[tuple[float, float, str]]:
+    """Post one request at each of ``times`` (round-robin over ``urls``); (slot, latency s,
+    outcome: :data:`OK`, :data:`TIMEOUT` or :data:`ERROR`) each."""
+    results: list[tuple[float, float, str]] = []
     connector = aiohttp.TCPConnector(limit=256)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.perf_counter()
 
         async def one(i: int, slot: float) -> None:
@@ -101,10 +111,12 @@ async def offer(urls: list[str], bodies: list[dict], times: list[float]) -> list
                     f"{urls[i % len(urls)]}/v1/select", json=bodies[i % len(bodies)]
                 ) as r:
                     await r.read()
-                    ok = r.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                ok = False
-            results.append((slot, time.perf_counter() - t0 - slot, ok))
+                    outcome = OK if r.status == 200 else ERROR
+            except asyncio.TimeoutError:
+                outcome = TIMEOUT
+            except aiohttp.ClientError:
+                outcome = ERROR
+            results.append((slot, time.perf_counter() - t0 - slot, outcome))
 
         tasks = []
         for i, slot in enumerate(times):
@@ -115,18 +127,20 @@ async def offer(urls: list[str], bodies: list[dict], times: list[float]) -> list
     return results
 
 
-def windows(results: list[tuple[float, float, bool]], samples: list, window: float, end: float) -> list[dict]:
-    """One row per ``window`` seconds: offered and completed req/s, latency, errors, replicas (max).
+def windows(results: list[tuple[float, float, str]], samples: list, window: float, end: float) -> list[dict]:
+    """One row per ``window`` seconds: offered and completed req/s, latency, errors and timeouts,
+    replicas (max).
 
-    Offered, latency and errors are of the requests scheduled in the window (latency from the
-    scheduled send time, failed requests included: a timeout is the latency its client saw);
+    Offered, latency, errors and timeouts are of the requests scheduled in the window (latency
+    from the scheduled send time, unanswered requests included: a timeout is the latency its
+    client saw);
     completed counts the successful answers that arrived in the window, so a backlog shows as
     completed below offered, and its drain as completed above it.
     """
     rows = []
     for start in np.arange(0.0, end, window):
-        mine = [(lat, ok) for slot, lat, ok in results if start <= slot < start + window]
-        done = [1 for slot, lat, ok in results if ok and start <= slot + lat < start + window]
+        mine = [(lat, outcome) for slot, lat, outcome in results if start <= slot < start + window]
+        done = [1 for slot, lat, outcome in results if outcome == OK and start <= slot + lat < start + window]
         ms = [lat * 1000 for lat, _ in mine]
         replicas = [c for t, c in samples if start <= t < start + window]
         rows.append(
@@ -136,7 +150,8 @@ def windows(results: list[tuple[float, float, bool]], samples: list, window: flo
                 "rps": len(done) / window,
                 "p50_ms": float(np.percentile(ms, 50)) if ms else float("nan"),
                 "p99_ms": float(np.percentile(ms, 99)) if ms else float("nan"),
-                "errors": sum(1 for _, ok in mine if not ok),
+                "errors": sum(1 for _, outcome in mine if outcome == ERROR),
+                "timeouts": sum(1 for _, outcome in mine if outcome == TIMEOUT),
                 **{f"{n.lower()}_replicas": max((c[n] for c in replicas), default=0) for n in SCALED},
             }
         )
@@ -248,6 +263,7 @@ def main() -> None:
     end = args.up + args.hold + args.down + args.tail
     rows = windows(results, sampler.samples, args.window, end)
     errors = sum(r["errors"] for r in rows)
+    timeouts = sum(r["timeouts"] for r in rows)
     peak = {n: max(r[f"{n.lower()}_replicas"] for r in rows) for n in SCALED}
     final = {n: rows[-1][f"{n.lower()}_replicas"] for n in SCALED}
     report: dict[str, Any] = {
@@ -263,23 +279,25 @@ def main() -> None:
                 "metrics": {
                     "requests": len(results),
                     "errors": errors,
+                    "timeouts": timeouts,
                     **{f"peak_{n.lower()}_replicas": peak[n] for n in SCALED},
                     **{f"final_{n.lower()}_replicas": final[n] for n in SCALED},
                 },
             }
         ],
         "windows": rows,
-        "machine": f"{os.cpu_count()} CPUs, client on the same cores",
+        "machine": f"{os.cpu_count()} CPUs ({cpu_name()}), client on the same cores",
+        "cache_size": flags["cache_size"],
     }
     source = "deploy/serve_config.yaml as shipped" if args.shipped else "overridden by the flags"
     notes = (
         f"Run: `python -m benchmarks.serve_autoscale` on {report['machine']}; direct ingress "
         f"({len(urls)} ingress replica port(s)). Offered load {args.low:g} → {args.high:g} req/s over "
         f"{args.up:g} s, {args.hold:g} s at {args.high:g}, back over {args.down:g} s, {args.tail:g} s at "
-        f"{args.low:g}; autoscaling ({source}): "
-        f"{autoscaling}. {len(results)} requests, "
-        f"{errors} errors; peak replicas {peak}, at the end {final}. Latency counts from each "
-        "request's scheduled send time.\n"
+        f"{args.low:g}; answer cache off; autoscaling ({source}): "
+        f"{autoscaling}. {len(results)} requests, {errors} errors (a non-200 answer or a broken "
+        f"connection), {timeouts} timeouts (not answered within the client's {TIMEOUT_S:g} s); peak "
+        f"replicas {peak}, at the end {final}. Latency counts from each request's scheduled send time.\n"
     )
     table = md_table(
         [
@@ -289,6 +307,7 @@ def main() -> None:
             "p50 ms",
             "p99 ms",
             "errors",
+            "timeouts",
             *(f"{n} replicas" for n in SCALED),
         ],
         [
@@ -299,6 +318,7 @@ def main() -> None:
                 f"{r['p50_ms']:.1f}",
                 f"{r['p99_ms']:.1f}",
                 str(r["errors"]),
+                str(r["timeouts"]),
                 *(str(r[f"{n.lower()}_replicas"]) for n in SCALED),
             ]
             for r in rows

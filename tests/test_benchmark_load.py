@@ -140,15 +140,18 @@ def test_failed_requests_count_in_the_latency_tail_but_not_in_throughput() -> No
 
 
 def test_autoscale_windows_count_completions_when_they_arrive() -> None:
-    from benchmarks.serve_autoscale import windows
+    from benchmarks.serve_autoscale import ERROR, OK, TIMEOUT, windows
 
-    # 10 requests sent in the first second, each answered 2.5 s later (a backlog), and one failure.
-    results = [(i / 10, 2.5, True) for i in range(10)] + [(0.5, 30.0, False)]
+    # 10 requests sent in the first second, each answered 2.5 s later (a backlog), one the client
+    # gave up on after 30 s and one the server failed at once.
+    results = [(i / 10, 2.5, OK) for i in range(10)] + [(0.5, 30.0, TIMEOUT), (0.6, 0.01, ERROR)]
     rows = windows(results, samples=[], window=1.0, end=4.0)
-    assert [r["offered_rps"] for r in rows] == [11, 0, 0, 0]
+    assert [r["offered_rps"] for r in rows] == [12, 0, 0, 0]
     # Before, completed req/s was counted by send time and equalled offered minus errors (10, 0, 0, 0).
     assert [r["rps"] for r in rows] == [0, 0, 5, 5]
-    assert rows[0]["errors"] == 1 and rows[0]["p99_ms"] > 2500
+    assert rows[0]["p99_ms"] > 2500
+    # A backlog's timeouts are told apart from the server's failures (both were "errors").
+    assert (rows[0]["errors"], rows[0]["timeouts"]) == (1, 1)
 
 
 class _SlowChain:
