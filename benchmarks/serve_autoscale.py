@@ -32,7 +32,7 @@ import torch
 from ray import serve
 
 from benchmarks.encoder_runtime import cpu_name
-from benchmarks.serve_load import doors, train_artifacts
+from benchmarks.serve_load import CLIENT_TIMEOUT_S, doors, train_artifacts
 from components.data import open_dataset
 from components.serving.deploy import apply_serve_env, deploy_config, serve_config
 from components.serving.models import ensure_calibration
@@ -89,11 +89,10 @@ class ReplicaSampler:
         self._thread.join()
 
 
-# What became of a request: answered, given up by the client after TIMEOUT_S (a backlog past
-# what the cores drain in time: overload, not a failure of the server), or failed (a non-200
+# What became of a request: answered, given up by the client after CLIENT_TIMEOUT_S (a backlog
+# past what the cores drain in time: overload, not a failure of the server), or failed (a non-200
 # answer or a broken connection).
 OK, TIMEOUT, ERROR = "ok", "timeout", "error"
-TIMEOUT_S = 30.0
 
 
 async def offer(urls: list[str], bodies: list[dict], times: list[float]) -> list[tuple[float, float, str]]:
@@ -101,7 +100,7 @@ async def offer(urls: list[str], bodies: list[dict], times: list[float]) -> list
     outcome: :data:`OK`, :data:`TIMEOUT` or :data:`ERROR`) each."""
     results: list[tuple[float, float, str]] = []
     connector = aiohttp.TCPConnector(limit=256)
-    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.perf_counter()
 
@@ -296,7 +295,7 @@ def main() -> None:
         f"{args.up:g} s, {args.hold:g} s at {args.high:g}, back over {args.down:g} s, {args.tail:g} s at "
         f"{args.low:g}; answer cache off; autoscaling ({source}): "
         f"{autoscaling}. {len(results)} requests, {errors} errors (a non-200 answer or a broken "
-        f"connection), {timeouts} timeouts (not answered within the client's {TIMEOUT_S:g} s); peak "
+        f"connection), {timeouts} timeouts (not answered within the client's {CLIENT_TIMEOUT_S:g} s); peak "
         f"replicas {peak}, at the end {final}. Latency counts from each request's scheduled send time.\n"
     )
     table = md_table(

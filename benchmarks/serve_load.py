@@ -112,6 +112,8 @@ SELECTOR_LM = {
     "intermediate_size": 256,
 }
 GOAL = {"p50_ms": 15.0, "p99_ms": 50.0, "rps": 120.0}
+# How long a load client waits for an answer before it gives the request up (serve_autoscale too).
+CLIENT_TIMEOUT_S = 30.0
 NOOP_API = FastAPI()
 
 
@@ -385,7 +387,9 @@ async def _load(
     failed: list[float] = []  # how long each failed request took
     versions: list[str] = []
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
+    ) as session:
         t0 = time.perf_counter()
         measure_from, stop_at = t0 + warmup, t0 + warmup + seconds
         completed = 0  # successes that completed inside the window, whenever they were sent
