@@ -25,11 +25,14 @@ from components.data import io
 from components.data.parse import split_lines
 from components.data.rejects import DatasetError, RejectLog
 from components.data.resolve import (
+    not_tool_queries,
+    one_scene_per_query,
     parse_lines,
     require_rows,
     resolve_pairs,
     resolve_qrels,
     resolve_records,
+    unique_texts,
 )
 from components.data.splits import same_request
 from components.data.types import Dataset, Qrels
@@ -96,11 +99,13 @@ def discover(
     files += [SourceFile(f"qrels/{s}.tsv", "qrels") for s in wanted]
     if io.exists(io.join(root, "scene_tool.txt"), storage_options):
         files.append(SourceFile("scene_tool.txt", "pairs"))
-        files += [
-            SourceFile(f"query_scene_{s}.txt", "pairs")
-            for s in wanted
-            if io.exists(io.join(root, f"query_scene_{s}.txt"), storage_options)
-        ]
+    # Read even without scene_tool.txt, so that assemble() rejects their lines with the reason
+    # instead of the scenes vanishing with no word.
+    files += [
+        SourceFile(f"query_scene_{s}.txt", "pairs")
+        for s in wanted
+        if io.exists(io.join(root, f"query_scene_{s}.txt"), storage_options)
+    ]
     if io.exists(io.join(root, NEG_QUERIES), storage_options):
         files.append(SourceFile(NEG_QUERIES, "neg"))
     return files
@@ -152,11 +157,22 @@ def assemble(name: str, rows: dict[str, list], log: RejectLog) -> Dataset:
     query_scene: dict[str, dict[str, str]] = {}
     for split in qrels:
         rel = f"query_scene_{split}.txt"
-        if rel in rows:
+        if rel in rows and "scene_tool.txt" not in rows:
+            for number, (qid, sid) in sorted(rows[rel], key=lambda r: r[0]):
+                log.add(
+                    rel,
+                    number,
+                    f"scene-id {sid!r} names no tools: scene_tool.txt is missing",
+                    f"{qid}\t{sid}",
+                )
+        elif rel in rows:
             pairs = resolve_pairs(rel, rows[rel], qrels[split], scene_tool, ("query-id", "scene-id"), log)
             query_scene[split] = one_scene_per_query(rel, rows[rel], pairs, log)
 
-    neg = unique_texts(NEG_QUERIES, sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0]), log)
+    neg_rows = not_tool_queries(
+        NEG_QUERIES, sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0]), queries, log
+    )
+    neg = unique_texts(NEG_QUERIES, neg_rows, log)
     return Dataset(name, corpus, queries, qrels, query_scene, scene_tool, neg)
 
 
@@ -198,40 +214,6 @@ def note_repeated_requests(qrels: dict[str, Qrels], queries: dict[str, str], log
         n = sum(same_request(queries[q]) in trained for q in qrels[split])
         if n:
             log.note(f"qrels/{split}.tsv: queries repeating a train query's text under another id", n)
-
-
-def one_scene_per_query(
-    rel: str, rows: list[tuple[int, tuple[str, str]]], pairs: list[tuple[str, str]], log: RejectLog
-) -> dict[str, str]:
-    """Each query's scene; a query given a second, different scene keeps its first and the later
-    line is rejected (a scene decides which tools co-occur, so two cannot both be right)."""
-    kept = set(pairs)
-    scene: dict[str, str] = {}
-    for number, (qid, sid) in sorted(rows, key=lambda r: r[0]):
-        if (qid, sid) not in kept:
-            continue  # rejected or merged by resolve_pairs already
-        if qid in scene and scene[qid] != sid:
-            log.add(rel, number, f"query-id {qid!r} already has scene {scene[qid]!r}", f"{qid}\t{sid}")
-        else:
-            scene.setdefault(qid, sid)
-    return scene
-
-
-def unique_texts(file: str, rows: list[tuple[int, str]], log: RejectLog) -> list[str]:
-    """The texts of ``(line, text)`` rows in line order, each once; repeats are counted in the notes.
-
-    A repeated no-tool query adds no information, and keeping copies would weight it more in
-    training and in the detection metrics.
-    """
-    seen: set[str] = set()
-    out = []
-    for _, text in rows:
-        if text not in seen:
-            seen.add(text)
-            out.append(text)
-    if len(out) < len(rows):
-        log.note(f"{file}: dropped repeated texts (first kept)", len(rows) - len(out))
-    return out
 
 
 def dataset_name(root: str) -> str:

@@ -8,11 +8,13 @@ same rules run on a laptop and in parallel on a cluster. Checks that need the wh
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
+INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ def parse_record(text: str) -> tuple[dict | None, str | None]:
     rid = obj["_id"]
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid).strip() == "":
         return None, f"'_id' must be a non-empty string or integer, got {rid!r}"
+    if any(c in str(rid) for c in "\t\n\r"):
+        # qrels rows are tab-separated lines: no row could name this id.
+        return None, f"'_id' must not contain a tab or line break, got {rid!r}"
     if "text" not in obj:
         return None, "missing field 'text'"
     body = obj["text"]
@@ -114,10 +119,11 @@ def parse_qrels_row(text: str) -> tuple[tuple[str, str, int] | None, str | None]
     qid, tid, score = (c.strip() for c in cols)
     if not qid or not tid:
         return None, "empty query-id or corpus-id"
-    try:
-        value = int(score)
-    except ValueError:
+    # ASCII digits only: int() also takes "1_0" (ten) and other scripts' digits, so a typo would
+    # load as another relevance instead of being rejected.
+    if not INTEGER.fullmatch(score):
         return None, f"score must be an integer, got {score!r}"
+    value = int(score)
     if value < 0:
         return None, f"score must be >= 0, got {value}"
     return (qid, tid, value), None

@@ -20,6 +20,7 @@ from components.data.parse import (
     raw_repr,
 )
 from components.data.rejects import DatasetError, Reject, RejectLog, clipped
+from components.data.splits import same_request
 from components.data.types import Corpus, Qrels
 
 KINDS = ("records", "qrels", "pairs", "neg")
@@ -130,4 +131,59 @@ def resolve_pairs(
         else:
             seen.add((a, b))
             out.append((a, b))
+    return out
+
+
+def one_scene_per_query(
+    rel: str, rows: list[tuple[int, tuple[str, str]]], pairs: list[tuple[str, str]], log: RejectLog
+) -> dict[str, str]:
+    """Each query's scene; a query given a second, different scene keeps its first and the later
+    line is rejected (a scene decides which tools co-occur, so two cannot both be right)."""
+    kept = set(pairs)
+    scene: dict[str, str] = {}
+    for number, (qid, sid) in sorted(rows, key=lambda r: r[0]):
+        if (qid, sid) not in kept:
+            continue  # rejected or merged by resolve_pairs already
+        if qid in scene and scene[qid] != sid:
+            log.add(rel, number, f"query-id {qid!r} already has scene {scene[qid]!r}", f"{qid}\t{sid}")
+        else:
+            scene.setdefault(qid, sid)
+    return scene
+
+
+def not_tool_queries(
+    file: str, rows: list[tuple[int, str]], queries: dict[str, str], log: RejectLog
+) -> list[tuple[int, str]]:
+    """The no-tool ``(line, text)`` rows that are not a tool query's request (text equal up to case,
+    punctuation and spacing to a ``queries.jsonl`` text); those that are are rejected with the query
+    they repeat. One request labelled both "needs a tool" and "needs none" would train the detector
+    on a contradiction and score it on one, and could put the same text in two splits."""
+    tool_requests: dict[str, str] = {}
+    for qid, text in queries.items():
+        tool_requests.setdefault(same_request(text), qid)
+    kept = []
+    for number, text in rows:
+        qid = tool_requests.get(same_request(text))
+        if qid is None:
+            kept.append((number, text))
+        else:
+            reason = f"the same request as query-id {qid!r} in queries.jsonl, a tool query"
+            log.add(file, number, reason, json.dumps(text, ensure_ascii=False))
+    return kept
+
+
+def unique_texts(file: str, rows: list[tuple[int, str]], log: RejectLog) -> list[str]:
+    """The texts of ``(line, text)`` rows in line order, each once; repeats are counted in the notes.
+
+    A repeated no-tool query adds no information, and keeping copies would weight it more in
+    training and in the detection metrics.
+    """
+    seen: set[str] = set()
+    out = []
+    for _, text in rows:
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    if len(out) < len(rows):
+        log.note(f"{file}: dropped repeated texts (first kept)", len(rows) - len(out))
     return out

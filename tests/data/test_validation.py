@@ -125,6 +125,15 @@ def test_bad_id_type(tmp_path: Path, bad_id: object) -> None:
     assert_good_rows(ds)
 
 
+@pytest.mark.parametrize("bad_id", ["t\t4", "t4\n", "t\r4"])
+def test_an_id_no_qrels_row_could_name_is_rejected_in_its_own_file(tmp_path: Path, bad_id: str) -> None:
+    # Accepted, it could never be judged (qrels rows are tab-separated lines), and a qrels row
+    # trying would be blamed for the column count instead.
+    root = make_dataset(tmp_path, {"corpus.jsonl": CORPUS + jsonl({"_id": bad_id, "text": "a tool"})})
+    ds, _ = assert_one_reject(root, "corpus.jsonl", 4, "'_id' must not contain a tab or line break")
+    assert_good_rows(ds)
+
+
 def test_integer_id_is_accepted_as_string(tmp_path: Path) -> None:
     root = make_dataset(tmp_path, {"corpus.jsonl": CORPUS + jsonl({"_id": 4, "text": "a tool"})})
     log = RejectLog()
@@ -163,7 +172,14 @@ def test_qrels_unknown_tool(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("score", "reason"),
-    [("x", "score must be an integer, got 'x'"), ("1.5", "must be an integer"), ("-1", "score must be >= 0")],
+    [
+        ("x", "score must be an integer, got 'x'"),
+        ("1.5", "must be an integer"),
+        ("-1", "score must be >= 0"),
+        # int() reads these as 10 and 1: a typo or another script's digit would load as a relevance.
+        ("1_0", "score must be an integer, got '1_0'"),
+        ("\u0661", "score must be an integer"),
+    ],
 )
 def test_qrels_bad_score(tmp_path: Path, score: str, reason: str) -> None:
     root = make_dataset(tmp_path, {"qrels/train.tsv": TRAIN + f"q1\tt2\t{score}\n"})
@@ -355,6 +371,27 @@ def test_a_second_scene_for_a_query_is_rejected_and_the_first_kept(tmp_path: Pat
     assert ds.query_scene == {"train": {"q1": "s1", "q2": "s2"}}
 
 
+def test_query_scenes_without_scene_tool_are_rejected_line_by_line_not_ignored(tmp_path: Path) -> None:
+    # They were skipped with no reject and no note: scenes (and a malformed line) vanished.
+    root = make_dataset(tmp_path, {"query_scene_train.txt": "q1 s1\nq2 s2\n"})
+    log = RejectLog()
+    ds = load_dataset(root, log=log)
+    assert [(r.file, r.line) for r in log.rejects] == [
+        ("query_scene_train.txt", 1),
+        ("query_scene_train.txt", 2),
+    ]
+    assert all("scene_tool.txt is missing" in r.reason for r in log.rejects)
+    assert_good_rows(ds)
+    assert ds.query_scene == {}
+    root = make_dataset(tmp_path / "bad", {"query_scene_train.txt": "q1 s1\ngarbage line here\n"})
+    log = RejectLog()
+    load_dataset(root, log=log)
+    assert sorted((r.line, r.reason) for r in log.rejects) == [
+        (1, "scene-id 's1' names no tools: scene_tool.txt is missing"),
+        (2, "expected 2 whitespace-separated ids, got 3 column(s)"),
+    ]
+
+
 def test_query_scene_query_not_in_split(tmp_path: Path) -> None:
     root = make_dataset(tmp_path, {"scene_tool.txt": "s1 t1\n", "query_scene_train.txt": "q1 s1\nq3 s1\n"})
     ds, _ = assert_one_reject(root, "query_scene_train.txt", 2, "unknown query-id 'q3'")
@@ -381,6 +418,18 @@ def test_neg_query_not_a_json_string(tmp_path: Path, bad: str, reason: str) -> N
     neg = f'"what time is it"\n{bad}\n{{"text": "tell me a joke"}}\n'
     root = make_dataset(tmp_path, {"tooldet/neg_queries.jsonl": neg})
     ds, _ = assert_one_reject(root, "tooldet/neg_queries.jsonl", 2, reason)
+    assert_good_rows(ds)
+    assert ds.neg_queries == ["what time is it", "tell me a joke"]
+
+
+def test_a_no_tool_query_asking_what_a_tool_query_asks_is_rejected(tmp_path: Path) -> None:
+    # Kept, one request would be labelled both "needs a tool" and "needs none" for the detector.
+    neg = '"what time is it"\n"First  Query!"\n"tell me a joke"\n'
+    root = make_dataset(tmp_path, {"tooldet/neg_queries.jsonl": neg})
+    ds, log = assert_one_reject(
+        root, "tooldet/neg_queries.jsonl", 2, "the same request as query-id 'q1' in queries.jsonl"
+    )
+    assert log.rejects[0].content == '"First  Query!"'
     assert_good_rows(ds)
     assert ds.neg_queries == ["what time is it", "tell me a joke"]
 

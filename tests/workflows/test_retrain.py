@@ -567,7 +567,14 @@ def test_an_increment_judging_a_base_query_is_told_why_and_repeated_no_tool_text
     with (inc_dir / "qrels" / "train.tsv").open("a") as f:
         f.write(f"{old}\t{next(iter(base.corpus))}\t1\n")
     (inc_dir / "tooldet").mkdir()
-    texts = ["tell me a joke about cats", "what is your name", "tell me a joke about cats"]
+    # The last asks what a base tool query asks: rejected, not learnt as needing no tool.
+    tool_query = base.queries[old]
+    texts = [
+        "tell me a joke about cats",
+        "what is your name",
+        "tell me a joke about cats",
+        tool_query.upper(),
+    ]
     (inc_dir / "tooldet" / "neg_queries.jsonl").write_text(
         "".join(json.dumps({"text": t}) + "\n" for t in texts)
     )
@@ -576,6 +583,8 @@ def test_an_increment_judging_a_base_query_is_told_why_and_repeated_no_tool_text
     reasons = [r.reason for r in log.rejects if r.file == "qrels/train.tsv"]
     assert f"query-id {old!r} is a base query; an increment judges only its own new queries" in reasons
     assert inc.neg_queries == ["tell me a joke about cats", "what is your name"]
+    neg_rejects = [(r.line, r.reason) for r in log.rejects if r.file == "tooldet/neg_queries.jsonl"]
+    assert neg_rejects == [(4, f"the same request as query-id {old!r} in queries.jsonl, a tool query")]
 
 
 class AlwaysNeedsATool:

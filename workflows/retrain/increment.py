@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.data import io
-from components.data.loader import NEG_QUERIES, SourceFile, list_splits, one_split_per_query, unique_texts
+from components.data.loader import NEG_QUERIES, SourceFile, list_splits, one_split_per_query
 from components.data.rejects import DatasetError, RejectLog
-from components.data.resolve import resolve_qrels, resolve_records
+from components.data.resolve import not_tool_queries, resolve_qrels, resolve_records, unique_texts
 from components.data.splits import same_request, with_holdout
 from components.data.types import Dataset, Qrels
 from workflows.ray_ingest import ingest
@@ -141,6 +141,8 @@ def read_increment(
     neg = sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0])
     known_neg = set(base.neg_queries)
     # Each new no-tool text once, as the base loader keeps them (a repeat would weigh twice).
+    # Nor one asking what a tool query of the base or the increment asks.
+    neg = not_tool_queries(NEG_QUERIES, neg, {**base.queries, **queries}, log)
     new_neg = unique_texts(NEG_QUERIES, [(n, text) for n, text in neg if text not in known_neg], log)
     increment = Increment(tools, queries, qrels, new_neg)
     # Usable means new: a judgement of a new query, a new or changed tool, a new no-tool query. An
