@@ -260,9 +260,12 @@ class Selector:
         settings = _settings(config)
         self.deadline_s = float(settings.pop("deadline_s", DEFAULT_SELECT_DEADLINE_S))
         wanted = settings.pop("catalog_version", None)
+        stale = False
         if wanted is not None and wanted != self.catalog.version:
             # The backend below is built over the catalog it reads now.
-            self.catalog = await reread_catalog("Selector", self.catalog_path, wanted) or self.catalog
+            catalog = await reread_catalog("Selector", self.catalog_path, wanted)
+            stale = catalog is None
+            self.catalog = catalog or self.catalog
         load = partial(build_selector, settings, self.catalog)
         loaded, backend = await load_new("Selector", load, serving=self.configured)
         if loaded:
@@ -274,7 +277,9 @@ class Selector:
                 # decodes too (four of ~8 s each passed a 30 s deadline together). One at a time.
                 batching["max_batch_size"] = 1
             apply_batching(self._select_batch, batching)
-        else:
+        if stale or not loaded:
+            # Serves on with the catalog or backend it has; the same config again (a rank
+            # change, a refresh) tries anew instead of counting as applied.
             apply_failed(self)
 
     async def select(self, request: dict[str, Any]) -> dict[str, Any] | None:

@@ -90,7 +90,10 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    codes = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}
+    # FastAPI raises a bare 400 when it cannot read a body as JSON for reasons other than a JSON
+    # syntax error (bytes that are not UTF-8, nesting too deep, a number too long): as invalid as
+    # the syntax errors validation_error names invalid_json, so it is named so too.
+    codes = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}
     code = codes.get(exc.status_code, "http_error")
     response = error(exc.status_code, code, str(exc.detail))
     for name, value in (exc.headers or {}).items():
@@ -124,6 +127,14 @@ def app_path(scope: dict[str, Any]) -> str:
     return path
 
 
+def bearer_token(header: bytes) -> bytes:
+    """The token of an ``Authorization: Bearer <token>`` header value, or ``b""``. The scheme's
+    case is not significant (RFC 9110 section 11.1, RFC 6750): ``bearer k`` was refused before,
+    and some HTTP clients send it so."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.strip(b" ") if scheme.lower() == b"bearer" else b""
+
+
 class ApiKeyMiddleware:
     """Requires ``Authorization: Bearer <key>`` on every path but ``public`` when ``$TOOLSCOUT_API_KEY``
     is set.
@@ -145,11 +156,11 @@ class ApiKeyMiddleware:
         self.app = app
         self.public = frozenset(public)
         key = os.environ.get(API_KEY_ENV, "")
-        self.expected = f"Bearer {key}".encode() if key else None
+        self.expected = key.encode() if key else None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if self.expected and scope["type"] == "http" and app_path(scope) not in self.public:
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            given = bearer_token(dict(scope.get("headers") or []).get(b"authorization", b""))
             if not hmac.compare_digest(given, self.expected):
                 response = error(401, "unauthorized", "missing or wrong API key (Authorization: Bearer ...)")
                 response.headers["WWW-Authenticate"] = "Bearer"

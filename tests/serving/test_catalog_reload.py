@@ -114,6 +114,17 @@ def test_the_selector_reads_the_changed_catalog_with_the_retriever(serving_data,
         after = json.dumps(selector.backend.request_body("q", [], [second]))
         assert "renamed_" in after and "renamed_" not in before
         assert first not in selector.catalog.tools
+        # A catalog that cannot be read keeps the one served, and its config is tried again
+        # when it comes again: it was counted as applied, and the Selector kept the old
+        # schemas until its replica restarted.
+        rewrite_corpus(data, drop=second, rename=sorted(selector.catalog.tools)[0])
+        config = user_configs(args)["Selector"]
+        (data / "corpus.jsonl").rename(data / "corpus.moved")
+        await selector.reconfigure(config)
+        assert second in selector.catalog.tools
+        (data / "corpus.moved").rename(data / "corpus.jsonl")
+        await selector.reconfigure(dict(config))
+        assert selector.catalog.version == config["catalog_version"] and second not in selector.catalog.tools
 
     asyncio.run(scenario())
     # refresh_catalog rewrites the Selector's user config too, when the app has one.

@@ -288,7 +288,7 @@ def test_ingress_api_key_is_what_the_middleware_requires(monkeypatch):
     Ingress(None, None)
     assert ApiKeyMiddleware(None).expected is None  # no key configured: open, as before
     Ingress(None, None, api_key="k-1")  # Serve builds the app (and its middleware) after this
-    assert ApiKeyMiddleware(None).expected == b"Bearer k-1"
+    assert ApiKeyMiddleware(None).expected == b"k-1"
     monkeypatch.undo()
     assert os.environ.get(API_KEY_ENV) == before  # the key does not leak into later tests
 
