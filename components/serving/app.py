@@ -29,6 +29,7 @@ from components.generative.engines import check_engine, check_engine_endpoint
 from components.methods import artifact_method
 from components.registry import RegistrySettings, resolve_version
 from components.serving import catalog as tool_catalog
+from components.serving.batch_calls import BatchedDeployment, BatchOptions
 from components.serving.deployments import DEFAULT_CACHE_SIZE, Detector, QueryRewriter, Selector
 from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
@@ -69,7 +70,7 @@ class ServeArgs(BaseModel):
     splits: dict[str, Any] | None = Field(None, description="The splits config used in training (for valid).")
     rewriter: dict[str, Any] = Field(default_factory=lambda: {"backend": "passthrough"})
     selector: dict[str, Any] = Field(default_factory=lambda: {"backend": "none"})
-    batching: dict[str, dict[str, float]] = Field(
+    batching: dict[BatchedDeployment, BatchOptions] = Field(
         default_factory=dict, description="Per deployment: max_batch_size, batch_wait_timeout_s."
     )
     cache_size: int = Field(

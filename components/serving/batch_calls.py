@@ -13,7 +13,10 @@ import copy
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import ConfigDict, Field
+from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
 from components.generative.chat_endpoint import EndpointUnavailable
 from components.generative.deadline import DeadlinePassed
@@ -23,6 +26,20 @@ logger = logging.getLogger("ray.serve")
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 Loaded = TypeVar("Loaded")
+
+
+# The deployments with a ``@serve.batch`` method, which the app's ``batching`` arg may tune.
+BatchedDeployment = Literal["Detector", "Retriever", "Selector", "QueryRewriter"]
+
+
+class BatchOptions(TypedDict, total=False):
+    """One deployment's entry in the app's ``batching`` arg, checked when the app is built: a size
+    of 0 or 2.5 was only refused inside the replicas (a failed swap), and a misspelt deployment
+    or key was ignored without a word."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    max_batch_size: Annotated[int, Field(ge=1)]
+    batch_wait_timeout_s: Annotated[float, Field(ge=0.0)]
 
 
 def apply_batching(method: Any, config: dict[str, Any]) -> None:

@@ -93,7 +93,13 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     # FastAPI raises a bare 400 when it cannot read a body as JSON for reasons other than a JSON
     # syntax error (bytes that are not UTF-8, nesting too deep, a number too long): as invalid as
     # the syntax errors validation_error names invalid_json, so it is named so too.
-    codes = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}
+    codes = {
+        400: "invalid_json",
+        404: "not_found",
+        405: "method_not_allowed",
+        413: "body_too_large",
+        415: "unsupported_media_type",
+    }
     code = codes.get(exc.status_code, "http_error")
     response = error(exc.status_code, code, str(exc.detail))
     for name, value in (exc.headers or {}).items():

@@ -29,6 +29,7 @@ from ray.serve.handle import DeploymentHandle
 
 from components.generative.chat_endpoint import EndpointUnavailable
 from components.generative.deadline import DeadlinePassed
+from components.serving.body_limit import BodyLimit
 from components.serving.errors import (
     API_KEY_ENV,
     ApiKeyMiddleware,
@@ -61,6 +62,7 @@ api.mount("/mcp", mcp.app)
 # Everything but liveness and the API docs needs the key (when one is set), whatever the prefix.
 DOCS_PATHS = (api.docs_url, api.swagger_ui_oauth2_redirect_url, api.redoc_url, api.openapi_url)
 PUBLIC_PATHS = frozenset(p for p in ("/healthz", *DOCS_PATHS) if p)
+api.add_middleware(BodyLimit)  # inside the key check: a refused client's body is never read
 api.add_middleware(ApiKeyMiddleware, public=PUBLIC_PATHS)
 api.add_middleware(OriginGuard)  # outermost: a rebinding page learns nothing, not even a 401
 install_error_handlers(api)

@@ -116,6 +116,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "Body is not JSON",
         401: "API key missing or wrong",
+        413: "Body larger than 1 MiB",
         415: "Content-Type is missing or not application/json",
         422: "Request does not match the schema",
         500: "Unexpected server error (details are in the server log)",

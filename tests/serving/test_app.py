@@ -134,6 +134,13 @@ def test_non_json_body_is_a_400(url):
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", (data[:20], r.text)
 
 
+def test_a_body_over_a_mebibyte_is_a_413_through_serve(url):
+    r = requests.post(
+        f"{url}/v1/select", data=b" " * (2 << 20), headers={"Content-Type": "application/json"}, timeout=30
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
 def test_wrong_content_type_is_a_415(url):
     data = json.dumps({"query": "weather"})
     for content_type in ("text/plain", "application/x-www-form-urlencoded"):

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from components.registry import resolve
 from components.serving.app import ServeArgs, build_app, deployment_options, user_configs
 from components.serving.calibration import find_calibration
-from components.serving.deploy import ingress_urls
+from components.serving.deploy import check_config, ingress_urls, serve_config
 from workflows.cli import app
 from workflows.serve import (
     DEFAULT_SERVE_CONFIG,
@@ -104,6 +104,29 @@ def test_the_shipped_config_serves_the_default_encoder_runtime():
     assert args["encoder_runtime"] == DEFAULT_ENCODER_RUNTIME
     assert (
         ServeArgs.model_validate({"artifact": "a", "catalog": "c"}).encoder_runtime == DEFAULT_ENCODER_RUNTIME
+    )
+
+
+@pytest.mark.parametrize(
+    "batching, says",
+    [
+        ({"Retriever": {"max_batch_size": 0}}, "batching.Retriever.max_batch_size"),
+        ({"Retriever": {"max_batch_size": 2.5}}, "fractional part"),
+        ({"Retriever": {"batch_wait_timeout_s": -0.01}}, "batching.Retriever.batch_wait_timeout_s"),
+        ({"Retreiver": {"max_batch_size": 8}}, "Input should be 'Detector', 'Retriever'"),
+        ({"Retriever": {"max_batch": 8}}, "batching.Retriever.max_batch"),
+    ],
+)
+def test_bad_batching_is_refused_on_the_driver_naming_the_entry(batching, says):
+    # A size of 0 or 2.5 failed only in the replicas, as a failed swap; a misspelt deployment or
+    # key was ignored without a word.
+    config = serve_config({"artifact": "a", "catalog": "c", "batching": batching})
+    with pytest.raises(ValueError, match="bad args") as e:
+        check_config(config)
+    assert says in str(e.value)
+    shipped = read_serve_config(None)["applications"][0]["args"]["batching"]
+    assert (
+        ServeArgs.model_validate({"artifact": "a", "catalog": "c", "batching": shipped}).batching == shipped
     )
 
 
