@@ -25,8 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from components.config import flatten
+from components.registry.create import ensure_registered_model, experiment_id
 from components.registry.local import MODEL_PATH, materialise
-from components.registry.lock import AliasLock
+from components.registry.lock import AliasLock, LockHeld
 from components.registry.moves import move, settle
 from components.registry.params import unflatten
 from components.registry.settings import ALIASES, RegistrySettings, Version, parse_model_uri, quiet_mlflow
@@ -55,18 +56,6 @@ class ModelRegistry:
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
 
     # -- writing ------------------------------------------------------------------------------
-    def _experiment(self, name: str) -> str:
-        found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            return found.experiment_id
-        location = self.settings.artifact_root
-        if location is None and self.settings.embedded:
-            location = os.path.abspath(os.path.join(self.settings.root, "artifacts"))
-        if location and "://" not in location:
-            location = os.path.abspath(location)
-        target = f"{location.rstrip('/')}/{name}" if location else None
-        return self.client.create_experiment(name, artifact_location=target)
-
     def log_version(
         self,
         name: str,
@@ -86,7 +75,7 @@ class ModelRegistry:
             raise ValueError(f"{artifact_dir}: not a saved method (no config.json)")
         from mlflow.entities import Metric, Param, RunTag
 
-        run = self.client.create_run(self._experiment(name), tags=dict(tags or {}))
+        run = self.client.create_run(experiment_id(self.client, self.settings, name), tags=dict(tags or {}))
         run_id = run.info.run_id
         try:
             flat = {k: str(v)[:6000] for k, v in flatten(params or {}).items()}
@@ -101,8 +90,7 @@ class ModelRegistry:
             self.client.set_terminated(run_id, "FAILED")
             raise
         self.client.set_terminated(run_id, "FINISHED")
-        if not self.client.search_registered_models(f"name = '{name}'"):
-            self.client.create_registered_model(name)
+        ensure_registered_model(self.client, name)
         mv = self.client.create_model_version(
             name, f"{run.info.artifact_uri}/{MODEL_PATH}", run_id=run_id, tags=dict(tags or {})
         )
@@ -140,6 +128,17 @@ class ModelRegistry:
                 self.client.delete_registered_model_alias(name, alias)
             return
         self.client.set_registered_model_alias(name, alias, str(number))
+
+    def name_challenger(self, name: str, number: int) -> None:
+        """Point ``challenger`` at version ``number`` under the alias lock: a promotion reads the
+        aliases and then moves them, and a challenger set between the two was removed with the
+        old one, leaving the new version in no alias. A lock not freed within its wait (a move
+        that died on another host) cannot be moving aliases: the alias is set anyway."""
+        try:
+            with AliasLock(self.settings.alias_lock):
+                self.set_alias(name, "challenger", number)
+        except LockHeld:
+            self.set_alias(name, "challenger", number)
 
     def promote(self, name: str, number: int, replacing: int | object | None = ANY) -> Version | None:
         """Make version ``number`` the champion (the old one becomes ``previous``) under the alias

@@ -343,3 +343,54 @@ def test_two_first_trainings_at_once_crown_the_older_version(registry, tmp_path)
     assert registry.aliases("m") == {"champion": 1}
     crown(registry, "m", 2)  # a later version waits for the gate
     assert registry.aliases("m") == {"champion": 1}
+
+
+def test_a_retrain_names_its_challenger_under_the_alias_lock(registry, tmp_path, monkeypatch):
+    # Set without the lock, a challenger named while a promotion moved the aliases was removed
+    # with the old one, and the new version was in no alias.
+    from components.registry import AliasLock
+
+    for i in range(2):
+        registry.log_version("m", saved(tmp_path, f"v{i}", str(i)))
+    registry.promote("m", 1)
+    lock = AliasLock(registry.settings.alias_lock)
+    set_alias, held = registry.set_alias, []
+
+    def recording(*args):  # who holds the alias lock while the alias is written
+        held.append(lock.holder())
+        set_alias(*args)
+
+    monkeypatch.setattr(registry, "set_alias", recording)
+    registry.name_challenger("m", 2)
+    assert registry.aliases("m") == {"champion": 1, "challenger": 2}
+    assert held[0] is not None and held[0]["pid"] == os.getpid()
+    assert lock.holder() is None  # and released
+    # A lock never released (its holder died on another host) cannot be moving aliases: past its
+    # wait the challenger is named anyway, as before.
+    monkeypatch.setattr(AliasLock, "wait_s", 0.2)
+    with lock:
+        registry.name_challenger("m", 1)
+    assert registry.aliases("m") == {"champion": 1, "challenger": 1}
+
+
+def test_a_model_another_process_created_after_the_lookup_is_used_not_an_error(
+    registry, tmp_path, monkeypatch
+):
+    # Two first trainings of a model: both looked the name up, found nothing, and created it; the
+    # second create raised RESOURCE_ALREADY_EXISTS after its training, and its model was lost.
+    first = registry.log_version("m", saved(tmp_path, "a", "one"))
+    found = registry.client.get_experiment_by_name
+    looked: list[str] = []
+
+    def not_yet(name):  # the lookup ran before the other process created it
+        looked.append(name)
+        return None if len(looked) == 1 else found(name)
+
+    monkeypatch.setattr(registry.client, "get_experiment_by_name", not_yet)
+    monkeypatch.setattr(registry.client, "search_registered_models", lambda *a, **k: [])
+    second = registry.log_version("m", saved(tmp_path, "b", "two"))
+    assert (first.number, second.number) == (1, 2) and len(looked) == 2
+    assert (
+        registry.client.get_run(second.run_id).info.experiment_id
+        == registry.client.get_run(first.run_id).info.experiment_id
+    )

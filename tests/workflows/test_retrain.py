@@ -512,6 +512,8 @@ def test_a_promotion_serving_does_not_follow_fails_the_run(ray_session, timeline
         ("level", "0.95", "level: expected a number"),
         ("seed", None, "seed: expected an integer"),
         ("seed", -1, r"seed: expected an integer >= 0"),  # numpy refused it in the bootstrap
+        ("min_holdout_queries", 0, r"min_holdout_queries: expected an integer >= 1"),
+        ("min_holdout_queries", 2.5, r"min_holdout_queries: expected an integer"),
         ("metric", "ndcg@03", "retrain.gate.metric"),  # accepted, then no score has that name
     ],
 )
@@ -566,6 +568,11 @@ def test_an_increment_judging_a_base_query_is_told_why_and_repeated_no_tool_text
     old = sorted(base.qrels["train"])[0]
     with (inc_dir / "qrels" / "train.tsv").open("a") as f:
         f.write(f"{old}\t{next(iter(base.corpus))}\t1\n")
+        f.write(f"new-q\t{next(iter(base.corpus))}\t1\n")
+    # A new tool query asking what a base no-tool query asks: rejected, the base's label kept.
+    with (inc_dir / "queries.jsonl").open("a") as f:
+        f.write(json.dumps({"_id": "new-q", "text": base.neg_queries[0].upper() + "?"}) + "\n")
+    new_line = len((inc_dir / "queries.jsonl").read_text().splitlines())
     (inc_dir / "tooldet").mkdir()
     # The last asks what a base tool query asks: rejected, not learnt as needing no tool.
     tool_query = base.queries[old]
@@ -585,6 +592,16 @@ def test_an_increment_judging_a_base_query_is_told_why_and_repeated_no_tool_text
     assert inc.neg_queries == ["tell me a joke about cats", "what is your name"]
     neg_rejects = [(r.line, r.reason) for r in log.rejects if r.file == "tooldet/neg_queries.jsonl"]
     assert neg_rejects == [(4, f"the same request as query-id {old!r} in queries.jsonl, a tool query")]
+    query_rejects = [
+        (r.line, r.reason) for r in log.rejects if r.file == "queries.jsonl" and "new-q" in r.reason
+    ]
+    assert query_rejects == [
+        (
+            new_line,
+            "query 'new-q' asks what a no-tool query of the base data asks (its judgements go with it)",
+        )
+    ]
+    assert "new-q" not in inc.queries and all("new-q" not in split for split in inc.qrels.values())
 
 
 class AlwaysNeedsATool:
@@ -658,3 +675,18 @@ def test_a_first_round_kept_by_a_guardrail_does_not_say_it_was_promoted():
     decision = decide(None, Measurement(metrics, {}), GateSettings())
     assert decision.decision == "kept" and not any("is promoted" in r for r in decision.reasons)
     assert "no champion yet" in decision.reasons[0]
+
+
+@pytest.mark.parametrize(("n", "promoted"), [(1, False), (2, False), (29, False), (30, True)])
+def test_a_holdout_too_small_for_the_interval_promotes_nothing(n, promoted):
+    # Over one query the bootstrap interval has zero width: a gain on it alone was promoted.
+    from workflows.retrain.gate import GateSettings, Measurement, decide
+
+    metrics = {"hallucination_rate": 0.0, "p50_ms": 1.0, "new_tool_coverage": 1.0, "ndcg@3": 0.5}
+    champion = Measurement(metrics, {f"q{i}": 0.0 for i in range(n)})
+    challenger = Measurement(metrics, {f"q{i}": 1.0 for i in range(n)})
+    decision = decide(champion, challenger, GateSettings())
+    assert decision.interval["low"] > 0  # the interval alone says better
+    assert decision.decision == ("promoted" if promoted else "kept")
+    assert any("fewer than min_holdout_queries (30)" in r for r in decision.reasons) is not promoted
+    assert decide(champion, challenger, GateSettings(min_holdout_queries=n)).decision == "promoted"

@@ -46,6 +46,11 @@ class GateSettings:
     latency_budget_ms: float = 50.0
     latency_queries: int = 100
     min_new_tool_coverage: float = 1.0
+    # Fewer paired queries than this and the champion stays: a percentile bootstrap over one
+    # query has an interval of zero width (any gain on it "passed"), and over a handful it is
+    # far narrower than the truth. 30 is the usual floor for such intervals; a small catalog's
+    # holdout can lower it knowingly.
+    min_holdout_queries: int = 30
 
     @classmethod
     def from_config(cls, section: dict[str, Any] | None) -> GateSettings:
@@ -79,7 +84,7 @@ class GateSettings:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"retrain.gate.{key}: expected a number; got {value!r}")
-        for key in ("samples", "latency_queries", "seed"):
+        for key in ("samples", "latency_queries", "seed", "min_holdout_queries"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"retrain.gate.{key}: expected an integer; got {value!r}")
@@ -87,7 +92,7 @@ class GateSettings:
             raise ValueError(f"retrain.gate.level: expected a number in (0, 1), e.g. 0.95; got {self.level}")
         if self.seed < 0:  # numpy's generators take none
             raise ValueError(f"retrain.gate.seed: expected an integer >= 0; got {self.seed}")
-        for key in ("samples", "latency_queries"):
+        for key in ("samples", "latency_queries", "min_holdout_queries"):
             if getattr(self, key) < 1:
                 raise ValueError(f"retrain.gate.{key}: expected an integer >= 1; got {getattr(self, key)!r}")
 
@@ -208,4 +213,10 @@ def decide(champion: Measurement | None, challenger: Measurement, settings: Gate
         f"{int(interval['queries'])} queries: {'above 0' if better else 'not above 0'}"
     )
     reasons = [verdict, *broken]
+    if interval["queries"] < settings.min_holdout_queries:
+        better = False
+        reasons.append(
+            f"holdout: {int(interval['queries'])} paired queries, fewer than min_holdout_queries "
+            f"({settings.min_holdout_queries}): too few for the interval to show the challenger better"
+        )
     return Decision("promoted" if better and not broken else "kept", reasons, interval, checks)

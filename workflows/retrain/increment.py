@@ -138,6 +138,15 @@ def read_increment(
     for qid in sorted(set(queries) - judged, key=line_of.get):
         log.add("queries.jsonl", line_of[qid], f"query {qid!r} has no judgement in the increment's qrels")
         del queries[qid]
+    # A new tool query asking what a base no-tool query asks would label one request both ways;
+    # the base keeps its label (the loader would reject the base's row next round instead).
+    no_tool = {same_request(text) for text in base.neg_queries}
+    for qid in sorted((q for q in queries if same_request(queries[q]) in no_tool), key=line_of.get):
+        reason = f"query {qid!r} asks what a no-tool query of the base data asks (its judgements go with it)"
+        log.add("queries.jsonl", line_of[qid], reason)
+        del queries[qid]
+        for split in qrels.values():
+            split.pop(qid, None)
     neg = sorted(rows.get(NEG_QUERIES, []), key=lambda r: r[0])
     known_neg = set(base.neg_queries)
     # Each new no-tool text once, as the base loader keeps them (a repeat would weigh twice).

@@ -201,7 +201,7 @@ def retrain(cfg: dict[str, Any], increment: str) -> dict[str, Any]:
             io.write_bytes(io.join(out, "decision.json"), strict_json(rec), options)
 
         try:
-            registry.set_alias(name, "challenger", version.number)
+            registry.name_challenger(name, version.number)
             if decision.decision == "promoted":
                 blocker = promotion_blocker(registry, version, dataset.queries[next(iter(holdout))])
                 if not blocker:
