@@ -71,13 +71,13 @@ def single_step_top_k(
                 out.append([])
                 continue
             scores = logp[row, allowed]
-            top = scores.topk(min(k, len(allowed)))
-            out.append(
-                [
-                    (trie.value((allowed[j],)), float(v))
-                    for v, j in zip(top.values.tolist(), top.indices.tolist(), strict=True)
-                ]
-            )
+            # Every tool tied with the k-th, then ties by tool id as trie_beam_search breaks them:
+            # topk's own order among equal scores gave other tools (cold-start tools of one name
+            # get identical rows, so they tie exactly).
+            kth = scores.topk(min(k, len(allowed))).values[-1]
+            tied = (scores >= kth).nonzero().flatten().tolist()
+            hits = [(trie.value((allowed[j],)), float(scores[j])) for j in tied]
+            out.append(sorted(hits, key=lambda h: (-h[1], h[0]))[:k])
     return out
 
 

@@ -39,12 +39,19 @@ class ToolCodebook:
     """
 
     def __init__(self, codes: Mapping[str, Sequence[int]] | None = None) -> None:
-        self.codes: dict[str, tuple[int, ...]] = {
-            t: tuple(int(i) for i in c) for t, c in (codes or {}).items()
-        }
-        self._by_code = {c: t for t, c in self.codes.items()}
+        self.codes: dict[str, tuple[int, ...]] = {}
+        self._by_code: dict[tuple[int, ...], str] = {}
         self._lengths: list[int] | None = None  # tool_at_start's code lengths, longest first
         self._code_tokens: set[int] = set()
+        for tool_id, code in (codes or {}).items():
+            self.add(tool_id, code)  # two tools with one code are refused, not decoded as the last
+
+    def recode(self, codes: Mapping[str, Sequence[int]]) -> None:
+        """Replace every code at once with ``codes`` (a new quantizer's assignment): tool by tool,
+        a tool taking a code another still held until its own turn (two tools swapping codes) was
+        refused. Tools ``codes`` leaves out are dropped; a code named twice is refused."""
+        fresh = ToolCodebook(codes)
+        self.codes, self._by_code, self._lengths = fresh.codes, fresh._by_code, None
 
     def __len__(self) -> int:
         return len(self.codes)

@@ -51,6 +51,26 @@ def test_shortcut_equals_beam_search_for_single_token_codes(lm):
     assert constrained_top_k(wrapped, prompts, codebook.trie(), 3, tokenizer.pad_token_id) == fast
 
 
+def test_tied_tools_are_the_same_in_the_shortcut_and_the_beam_search():
+    # Tools whose rows are identical (cold-start tools of one name) tie exactly: the shortcut took
+    # them in topk's order, beam search by tool id, and the two returned different tools.
+    model, tokenizer, codebook = tiny_lm(seed=1)  # its own: the rows are overwritten
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        first = min(c[0] for c in codebook.codes.values())
+        for code in codebook.codes.values():
+            head[code[0]] = head[first]
+    prompts = prompts_of(tokenizer)
+    wrapped = TargetedLM(model)
+    for k in (1, 3, 5):
+        fast = single_step_top_k(wrapped, prompts, codebook.trie(), k, tokenizer.pad_token_id)
+        slow = trie_beam_search(
+            wrapped, prompts, codebook.trie(), k, tokenizer.pad_token_id, num_beams=len(codebook)
+        )
+        assert [[t for t, _ in h] for h in fast] == [[t for t, _ in h] for h in slow]
+        assert all([t for t, _ in h] == sorted(codebook.codes)[:k] for h in fast)
+
+
 def test_multi_token_beam_search_is_exact_when_beams_cover_the_trie(lm):
     model, tokenizer, _ = lm
     base = len(tokenizer) - len(NAMES)

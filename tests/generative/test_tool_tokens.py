@@ -104,6 +104,21 @@ def test_a_recoded_tool_frees_its_old_code():
     assert codebook.codes == {"x": (3, 7), "y": (1, 5)} and sorted(codebook.trie().values()) == ["x", "y"]
 
 
+def test_a_whole_new_assignment_is_taken_at_once_and_a_shared_code_is_refused():
+    # Tool by tool, "a" taking (11, 21) while "b" still held it was refused: a warm-started
+    # ToolWeaver whose new quantizer swapped two tools' codes failed at memorization.
+    codebook = ToolCodebook({"a": [10, 20], "b": [11, 21], "gone": [12, 22]})
+    codebook.recode({"a": [11, 21], "b": [10, 20], "new": [12, 22]})
+    assert codebook.codes == {"a": (11, 21), "b": (10, 20), "new": (12, 22)}
+    assert codebook.tool_of([12, 22]) == "new" and sorted(codebook.trie().values()) == ["a", "b", "new"]
+    # Two tools with one code: decoding would name only the last; refused when built.
+    with pytest.raises(ValueError, match=r"code \(1,\) already names tool 'A', not 'B'"):
+        ToolCodebook({"A": [1], "B": [1]})
+    with pytest.raises(ValueError, match="already names"):
+        codebook.recode({"a": [1, 2], "b": [1, 2]})
+    assert codebook.codes["a"] == (11, 21)  # a refused assignment changes nothing
+
+
 def test_bundle_round_trip(tmp_path):
     lm, tokenizer, codebook = tiny_lm()
     save_bundle(lm, tokenizer, codebook, str(tmp_path / "b"))

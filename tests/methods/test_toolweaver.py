@@ -440,6 +440,11 @@ def test_bad_params_fail_on_the_driver(quickstart_1200, tmp_path):
         ToolWeaverMethod(cooccurrence_norm="l2")
     with pytest.raises(ValueError, match="code_init must be one of"):
         ToolWeaverMethod(code_init="zeros")
+    # Free outputs shorter than a code parsed as no tool: recall 0, every beam a hallucination.
+    with pytest.raises(ValueError, match=r"free_max_new_tokens \(4\) must be >= levels \(5\)"):
+        ToolWeaverMethod(levels=5, decoding="unconstrained")
+    ToolWeaverMethod(levels=5, decoding="unconstrained", free_max_new_tokens=6)
+    ToolWeaverMethod(levels=5)  # constrained decoding stops at whole codes whatever the cap
     with pytest.raises(ValueError, match="unknown codes settings"):
         ToolWeaverMethod(stages={"codes": {"epoch": 3}})
     method = ToolWeaverMethod(levels=2, codebook_size=8)  # 64 addresses for 100 tools

@@ -181,8 +181,10 @@ class ToolWeaverMethod(CodeLMMethod):
             names = td.tool_names(data.corpus, list(self.tool_codes))
             rows_set = init_code_rows(lm, tokenizer, ids, self.tool_codes, names)
             self.report.setdefault("codes", {})["code_rows_from_names"] = rows_set
-        for tool, code in self.tool_codes.items():
-            codebook.add(tool, [ids[level][c] for level, c in enumerate(code)])
+        # All at once: a bundle warm-started from an earlier ToolWeaver holds its codes already.
+        codebook.recode(
+            {tool: [ids[level][c] for level, c in enumerate(code)] for tool, code in self.tool_codes.items()}
+        )
         path = os.path.join(os.path.abspath(run.local_dir), f"{run.name}-coded")
         save_bundle(lm, tokenizer, codebook, path)
         self.coded_dir = path

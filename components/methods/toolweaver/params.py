@@ -83,6 +83,12 @@ class ToolWeaverParams(CodeLMParams):
                 "toolweaver: levels must be >= 1 and codebook_size >= 2, "
                 f"got {self.levels}, {self.codebook_size}"
             )
+        if self.decoding == "unconstrained" and self.free_max_new_tokens < self.levels:
+            # Free outputs stopped short of a whole code: every one parsed as no tool, recall 0.
+            raise ValueError(
+                f"toolweaver: free_max_new_tokens ({self.free_max_new_tokens}) must be >= levels "
+                f"({self.levels}) to decode unconstrained: a code is {self.levels} tokens"
+            )
         if self.collab_weight < 0 or self.sinkhorn_epsilon < 0 or self.beta < 0:
             raise ValueError("toolweaver: collab_weight, sinkhorn_epsilon and beta must be >= 0")
         if self.collab_scale not in ("batch", "catalog"):
