@@ -65,8 +65,9 @@ def partial_cooccurrence(basket: np.ndarray, tool: np.ndarray, n_tools: int) -> 
     if len(basket) == 0:
         return sp.coo_matrix((n_tools, n_tools), dtype=np.int64)
     local, inverse = np.unique(basket, return_inverse=True)
-    b = incidence(inverse, tool, (len(local), n_tools))
-    return (b.T @ b).astype(np.int64).tocoo()
+    # Counted in int64: a float32 product rounds a count above 2**24 (16.8M baskets using a tool).
+    b = incidence(inverse, tool, (len(local), n_tools)).astype(np.int64)
+    return (b.T @ b).tocoo()
 
 
 def cooccurrence(basket: np.ndarray, tool: np.ndarray, n_tools: int) -> sp.csr_matrix:

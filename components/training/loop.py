@@ -45,6 +45,7 @@ from components.training.state import (
     load_rng_state,
     load_trainer_state,
     read_optimizer,
+    rng_state,
     save_rng_state,
     save_trainer_state,
     write_optimizer,
@@ -85,14 +86,24 @@ def save_checkpoint(
     history: list[dict],
     settings: str | None = None,
     values: Any = None,
+    rng_states: list[dict[str, torch.Tensor]] | None = None,
 ) -> None:
     save_model(model, os.path.join(path, MODEL_STATE))
     write_optimizer(optimizer_state, path)
-    save_rng_state(path)
+    save_rng_state(path, rng_states)  # every rank's (gathered by the caller), or this process's
     task.save_model(model, os.path.join(path, STAGE_OUTPUT))
     # Last, listing every file above: an upload cut short (Ray copies the files in no set order)
     # that lost a whole file, the model's weights or the RNG state, is then not taken as complete.
     save_trainer_state(path, epoch, history, settings, file_sizes(path), values)
+
+
+def all_rng_states(world: int) -> list[dict[str, torch.Tensor]]:
+    """Every rank's generator states, in rank order (on every rank)."""
+    if world == 1:
+        return [rng_state()]
+    gathered: list[Any] = [None] * world
+    torch.distributed.all_gather_object(gathered, rng_state())
+    return gathered
 
 
 def build_model(task: StageTask, config: StageConfig) -> torch.nn.Module:
@@ -256,7 +267,7 @@ def _train(config: StageConfig) -> None:
         if path is not None:
             # The whole optimizer state (see optimizer_state): under FSDP each rank keeps its shard.
             load_optimizer_state(model, optimizer, read_optimizer(path))
-            load_rng_state(path)
+            load_rng_state(path, rank)
     generator = torch.Generator()
     loader = ray.train.torch.prepare_data_loader(
         make_loader(task, config, world, generator, rank), add_dist_sampler=False
@@ -275,8 +286,9 @@ def _train(config: StageConfig) -> None:
             ckpt = None
             saved = whole(model)  # every rank: gathering FSDP's shards is a collective
             moments = optimizer_state(model, optimizer)  # a collective too, under FSDP
+            rngs = all_rng_states(world)  # a collective with several workers
             if rank == 0:
-                save_checkpoint(tmp, saved, moments, task, epoch, history, settings, values)
+                save_checkpoint(tmp, saved, moments, task, epoch, history, settings, values, rngs)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
                 _log_report(config, {"epoch": epoch, "pid": os.getpid(), **metrics})
                 if config.local:

@@ -19,21 +19,37 @@ OPTIMIZER_META = "optimizer.json"
 RNG_STATE = "rng_state.safetensors"
 
 
-def save_rng_state(path: str) -> None:
-    """torch's CPU (and CUDA) generator states: a resumed run then draws the same dropout and
-    edge-dropout masks as one that was never interrupted."""
+def rng_state() -> dict[str, torch.Tensor]:
+    """This process's torch CPU (and CUDA) generator states."""
     states = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         states |= {f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+    return states
+
+
+def save_rng_state(path: str, per_rank: list[dict[str, torch.Tensor]] | None = None) -> None:
+    """Every worker's generator states (``per_rank``; default: this process's alone): a resumed run
+    then draws the same dropout and edge-dropout masks as one that was never interrupted. Rank
+    0's under plain names, as one worker's always were; rank ``r``'s under ``rank<r>.``: each
+    rank draws for its own batch shapes, so restoring rank 0's state on every rank (as before)
+    changed the masks of every other rank."""
+    states: dict[str, torch.Tensor] = {}
+    for rank, own in enumerate(per_rank or [rng_state()]):
+        states |= {(f"rank{rank}.{k}" if rank else k): v for k, v in own.items()}
     save_file(states, os.path.join(path, RNG_STATE))
 
 
-def load_rng_state(path: str) -> None:
-    """Restore what :func:`save_rng_state` wrote; checkpoints written before it existed are skipped."""
+def load_rng_state(path: str, rank: int = 0) -> None:
+    """Restore this ``rank``'s states from :func:`save_rng_state`'s file (rank 0's where the run had
+    fewer workers when saved); checkpoints written before the file existed are skipped."""
     file = os.path.join(path, RNG_STATE)
     if not os.path.exists(file):
         return
     states = load_file(file)
+    prefix = f"rank{rank}." if rank and f"rank{rank}.cpu" in states else ""
+    states = {
+        k[len(prefix) :]: v for k, v in states.items() if k.startswith(prefix) and "." not in k[len(prefix) :]
+    }
     torch.set_rng_state(states["cpu"])
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     saved = sum(k.startswith("cuda_") for k in states)

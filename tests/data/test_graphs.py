@@ -141,3 +141,11 @@ def test_save_load_sparse_rectangular(tmp_path: Path) -> None:
     assert loaded.shape == (2, 3)
     np.testing.assert_array_equal(loaded.toarray(), matrix.toarray())
     assert (loaded_rows, loaded_cols) == (rows, cols)
+
+
+def test_counts_past_float32_precision_are_exact():
+    # Multiplied in float32, 2**24 + 3 baskets using one tool counted 2**24 (16,777,216): the
+    # single-process build disagreed with the Ray build, which sums its blocks in int64.
+    n = 2**24 + 3
+    c = cooccurrence(np.arange(n), np.zeros(n, dtype=np.int64), 2)
+    assert c.dtype == np.int64 and int(c[0, 0]) == n and int(c[1, 1]) == 0

@@ -188,3 +188,23 @@ def test_a_number_parameter_can_get_a_fraction(decimal_selector):
     amounts = [c["arguments"]["amount"] for c in calls]
     assert sum(isinstance(a, float) for a in amounts) >= len(amounts) // 2, amounts
     assert all(isinstance(c["arguments"]["times"], int) for c in calls)
+
+
+def test_each_epoch_trains_on_the_next_rows_not_the_same_first_ones():
+    # train_data was the first rows_per_epoch rows, the same every epoch: 960 of 20,000 examples.
+    from types import SimpleNamespace
+
+    from components.serving.selector_task import SelectorTask
+
+    task = SelectorTask.__new__(SelectorTask)  # the data path only: no LM, no Ray
+    task.rows, task.params = [([i], [i]) for i in range(20_000)], SimpleNamespace(rows_per_epoch=960)
+    data = task.train_data()
+    seen = []
+    for epoch in range(5):
+        task.start_epoch(None, epoch)
+        seen += [data[i][0][0] for i in range(len(data))]
+    assert len(data) == 960 and len(set(seen)) == 5 * 960
+    # A split smaller than an epoch cycles through every row each epoch, as before.
+    task.rows = [([i], [i]) for i in range(100)]
+    task.start_epoch(None, 3)
+    assert sorted({data[i][0][0] for i in range(len(data))}) == list(range(100))

@@ -39,3 +39,26 @@ def test_trainer_state(tmp_path):
 def test_trainer_state_keeps_the_settings_fingerprint(tmp_path):
     save_trainer_state(str(tmp_path), 0, [{"epoch": 0}], settings="abc")
     assert load_trainer_state(str(tmp_path))["settings"] == "abc"
+
+
+def test_each_rank_resumes_its_own_generator_state(tmp_path):
+    # Only rank 0's state was saved and every rank restored it: a rank whose batch shapes differ
+    # had drawn other dropout masks, and after a resume it drew rank 0's.
+    from components.training.state import load_rng_state, rng_state, save_rng_state
+
+    states = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        torch.rand(seed * 10)  # each rank draws for its own shapes
+        states.append(rng_state())
+    save_rng_state(str(tmp_path), states)
+    for rank in (0, 1, 2):
+        torch.manual_seed(99)
+        load_rng_state(str(tmp_path), rank)
+        assert torch.equal(torch.get_rng_state(), states[rank]["cpu"]), rank
+    load_rng_state(str(tmp_path), 5)  # more workers than when saved: rank 0's, as before
+    assert torch.equal(torch.get_rng_state(), states[0]["cpu"])
+    # One worker's file is as it always was: a checkpoint written before loads unchanged.
+    save_rng_state(str(tmp_path), states[:1])
+    load_rng_state(str(tmp_path), 1)
+    assert torch.equal(torch.get_rng_state(), states[0]["cpu"])
