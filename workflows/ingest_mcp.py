@@ -181,10 +181,10 @@ def ingest_mcp(
         name = ((names[i] if names else reported) or "").strip()
         if not name:
             raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
-        if "/" in name:
+        if "/" in name or any(c in name for c in "\t\n\r"):
             raise ValueError(
-                f"ingest mcp: {source!r} reports the server name {name!r}, whose '/' would split its "
-                "tool ids; give it another with --name"
+                f"ingest mcp: {source!r} reports the server name {name!r}, whose '/', tab or line "
+                "break its tool ids cannot hold; give it another with --name"
             )
         listed.append((name, source, tools))
     names_seen: dict[str, str] = {}

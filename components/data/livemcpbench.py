@@ -28,9 +28,18 @@ def read_servers(path: str, rejects: RejectLog) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         entries = json.load(f)
     records: list[dict[str, Any]] = []
-    for entry in entries:
+    seen: set[str] = set()
+    file = os.path.basename(path)
+    for number, entry in enumerate(entries, start=1):
         for server_key, listing in (entry.get("tools") or {}).items():
-            records += corpus_records(server_key, listing.get("tools") or [], rejects, os.path.basename(path))
+            for record in corpus_records(server_key, listing.get("tools") or [], rejects, file):
+                # A server key in two entries: both were written, two rows with one id.
+                if record["_id"] in seen:
+                    reason = f"tool id {record['_id']!r} is also in an earlier entry (the first is kept)"
+                    rejects.add(file, number, reason, record["_id"])
+                else:
+                    seen.add(record["_id"])
+                    records.append(record)
     return records
 
 

@@ -41,6 +41,10 @@ def check_tool(tool: Any) -> str | None:
         return "tool has no name"
     if "/" in name:
         return f"tool name {name!r} contains '/', which separates server and tool in ids"
+    if any(c in name for c in "\t\n\r"):
+        # The loader refuses such ids (qrels rows are tab-separated lines): kept here, the tool
+        # was never served and the next ingest refused the whole catalog.
+        return f"tool name {name!r} contains a tab or line break, which ids cannot hold"
     if name != name.strip():
         # The catalog's reader strips ids: the tool would come back under another id on every run.
         return f"tool name {name!r} starts or ends with whitespace"
@@ -71,8 +75,10 @@ def corpus_records(
             entry's position in the list (1-based), the reason names server and tool.
         source: Where the list came from (a URL, a command, a file), for the reject log.
     """
-    if not server or "/" in server:
-        raise ValueError(f"MCP server name {server!r}: expected a non-empty name without '/'")
+    if not server or "/" in server or any(c in server for c in "\t\n\r"):
+        raise ValueError(
+            f"MCP server name {server!r}: expected a non-empty name without '/', tabs or line breaks"
+        )
     records, seen = [], set()
     for i, tool in enumerate(tools, start=1):
         why = check_tool(tool)

@@ -56,3 +56,21 @@ def test_a_bad_task_line_is_a_reject_with_its_file_and_line(tmp_path):
         (2, "not a task (JSON with task_id, question, tools)"),
         (3, "not a task (JSON with task_id, question, tools)"),
     ]
+
+
+def test_a_server_listed_in_two_entries_is_written_once(tmp_path):
+    # Both entries' tools were written: two corpus rows with one id, and serving kept the last.
+    source = tmp_path / "src"
+    source.mkdir()
+    first = {"name": "search", "description": "first", "inputSchema": {"type": "object"}}
+    second = {**first, "description": "second"}
+    entries = [{"tools": {"srv": {"tools": [first]}}}, {"tools": {"srv": {"tools": [second]}}}]
+    (source / "tools.json").write_text(json.dumps(entries))
+    task = {"task_id": "t1", "question": "search the web", "tools": ["search"]}
+    (source / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    report = convert(str(source), str(tmp_path / "out"))
+    assert report["tools"] == 1 and report["rejected_tools"] == 1 and report["ambiguous_mentions"] == 0
+    data = load_dataset(str(tmp_path / "out"))
+    assert data.corpus["srv/search"]["metadata"]["description"] == "first"
+    (reject,) = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert reject["line"] == 2 and "also in an earlier entry" in reject["reason"]

@@ -203,6 +203,9 @@ def test_a_run_keeps_the_rejects_of_servers_it_did_not_read(tmp_path):
         ({"description": "x", "inputSchema": {"type": "object"}}, "tool None: tool has no name"),
         ({"name": "a/b", "inputSchema": {"type": "object"}}, "contains '/'"),
         ({"name": "search ", "inputSchema": {"type": "object"}}, "starts or ends with whitespace"),
+        # Kept, they were never served, and the next ingest refused the whole catalog.
+        ({"name": "get\tweather", "inputSchema": {"type": "object"}}, "contains a tab or line break"),
+        ({"name": "line\nbreak", "inputSchema": {"type": "object"}}, "contains a tab or line break"),
         ({"name": "s", "inputSchema": {"type": "string"}}, "tool 's': inputSchema type is 'string'"),
         ({"name": "s"}, "tool 's': inputSchema is missing"),
         ({"name": "s", "inputSchema": {"type": "object", "properties": []}}, "properties is not an object"),
@@ -218,6 +221,12 @@ def test_an_unusable_tool_is_rejected_naming_server_and_tool(tool, says):
     assert reject.file == "http://host/mcp" and reject.line == 2
     assert "server 'srv'" in reject.reason and says in reject.reason
     assert json.loads(reject.content) == tool
+
+
+def test_a_server_name_ids_cannot_hold_is_refused():
+    for server in ("tab\tsrv", "a/b", ""):
+        with pytest.raises(ValueError, match="MCP server name"):
+            corpus_records(server, [], RejectLog())
 
 
 def test_an_ingested_catalog_is_a_dataset_once_it_has_queries(tmp_path):
