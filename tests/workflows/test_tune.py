@@ -59,6 +59,13 @@ def config(data: str, root: Path, method: dict, **tune_section) -> dict:
         ({"method.params.lr": {"choice": []}}, "non-empty list"),
         ({"method.params.lr": {"uniform": ["a", "b"]}}, "takes numbers"),
         ({"method.params.lr": 0.1}, "expected one distribution"),
+        # Each failed inside Ray without the key, or sampled other values under Optuna than under
+        # random search (which rounds to multiples of q; Optuna steps from the lower bound).
+        ({"method.params.lr": {"quniform": [0.0, 1.0, 0.0]}}, "positive q"),
+        ({"method.params.lr": {"qrandint": [1, 8, -2]}}, "positive q"),
+        ({"method.params.lr": {"quniform": [0.05, 1.0, 0.1]}}, "multiples of q = 0.1, got 0.05"),
+        ({"method.params.lr": {"qrandint": [2, 10, 3]}}, "multiples of q = 3, got 2"),
+        ({"method.params.lr": {"qrandint": [1, 5, 1]}}, "use randint"),
     ],
 )
 def test_a_bad_distribution_is_refused_naming_its_key(entry, says):
@@ -115,6 +122,19 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
         tune_settings(merge(cfg, {"train": {"num_workers": 0}}), "x")
 
 
+def test_quantized_spaces_sample_the_same_values_under_both_searches():
+    from ray.tune.search.optuna import OptunaSearch
+
+    for spec, values in [({"qrandint": [3, 12, 3]}, {3, 6, 9, 12}), ({"quniform": [0.0, 1.0, 0.25]}, None)]:
+        domain = parse_space({"method.params.x": spec})["method.params.x"]
+        drawn = {domain.sample() for _ in range(300)}
+        optuna = OptunaSearch.convert_search_space({"x": domain})["x"]
+        if values is not None:
+            assert drawn == values and set(range(optuna.low, optuna.high + 1, optuna.step)) == values
+        else:
+            assert drawn <= {0.0, 0.25, 0.5, 0.75, 1.0} and (optuna.low, optuna.step) == (0.0, 0.25)
+
+
 def test_what_the_sweep_cannot_run_is_refused_before_any_trial(tmp_path):
     dense = {"name": "dense", "params": {"encoder": TINY_ENCODER, "epochs": 3}}
     cfg = config(
@@ -152,6 +172,11 @@ def test_a_shared_stage_a_swept_key_changes_is_refused_before_any_training(tmp_p
     ):
         check(masstool, space, ["semantic"])
     check(masstool, {"method.params.epsilon": space["method.params.epsilon"]}, ["semantic"])
+    # The runner's settings shape the shared stage too, which trains once with the base value:
+    # accepted, every trial reused a stage its best YAML would train otherwise.
+    for key, values in (("train.precision", ["fp32", "bf16"]), ("train.grad_accumulation", [1, 2])):
+        with pytest.raises(ConfigError, match=rf"sweeps \['{key}'\]; sweep them without shared stages"):
+            check(masstool, {key: {"choice": values}}, ["semantic"])
     # Not cached: every trial would train it.
     uncached = {"name": "masstool", "params": {"encoder": TINY_ENCODER}}
     with pytest.raises(
@@ -402,7 +427,12 @@ def test_an_interrupted_sweep_restores_and_does_not_rerun_finished_trials(ray_se
         raise AssertionError("a finished sweep was restored and run again")
 
     monkeypatch.setattr(tune.Tuner, "restore", restores)
-    assert tune_sweep(cfg) == json.loads((tmp_path / "out" / "bm.json").read_text())
+    first = json.loads((tmp_path / "out" / "bm.json").read_text())
+    assert tune_sweep(cfg) == first
+    # tune.out since written by another sweep of the config (`tune.name=wider`, the same out):
+    # the finished sweep was restored, re-selected and read test again. Its own copy answers.
+    (tmp_path / "out" / "bm.json").write_text(json.dumps({"trials": [{"trial_id": "wider_00000"}]}))
+    assert tune_sweep(cfg) == first
 
 
 def test_a_gpu_sweep_on_a_cluster_without_a_gpu_is_refused_before_any_trial(ray_session, tmp_path):

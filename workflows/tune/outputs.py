@@ -15,7 +15,7 @@ import yaml
 from components import methods
 from components.data import Dataset, io
 from workflows.bench import bench_entry, split_rows
-from workflows.report import markdown_table, md_table, write_report
+from workflows.report import markdown_table, md_table, strict_json, write_report
 from workflows.tune.recheck import recheck_table
 from workflows.tune.settings import TuneSettings
 from workflows.tune.space import apply_params
@@ -164,13 +164,20 @@ def reported(settings: TuneSettings, base: dict[str, Any], trial_ids: list[str])
     """The report a finished sweep already wrote for these trials, if there is one: the same
     command run again restores the finished sweep, and scoring its best trial again would read
     test a second time (and retrain the baseline, whose test figure may then move)."""
-    out = settings.out or io.join(settings.experiment_path, "results.json")
     options = base["train"].get("storage_options") or {}
-    if not io.exists(out, options):
-        return None
-    saved = json.loads(io.read_bytes(out, options))
-    ids = sorted(t["trial_id"] for t in saved.get("trials") or [])
-    return saved if ids == sorted(trial_ids) else None
+    # The sweep's own copy first: tune.out may hold another sweep's report by now (a wider sweep
+    # of the same config writes the same file), and this one's test must not be read again.
+    for path in (own_report(settings), settings.out or io.join(settings.experiment_path, "results.json")):
+        if io.exists(path, options):
+            saved = json.loads(io.read_bytes(path, options))
+            if sorted(t["trial_id"] for t in saved.get("trials") or []) == sorted(trial_ids):
+                return saved
+    return None
+
+
+def own_report(settings: TuneSettings) -> str:
+    """Where a sweep keeps a copy of its report, beside its trials, whatever tune.out names."""
+    return io.join(settings.experiment_path, "report.json")
 
 
 def write_outputs(
@@ -257,5 +264,6 @@ def write_outputs(
     write_report(
         report, out, title=settings.title or f"Tune: {settings.name}", table=table, storage_options=options
     )
+    io.write_bytes(own_report(settings), strict_json(report), options)
     trials_plot(trials, keys, settings.metric, settings.mode, stem + "_trials.png", options)
     return report

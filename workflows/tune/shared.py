@@ -71,3 +71,12 @@ def check_shared_stages(base: dict[str, Any], space: dict[str, Any], shared: tup
                 f"{sorted(keys)} change it (each trial would train it again); sweep them without "
                 f"sharing {stage!r}, or drop them from the space"
             )
+    runner = sorted(k for k in space if k.startswith("train."))
+    if runner:
+        # The runner's settings (precision, batching, workers) shape every stage, the shared
+        # ones too, which train once with the base value: the best YAML would name a value its
+        # shared stage never trained with, and a fresh `toolscout train` would not reproduce it.
+        raise ConfigError(
+            f"tune.shared_stages: {list(shared)} train once with the base train section, but "
+            f"tune.space sweeps {runner}; sweep them without shared stages"
+        )

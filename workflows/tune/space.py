@@ -74,7 +74,26 @@ def parse_entry(key: str, spec: Any) -> Any:
         raise ConfigError(f"{where}: {name} needs a positive lower bound, got {args[0]}")
     if name == "randn" and args[1] <= 0:
         raise ConfigError(f"{where}: randn needs a positive standard deviation, got {args[1]}")
+    if name.startswith("q"):
+        check_quantum(where, name, *args)
     return make(*args)
+
+
+def check_quantum(where: str, name: str, lower: float, upper: float, q: float) -> None:
+    """Refuse a q-distribution that Ray's random search and Optuna would sample differently, or that
+    fails inside Ray without naming the key: random search rounds to multiples of ``q``, Optuna
+    steps from ``lower`` (so bounds off the grid gave the two disjoint values), and qrandint's
+    upper bound is exclusive in Ray's sampler for ``q == 1`` only, inclusive in Optuna's."""
+    if q <= 0:
+        raise ConfigError(f"{where}: {name} needs a positive q, got {q}")
+    if name == "qrandint" and q == 1:
+        raise ConfigError(
+            f"{where}: qrandint with q = 1 is randint with the upper bound included; use randint"
+        )
+    for bound in (lower, upper):
+        steps = bound / q
+        if abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
+            raise ConfigError(f"{where}: {name} needs bounds that are multiples of q = {q}, got {bound}")
 
 
 def set_dotted(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
@@ -122,3 +141,24 @@ def sample_once(space: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = domain.sample()
     return out
+
+
+def check_for_optuna(space: dict[str, Any], raw: dict[str, Any]) -> None:
+    """Refuse what Optuna cannot sample as written, naming the key: checked before the shared
+    stages train, where it failed (randn) or was changed (qloguniform) only in the trials."""
+    from ray.tune.search.optuna import OptunaSearch
+
+    for key, domain in space.items():
+        if "qloguniform" in (raw.get(key) or {}):
+            # Optuna has no quantized log scale: Ray drops q with a warning, and the trials and the
+            # best YAML got unrounded values.
+            raise ConfigError(
+                f"tune.space.{key}: Optuna cannot round a log scale to q; "
+                "use loguniform, or tune.search=random"
+            )
+        try:
+            OptunaSearch.convert_search_space({key: domain})
+        except ValueError as e:
+            raise ConfigError(
+                f"tune.space.{key}: Optuna cannot sample it ({e}); use tune.search=random"
+            ) from e

@@ -35,7 +35,7 @@ from workflows.tune.resources import max_concurrent, train_resources, trial_acto
 from workflows.tune.restore import check_restorable, finished, saved_trials, write_fingerprint
 from workflows.tune.settings import TuneSettings, tune_settings
 from workflows.tune.shared import check_shared_stages
-from workflows.tune.space import grid_size, has_grid, parse_space, sample_once
+from workflows.tune.space import check_for_optuna, grid_size, has_grid, parse_space, sample_once
 from workflows.tune.trainable import run_trial, trial_method
 
 
@@ -76,17 +76,7 @@ def check_space(base: dict[str, Any], space: dict[str, Any], settings: TuneSetti
             "tune.space: grid_search needs tune.search=random (Optuna samples, it does not enumerate)"
         )
     if settings.search == "optuna":
-        from ray.tune.search.optuna import OptunaSearch
-
-        for key, domain in space.items():
-            # A distribution Optuna has no sampler for (randn) failed only when the trials
-            # started, after the shared stages had trained.
-            try:
-                OptunaSearch.convert_search_space({key: domain})
-            except ValueError as e:
-                raise ConfigError(
-                    f"tune.space.{key}: Optuna cannot sample it ({e}); use tune.search=random"
-                ) from e
+        check_for_optuna(space, settings.space)
     return method
 
 
