@@ -120,6 +120,12 @@ def test_a_key_the_method_does_not_take_is_refused_before_any_trial(tmp_path):
     # Ray refuses ray.train's APIs in a Tune function: trials cannot train in local mode.
     with pytest.raises(ConfigError, match=r"train.num_workers: 0 .* cannot run inside Tune trials"):
         tune_settings(merge(cfg, {"train": {"num_workers": 0}}), "x")
+    # Nor a swept 0, which passed (the check read the base config) and failed in its trials.
+    for workers in ({"choice": [0, 1]}, {"grid_search": [1, 0]}, {"randint": [0, 3]}):
+        space = {"tune": {"space": {"train.num_workers": workers}}}
+        with pytest.raises(ConfigError, match=r"tune.space.train.num_workers: its values include 0"):
+            tune_settings(merge(cfg, space), "x")
+    tune_settings(merge(cfg, {"tune": {"space": {"train.num_workers": {"choice": [1, 2]}}}}), "x")
 
 
 def test_quantized_spaces_sample_the_same_values_under_both_searches():

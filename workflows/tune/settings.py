@@ -110,6 +110,15 @@ def tune_settings(cfg: dict[str, Any], default_name: str) -> TuneSettings:
             "train.num_workers: 0 (Ray Train's local mode) cannot run inside Tune trials; "
             "a sweep trains on Ray Train workers: use num_workers >= 1"
         )
+    workers = (raw.get("space") or {}).get("train.num_workers")
+    if isinstance(workers, dict) and len(workers) == 1:
+        ((kind, args),) = workers.items()
+        # A swept 0 passed this check (made on the base config) and failed inside its trials.
+        if isinstance(args, list) and (0 in args if kind in ("choice", "grid_search") else args[:1] < [1]):
+            raise ConfigError(
+                "tune.space.train.num_workers: its values include 0 (Ray Train's local mode), "
+                "which cannot run inside Tune trials; sweep num_workers >= 1"
+            )
     if not raw.get("space"):
         raise ConfigError("tune.space is not set: name at least one dotted config key to sweep")
     known = set(TuneSettings.__dataclass_fields__) - {"recheck_top", "recheck_seeds"} | {"recheck"}
