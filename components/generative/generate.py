@@ -136,8 +136,11 @@ def generate_texts(
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             if finished_only:
                 capped = ~(new == tokenizer.eos_token_id).any(dim=1) & (new.shape[1] >= max_new_tokens)
+                # Ended means a line break after the first line's text: first_line drops leading
+                # ones, and a capped "\n<cut text>" passed as finished.
                 texts = [
-                    "" if c and "\n" not in t else t for c, t in zip(capped.tolist(), texts, strict=True)
+                    "" if c and "\n" not in t.lstrip() else t
+                    for c, t in zip(capped.tolist(), texts, strict=True)
                 ]
             out += [[first_line(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     finally:

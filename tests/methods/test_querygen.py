@@ -58,6 +58,15 @@ def test_a_sample_cut_by_the_token_cap_is_never_an_alignment_target(tiny):
         queries, {"q3": ["", "Chef recipes using an ingredient"]}, bm25, {"q3": {"3": 1}}, "ndcg@3"
     )
     assert pairs == [("recipes with salmon", "Chef recipes using an ingredient")]
+    # A sample asking in the query's own words ties with it: kept, it taught the generator to echo.
+    pairs, _ = choose_rewrites(
+        queries,
+        {"q3": ["Recipes with  salmon!", "flights between airports"]},
+        bm25,
+        {"q3": {"3": 1}},
+        "ndcg@3",
+    )
+    assert pairs == []
     # A round whose every sample was cut keeps nothing and still reports the originals.
     pairs, stats = choose_rewrites(queries, {"q3": ["", ""]}, bm25, {"q3": {"3": 1}}, "ndcg@3")
     assert pairs == [] and stats["original_reward"] == 1.0
@@ -282,6 +291,34 @@ def test_training_prompts_a_long_query_as_generation_does():
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert example.ids[: len(ids)] == ids and len(ids) <= params.query_max_length
     assert prompt.startswith(params.system_prompt) and prompt.endswith("query:")
+
+
+def test_a_long_sft_target_is_cut_at_a_whole_tool_phrase_not_mid_phrase():
+    # Cut at the token, three ToolLens targets in four ended mid-phrase and were then closed with
+    # the end of sequence, teaching the generator to stop in the middle of a tool's name.
+    from components.generative.lm import LMSpec, build_causal_lm
+    from components.methods.querygen.task import whole_target
+
+    target = "weather api: forecast for a city; flight search: find flights; hotel finder: rooms"
+    spec = LMSpec(
+        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64
+    )
+    _, tokenizer = build_causal_lm(spec, [target])
+
+    def size(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    two = "weather api: forecast for a city; flight search: find flights"
+    assert tokenizer.decode(whole_target(tokenizer, target, size(target))) == tokenizer.decode(
+        tokenizer(target, add_special_tokens=False)["input_ids"]
+    )
+    for budget in range(size(two), size(target)):
+        assert (
+            whole_target(tokenizer, target, budget) == tokenizer(two, add_special_tokens=False)["input_ids"]
+        )
+    # Not even one phrase fits: the last whole word that does.
+    short = whole_target(tokenizer, target, size("weather api: forecast"))
+    assert short == tokenizer("weather api: forecast", add_special_tokens=False)["input_ids"]
 
 
 def test_cold_start_and_text_encoders_are_the_wrapped_retrievers():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from components.data.splits import same_request
 from components.data.types import Qrels, Queries
 from components.methods.base import Method
 from components.methods.querygen.data import rewrite_reward
@@ -41,9 +42,12 @@ def choose_rewrites(
         scored = [(rewrite_reward(relevant, found[key], metric), flat[key]) for key in keys if key in flat]
         sampled += [reward for reward, _ in scored] + [0.0] * (len(keys) - len(scored))
         original.append(rewrite_reward(relevant, own[q], metric))
-        if not scored:
+        # A sample that asks in the query's own words ties with it and was kept: an echo, which
+        # fine-tuning on teaches (the defect the empty-sample rule above was for).
+        choices = [(reward, c) for reward, c in scored if same_request(c) != same_request(text)]
+        if not choices:
             continue
-        best_reward, best = max(scored, key=lambda x: x[0])  # the first of equals: sampling order
+        best_reward, best = max(choices, key=lambda x: x[0])  # the first of equals: sampling order
         if best_reward > 0 and best_reward >= original[-1]:
             pairs.append((text, best))
             kept.append(best_reward)
