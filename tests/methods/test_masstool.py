@@ -689,3 +689,10 @@ def test_a_training_step_hides_the_twins_of_its_batch_queries(with_negatives, tm
     task.loss(model, batch)
     assert row[second] not in seen[0].flatten().tolist()  # the twin is nobody's neighbour here
     assert row[second] in hidden[0].tolist() and row[first] in hidden[0].tolist()  # nor shows edges
+    # Without hiding the batch's edges (the A/B switch), the twin is still nobody's neighbour: a
+    # query is never its own, and its twin, at cosine 1, carried the same answer.
+    model.cfg.hide_batch_edges = False
+    seen.clear(), hidden.clear()
+    task.loss(model, batch)
+    assert row[second] not in seen[0].flatten().tolist()
+    assert hidden[0] is None  # the graph keeps every edge, as the switch says

@@ -159,11 +159,15 @@ class MassToolModel(nn.Module):
         if semantic is None:
             semantic = self.semantic(input_ids, attention_mask)
         in_pool = pool_index[pool_index >= 0]
+        twins = twins.to(in_pool) if twins is not None and twins.numel() else None
         hide = None
         if self.cfg.hide_batch_edges:
-            hide = in_pool if twins is None or not twins.numel() else torch.cat([in_pool, twins.to(in_pool)])
+            hide = in_pool if twins is None else torch.cat([in_pool, twins])
         q_graph, t_graph, cl = self.graph(self.contrast_queries(in_pool, hide), hide=hide)
-        logit, e = self.joint(semantic, q_graph, exclude=pool_index, hidden=hide)
+        # Twins are nobody's neighbour whatever hide_batch_edges says, as a query never is its own:
+        # with the switch off, a twin was a neighbour at cosine 1 carrying the query's answer.
+        unseen = hide if hide is not None else twins
+        logit, e = self.joint(semantic, q_graph, exclude=pool_index, hidden=unseen)
         return {"logit": logit, "scores": self.scores(e, t_graph), "cl": cl}
 
     @torch.no_grad()

@@ -54,6 +54,16 @@ def retrieval_loss(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor
 log = logging.getLogger(__name__)
 
 
+def world_size() -> int:
+    """The workers of the Ray Train run this task is built in (1 outside one, or in local mode)."""
+    try:
+        import ray.train
+
+        return max(1, int(ray.train.get_context().get_world_size()))
+    except Exception:  # not inside a Ray Train run (a test, the driver)
+        return 1
+
+
 class MassToolTask(StageTask):
     """The joint stage, starting from the semantic stage's bi-encoder (``config.inputs.init_dir``)."""
 
@@ -64,7 +74,9 @@ class MassToolTask(StageTask):
         self.data: Dataset = ray.get(data) if isinstance(data, ray.ObjectRef) else data
         self.graphs = build_graphs(self.data)
         self.tool_index = {t: i for i, t in enumerate(self.graphs.tool_ids)}
-        pool, per_worker = len(self.graphs.query_ids), int(config.batch_size)  # split across workers
+        # Each worker hides its own batch: the global batch split across the workers, as the loader
+        # splits it (counted whole, the warning overstated the share by the worker count).
+        pool, per_worker = len(self.graphs.query_ids), int(config.batch_size) // world_size()
         if self.params.hide_batch_edges and pool and per_worker > pool / 2:
             # Each step hides its batch's edges (and takes no SUIM neighbour from it): a batch
             # holding most of the pool trains on a graph with few edges left, or none, while
