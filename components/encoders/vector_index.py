@@ -63,8 +63,14 @@ class VectorIndex:
         self.size, self.dim = vectors.shape
         self.kind = self.settings.resolved(self.size)
         started = time.perf_counter()
+        self._expand: torch.Tensor | None = None
         if self.kind == "exact":
-            self._matrix = vectors
+            # Identical tool vectors (duplicate descriptions) are scored once and the score copied:
+            # a matrix product rounds identical columns apart (~1e-8, by position and batch size),
+            # so their tie, broken by catalog order, went to either, and changed with the batch.
+            distinct, inverse = vectors.unique(dim=0, return_inverse=True)
+            self._matrix = distinct if len(distinct) < self.size else vectors
+            self._expand = inverse if len(distinct) < self.size else None
             self._faiss = None
         else:
             self._matrix = None
@@ -92,7 +98,8 @@ class VectorIndex:
         ``k`` hits (HNSW only, when ``ef_search`` < ``k``)."""
         k = min(k, self.size)
         if self._faiss is None:
-            return exact_top_k(queries @ self._matrix.T, k)
+            product = queries @ self._matrix.T
+            return exact_top_k(product if self._expand is None else product[:, self._expand], k)
         if k == 0:  # FAISS asserts k > 0; an empty catalogue has no hits, as exact search says
             return torch.empty(len(queries), 0), torch.empty(len(queries), 0, dtype=torch.long)
         found = np.ascontiguousarray(queries.detach().cpu().numpy(), np.float32)

@@ -45,6 +45,21 @@ def test_tied_tools_come_in_catalog_order_on_every_index_kind():
             assert torch.equal(positions[:1], want)
 
 
+def test_duplicate_tools_tie_exactly_alone_or_batched():
+    # A matrix product rounds identical columns apart (~1e-8, by their position and the batch
+    # size): a query near a duplicated tool got the later copy first for about a third of queries,
+    # and another copy alone than in its serving batch.
+    g = torch.Generator().manual_seed(0)
+    tools = torch.nn.functional.normalize(torch.randn(1001, 384, generator=g), dim=1)
+    tools[500] = tools[1000] = tools[0]
+    index = VectorIndex(tools, IndexSettings(kind="exact"))
+    queries = near(tools[:1].expand(200, -1).contiguous(), 200, seed=5)
+    queries = torch.nn.functional.normalize(tools[0] + 0.01 * (queries - tools[0]), dim=1)
+    scores, batched = index.search(queries, 3)
+    assert batched.tolist() == [[0, 500, 1000]] * 200 and (scores[:, 0] == scores[:, 2]).all()
+    assert all(index.search(queries[i : i + 1], 1)[1].item() == 0 for i in range(0, 200, 7))
+
+
 def near(tools: torch.Tensor, n: int, seed: int = 1) -> torch.Tensor:
     """Queries that are tool vectors moved by noise (a request worded like some tool)."""
     g = torch.Generator().manual_seed(seed)
