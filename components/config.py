@@ -191,7 +191,9 @@ def apply_overrides(
             value = "" if not text else text if plain else parse_yaml(raw)
         except yaml.YAMLError as e:
             if ": " not in raw:
-                raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from e
+                # One line: YAML's message runs over several, with a caret under the text.
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise ConfigError(f"override {item!r}: value is not valid YAML ({problem})") from e
             value = raw  # free text with a colon, e.g. a title
         if isinstance(value, dict) and not raw.lstrip().startswith("{"):
             value = raw

@@ -32,8 +32,14 @@ def expand_grid(grid: dict[str, list] | None) -> list[dict[str, Any]]:
     """Every combination of a ``{param: [values]}`` grid (one empty combination if no grid)."""
     if not grid:
         return [{}]
-    keys = list(grid)
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+    # One value is a grid of one (a string was iterated character by character, a number raised);
+    # an empty list would leave no combination to select.
+    values = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
+    empty = [k for k, v in values.items() if not v]
+    if empty:
+        raise ConfigError(f"bench grid: {empty} list no value; give each grid key at least one")
+    keys = list(values)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(values[k] for k in keys))]
 
 
 def bench_entry(

@@ -31,7 +31,18 @@ def guarded(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, DatasetError, OSError, LookupError, LockHeld, ValueError) as e:
+        # TypeError and AttributeError too: a config value of the wrong shape (null where a number
+        # goes, a list where a mapping does) surfaced as a traceback from deep in the code.
+        except (
+            ConfigError,
+            DatasetError,
+            OSError,
+            LookupError,
+            LockHeld,
+            ValueError,
+            TypeError,
+            AttributeError,
+        ) as e:
             if os.environ.get("TOOLSCOUT_DEBUG"):
                 raise
             # A bare KeyError prints as "'train'": name the type for the reader.

@@ -85,6 +85,8 @@ def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
             raise ValueError("evaluate: pass --artifact (a dir or models:/ URI), or set method.name")
         artifact = f"models:/{model_name(cfg, dataset.name)}/latest"
     splits = as_list(ecfg.get("splits", ["valid"]), "evaluate.splits")
+    if not splits:  # an empty table and exit code 0 read as a clean evaluation
+        raise ConfigError("evaluate.splits is empty: name at least one split, e.g. valid")
     local = artifact
     if is_model_uri(artifact):
         registry = ModelRegistry(RegistrySettings.from_config(cfg.get("registry")))

@@ -95,6 +95,17 @@ def test_a_method_s_scoring_variants_are_scored_on_valid_and_only_the_selected_o
     assert {m for m, s in rows if s == "test"} == {"dense_mixed"}
 
 
+def test_a_grid_value_given_alone_is_a_grid_of_one_and_an_empty_one_is_refused():
+    from components.config import ConfigError
+    from workflows.bench import expand_grid
+
+    # A string was iterated character by character ("l", "u", ...), a number raised a TypeError.
+    assert expand_grid({"profile": "lucene", "k1": 1.2}) == [{"profile": "lucene", "k1": 1.2}]
+    assert expand_grid({"k1": [0.9, 1.2], "b": 0.75}) == [{"k1": 0.9, "b": 0.75}, {"k1": 1.2, "b": 0.75}]
+    with pytest.raises(ConfigError, match=r"bench grid: \['k1'\] list no value"):
+        expand_grid({"k1": [], "b": [0.4]})  # no combination: an assert failed after training
+
+
 def test_the_selection_metric_must_be_a_ranking_metric():
     from components.config import ConfigError
     from workflows.bench import check_bench_metric

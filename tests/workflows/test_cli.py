@@ -210,6 +210,17 @@ def test_a_key_error_names_its_type(tiny_dataset, tmp_path, monkeypatch):
     assert isinstance(result.exception, KeyError)  # the traceback is let through
 
 
+def test_a_config_value_of_the_wrong_shape_is_one_line_not_a_traceback(tiny_dataset, tmp_path):
+    # null where a number goes raised a TypeError deep in the splits code: a 79-line traceback.
+    args = ["evaluate", "--data", str(tiny_dataset), "--artifact", str(tmp_path / "x"), "splits.seed=null"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "error:" in result.output and "TOOLSCOUT_DEBUG" in result.output
+    # No split at all printed an empty table and exited 0.
+    result = runner.invoke(app, [*args[:-1], "evaluate.splits=[]"])
+    assert result.exit_code == 1 and "evaluate.splits is empty" in result.output
+
+
 def test_every_method_builds_from_the_default_config():
     from components import methods
     from workflows.cli_config import build_config
