@@ -10,6 +10,7 @@ last checkpoints. The trained method is logged to the model registry (MLflow, se
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import re
 import secrets
@@ -52,24 +53,37 @@ def run_spec(cfg: dict[str, Any], name: str, scope: str | None = None) -> RunSpe
         # than its config says).
         raise ConfigError(f"train.{unknown[0]}: unknown setting; known: {', '.join(sorted(TRAIN_KEYS))}")
     storage = t.get("storage_path", "runs/train")
+
+    def flag(key: str, default: bool) -> bool:
+        value = t.get(key, default)
+        if not (isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", "") == "b"):
+            raise ConfigError(f"train.{key}: expected true or false; got {value!r}")  # bool("false") is True
+        return bool(value)
+
+    def whole(key: str, default: int) -> int:
+        value = t.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # int(1.7) was seed 1
+            raise ConfigError(f"train.{key}: expected an integer; got {value!r}")
+        return int(value)
+
     if t.get("run_name"):
         name = f"{t['run_name']}-{scope}" if scope else t["run_name"]
     return RunSpec(
         name=name,
         storage_path=storage if "://" in storage else os.path.abspath(storage),
-        num_workers=int(t.get("num_workers", 1)),
-        use_gpu=bool(t.get("use_gpu", False)),
+        num_workers=whole("num_workers", 1),
+        use_gpu=flag("use_gpu", False),
         resources_per_worker=dict(t.get("resources_per_worker") or {}),
-        max_failures=int(t.get("max_failures", 0)),
+        max_failures=whole("max_failures", 0),
         keep_checkpoints=t.get("keep_checkpoints"),
         local_dir=os.path.abspath(t.get("local_dir", "runs/checkpoints")),
         env={k: str(v) for k, v in (t.get("env") or {}).items()},
         storage_options=dict(t.get("storage_options") or {}),
-        seed=int(t.get("seed", 0)),
-        deterministic=bool(t.get("deterministic", True)),
+        seed=whole("seed", 0),
+        deterministic=flag("deterministic", True),
         precision=str(t.get("precision", "fp32")),
-        grad_accumulation=int(t.get("grad_accumulation", 1)),
-        gradient_checkpointing=bool(t.get("gradient_checkpointing", False)),
+        grad_accumulation=whole("grad_accumulation", 1),
+        gradient_checkpointing=flag("gradient_checkpointing", False),
         parallel_strategy=str(t.get("parallel_strategy", "ddp")),
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from components.config import ConfigError
@@ -40,6 +42,16 @@ def test_every_train_setting_reaches_the_run_and_unknown_ones_are_errors():
     )
     with pytest.raises(ConfigError, match=r"train\.precison: unknown setting"):
         run_spec({"train": {"precison": "bf16"}}, "r")
+    # Coerced before: "false" (quoted) turned the GPU on, null turned determinism off, 1.7 was
+    # seed 1, and a null worker count was a TypeError traceback.
+    for key, value, says in [
+        ("use_gpu", "false", "expected true or false; got 'false'"),
+        ("deterministic", None, "expected true or false; got None"),
+        ("seed", 1.7, "expected an integer; got 1.7"),
+        ("num_workers", None, "expected an integer; got None"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"train\.{key}: {re.escape(says)}"):
+            run_spec({"train": {key: value}}, "r")
 
 
 def test_two_trainings_started_in_one_second_get_runs_of_their_own():
