@@ -260,12 +260,10 @@ class Selector:
         settings = _settings(config)
         self.deadline_s = float(settings.pop("deadline_s", DEFAULT_SELECT_DEADLINE_S))
         wanted = settings.pop("catalog_version", None)
-        stale = False
+        stale = False  # the backend below is built over the catalog read now
         if wanted is not None and wanted != self.catalog.version:
-            # The backend below is built over the catalog it reads now.
             catalog = await reread_catalog("Selector", self.catalog_path, wanted)
-            stale = catalog is None
-            self.catalog = catalog or self.catalog
+            self.catalog, stale = catalog or self.catalog, catalog is None
         load = partial(build_selector, settings, self.catalog)
         loaded, backend = await load_new("Selector", load, serving=self.configured)
         if loaded:
@@ -277,9 +275,7 @@ class Selector:
                 # decodes too (four of ~8 s each passed a 30 s deadline together). One at a time.
                 batching["max_batch_size"] = 1
             apply_batching(self._select_batch, batching)
-        if stale or not loaded:
-            # Serves on with the catalog or backend it has; the same config again (a rank
-            # change, a refresh) tries anew instead of counting as applied.
+        if stale or not loaded:  # serves on as it was; the same config again tries anew
             apply_failed(self)
 
     async def select(self, request: dict[str, Any]) -> dict[str, Any] | None:
