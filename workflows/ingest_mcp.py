@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from components.data import io
-from components.data.mcp_catalog import corpus_records
+from components.data.mcp_catalog import corpus_records, usable_server_name
 from components.data.parse import split_lines
 from components.data.rejects import DatasetError, RejectLog
 from components.data.resolve import parse_lines, resolve_records
@@ -181,7 +181,7 @@ def ingest_mcp(
         name = ((names[i] if names else reported) or "").strip()
         if not name:
             raise ValueError(f"ingest mcp: {source!r} reports no server name; pass --name")
-        if "/" in name or any(c in name for c in "\t\n\r"):
+        if not usable_server_name(name):
             raise ValueError(
                 f"ingest mcp: {source!r} reports the server name {name!r}, whose '/', tab or line "
                 "break its tool ids cannot hold; give it another with --name"

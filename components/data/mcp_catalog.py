@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from components.data.parse import breaks_rows
 from components.data.rejects import RejectLog
 
 
@@ -32,6 +33,12 @@ def input_schema(tool: dict[str, Any]) -> Any:
     return tool.get("inputSchema", tool.get("input_schema"))
 
 
+def usable_server_name(name: str) -> bool:
+    """Whether ``name`` can be the first half of tool ids: not empty, no '/' (it separates the
+    halves), no tab or line break (:func:`breaks_rows`)."""
+    return bool(name) and "/" not in name and not breaks_rows(name)
+
+
 def check_tool(tool: Any) -> str | None:
     """Why ``tool`` (one ``tools/list`` entry) cannot be used, or None."""
     if not isinstance(tool, dict):
@@ -41,9 +48,7 @@ def check_tool(tool: Any) -> str | None:
         return "tool has no name"
     if "/" in name:
         return f"tool name {name!r} contains '/', which separates server and tool in ids"
-    if any(c in name for c in "\t\n\r"):
-        # The loader refuses such ids (qrels rows are tab-separated lines): kept here, the tool
-        # was never served and the next ingest refused the whole catalog.
+    if breaks_rows(name):  # kept, the tool was never served and the next ingest refused the catalog
         return f"tool name {name!r} contains a tab or line break, which ids cannot hold"
     if name != name.strip():
         # The catalog's reader strips ids: the tool would come back under another id on every run.
@@ -75,7 +80,7 @@ def corpus_records(
             entry's position in the list (1-based), the reason names server and tool.
         source: Where the list came from (a URL, a command, a file), for the reject log.
     """
-    if not server or "/" in server or any(c in server for c in "\t\n\r"):
+    if not usable_server_name(server):
         raise ValueError(
             f"MCP server name {server!r}: expected a non-empty name without '/', tabs or line breaks"
         )

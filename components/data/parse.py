@@ -48,6 +48,12 @@ def raw_repr(line: Line) -> str:
     return line.text if line.text is not None else line.raw.decode("utf-8", errors="backslashreplace")
 
 
+def breaks_rows(ident: str) -> bool:
+    """Whether an id holds a tab or line break: qrels rows are tab-separated lines, so no row
+    could name it (the loader rejects it, and ingest must not write it)."""
+    return any(c in ident for c in "\t\n\r")
+
+
 def parse_record(text: str) -> tuple[dict | None, str | None]:
     """Parse a ``corpus.jsonl`` / ``queries.jsonl`` row.
 
@@ -65,8 +71,7 @@ def parse_record(text: str) -> tuple[dict | None, str | None]:
     rid = obj["_id"]
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid).strip() == "":
         return None, f"'_id' must be a non-empty string or integer, got {rid!r}"
-    if any(c in str(rid) for c in "\t\n\r"):
-        # qrels rows are tab-separated lines: no row could name this id.
+    if breaks_rows(str(rid)):
         return None, f"'_id' must not contain a tab or line break, got {rid!r}"
     if "text" not in obj:
         return None, "missing field 'text'"

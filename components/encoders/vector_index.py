@@ -69,8 +69,7 @@ class VectorIndex:
             # a matrix product rounds identical columns apart (~1e-8, by position and batch size),
             # so their tie, broken by catalog order, went to either, and changed with the batch.
             distinct, inverse = vectors.unique(dim=0, return_inverse=True)
-            self._matrix = distinct if len(distinct) < self.size else vectors
-            self._expand = inverse if len(distinct) < self.size else None
+            self._matrix, self._expand = (distinct, inverse) if len(distinct) < self.size else (vectors, None)
             self._faiss = None
         else:
             self._matrix = None

@@ -91,7 +91,7 @@ class EpochWindow(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
         rows = self.task.rows
-        return rows[(getattr(self.task, "epoch", 0) * len(self) + i) % len(rows)]
+        return rows[(self.task.epoch * len(self) + i) % len(rows)]
 
 
 class SelectorTask(StageTask):
@@ -102,6 +102,7 @@ class SelectorTask(StageTask):
         self.params: SelectorParams = config.params
         data = config.inputs.dataset
         self.data = ray.get(data) if isinstance(data, ray.ObjectRef) else data
+        self.epoch = 0  # which rows train_data's window reads (start_epoch moves it)
 
     def build_model(self) -> nn.Module:
         assert self.config.inputs.init_dir is not None, "the selector stage starts from a saved LM"

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from fastapi import FastAPI
+from asgi_client import guarded_client
 from fastapi.testclient import TestClient
 
-from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, bearer_token, install_error_handlers
+from components.serving.errors import API_KEY_ENV, ApiKeyMiddleware, bearer_token
 
 
 @pytest.fixture
 def client(monkeypatch) -> TestClient:
-    monkeypatch.setenv(API_KEY_ENV, "k-1")
-    app = FastAPI()
-    install_error_handlers(app)
-
-    @app.get("/v1/tools")
-    async def tools() -> dict:
-        return {"ok": True}
-
-    app.add_middleware(ApiKeyMiddleware)
-    return TestClient(app)
+    monkeypatch.setenv(API_KEY_ENV, "k-1")  # read when the app builds its middleware
+    return guarded_client(ApiKeyMiddleware, "get", "/v1/tools")
 
 
 @pytest.mark.parametrize(

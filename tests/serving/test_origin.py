@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from fastapi import FastAPI
+from asgi_client import guarded_client
 from fastapi.testclient import TestClient
 
 from components.serving.origin import ORIGINS_ENV, OriginGuard
 
 
 def client() -> TestClient:
-    app = FastAPI()
-
-    @app.post("/mcp/")
-    async def mcp() -> dict:
-        return {"ok": True}
-
-    app.add_middleware(OriginGuard)
-    return TestClient(app)
+    return guarded_client(OriginGuard, "post", "/mcp/")
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,7 @@ def reported(settings: TuneSettings, base: dict[str, Any], trial_ids: list[str])
     options = base["train"].get("storage_options") or {}
     # The sweep's own copy first: tune.out may hold another sweep's report by now (a wider sweep
     # of the same config writes the same file), and this one's test must not be read again.
-    for path in (own_report(settings), settings.out or io.join(settings.experiment_path, "results.json")):
+    for path in dict.fromkeys([own_report(settings), settings.out or own_report(settings)]):
         if io.exists(path, options):
             saved = json.loads(io.read_bytes(path, options))
             if sorted(t["trial_id"] for t in saved.get("trials") or []) == sorted(trial_ids):
@@ -176,8 +176,9 @@ def reported(settings: TuneSettings, base: dict[str, Any], trial_ids: list[str])
 
 
 def own_report(settings: TuneSettings) -> str:
-    """Where a sweep keeps a copy of its report, beside its trials, whatever tune.out names."""
-    return io.join(settings.experiment_path, "report.json")
+    """Where a sweep keeps its report beside its trials: ``tune.out`` when that is not set, else a
+    copy of it there."""
+    return io.join(settings.experiment_path, "results.json")
 
 
 def write_outputs(
@@ -208,7 +209,7 @@ def write_outputs(
     for r in results:
         r["train_seconds"] = float(result.metrics.get("train_seconds", 0.0))
     results += baseline
-    out = settings.out or io.join(settings.experiment_path, "results.json")
+    out = settings.out or own_report(settings)
     # The outputs live where the trials do (or at tune.out), reached with the same options.
     options = base["train"].get("storage_options") or {}
     stem = os.path.splitext(out)[0]
@@ -264,6 +265,7 @@ def write_outputs(
     write_report(
         report, out, title=settings.title or f"Tune: {settings.name}", table=table, storage_options=options
     )
-    io.write_bytes(own_report(settings), strict_json(report), options)
+    if out != own_report(settings):
+        io.write_bytes(own_report(settings), strict_json(report), options)
     trials_plot(trials, keys, settings.metric, settings.mode, stem + "_trials.png", options)
     return report
