@@ -62,6 +62,7 @@ from ray import serve
 from components import methods
 from components.data import Dataset, open_dataset
 from components.registry import resolve
+from components.serving.app import ServeArgs
 from components.serving.catalog import load_catalog
 from components.serving.deploy import (
     APP_NAME,
@@ -300,6 +301,13 @@ def shares_ranking(detector: DetectorModel, retriever: RetrieverModel, rewriter:
     ``share_ranking``, components/serving/ingress.py): a detector of the same artifact, no rewriter
     in between."""
     return rewriter is None and same_ranking(detector.reads_ranking_of, retriever.ranking)
+
+
+def ranks_once(graph_args: dict) -> bool:
+    """Whether the graph deployed from these app args shares one ranking between detection and
+    retrieval (``share_ranking``, from the Serve config or the flags, else the app's default): the
+    in-process baseline must do the same work, or the ratios compare one ranking against two."""
+    return bool(graph_args.get("share_ranking", ServeArgs.model_fields["share_ranking"].default))
 
 
 def in_process(
@@ -543,12 +551,13 @@ def method_scenario(
     in this process one query at a time (p50, p99) and on batches of 8 (req/s: the ratio Serve's
     8-client throughput is judged by), closed loops of ``--method-clients`` through both doors, and
     paced loads at :data:`METHOD_TARGETS` (capped below capacity, see :func:`method_rates`)."""
-    deploy_config(serve_config(app_args(base, flags, []), base))
+    graph_args = app_args(base, flags, [])
+    deploy_config(serve_config(graph_args, base))
     runtime = DEFAULT_ENCODER_RUNTIME  # in process on the encoder runtime the replicas run
     detector = DetectorModel(flags["artifact"], flags["detector_file"], encoder_runtime=runtime)
     retriever = RetrieverModel(flags["artifact"], runtime)
     rewriter = build_rewriter(rewriter_settings(flags["rewriter"])) if flags.get("rewriter") else None
-    shared = flags.get("share_ranking", True)
+    shared = ranks_once(graph_args)
     single = in_process(detector, retriever, None, queries, args.seconds, rewriter, shared=shared)
     batched = in_process_batched(detector, retriever, queries, args.seconds, rewriter, shared=shared)
     baseline = {"p50_ms": single["p50_ms"], "rps": batched}
@@ -693,13 +702,16 @@ def base_scenarios(
             "selector": selector or {"backend": "none"},
             "cache_size": 0,  # every load replays the test queries: a cache would answer them
         }
-        app_config = serve_config(app_args(base, flags, []), base)
+        graph_args = app_args(base, flags, [])
+        app_config = serve_config(graph_args, base)
         deploy_config(app_config)
         # In process on the encoder runtime the replicas run (the app's default).
         detector = DetectorModel(artifacts[key], detector_file, encoder_runtime=DEFAULT_ENCODER_RUNTIME)
         retriever = RetrieverModel(artifacts[key], DEFAULT_ENCODER_RUNTIME)
         lm = LMSelector(selector_path, load_catalog(catalog)) if selector else None
-        base_metrics = in_process(detector, retriever, lm, queries, args.seconds)
+        # Ranked once or twice as the deployed graph ranks (the Serve config's share_ranking).
+        shared = ranks_once(graph_args)
+        base_metrics = in_process(detector, retriever, lm, queries, args.seconds, shared=shared)
         version = retriever.version
         rows.append(
             row(

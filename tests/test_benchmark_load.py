@@ -16,7 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks.serve_load import in_process, load, method_rates, offered, one_epoch, summary
+from benchmarks.serve_load import in_process, load, method_rates, offered, one_epoch, ranks_once, summary
+from workflows.serve import app_args
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -179,3 +180,15 @@ def test_in_process_req_s_counts_the_time_the_calls_took() -> None:
     (start, end), n = chain.calls[0], len(chain.calls)
     assert n == m["requests"] == 1
     assert m["rps"] <= n / (end - start)
+
+
+def test_the_in_process_baseline_ranks_as_often_as_the_deployed_graph() -> None:
+    # The base scenarios' baseline ranked every query twice while the graph (share_ranking on by
+    # default) ranked it once, halving their ratios; a Serve config turning it off was ignored.
+    flags = {"artifact": "a", "catalog": "c"}
+    assert ranks_once(app_args({"applications": [{"args": {}}]}, flags, [])) is True
+    off = {"applications": [{"args": {"share_ranking": False}}]}
+    assert ranks_once(app_args(off, flags, [])) is False
+    assert ranks_once(app_args(off, {**flags, "share_ranking": True}, [])) is True
+    overridden = app_args({"applications": [{"args": {}}]}, flags, ["serve.share_ranking=false"])
+    assert ranks_once(overridden) is False

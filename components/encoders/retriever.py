@@ -67,6 +67,9 @@ class BiEncoderParams:
                 f"{self.frozen_layers} and {self.tool_vectors!r}"
             )
         self.index_settings()  # a bad index kind or size fails here, not at the first query
+        if not self.temperature > 0:
+            # The loss divides by it: 0 trains on NaN, a negative one ranks the positives last.
+            raise ValueError(f"temperature must be > 0; got {self.temperature}")
         if self.epochs < 0 or (self.epochs == 0 and self.id_head):
             # epochs 0 is the zero-shot row: an untrained ID head would only add noise to it.
             raise ValueError(f"epochs must be >= 1, or 0 (zero-shot) with id_head: false; got {self.epochs}")

@@ -35,9 +35,9 @@ from components.serving.errors import API_KEY_ENV
 from components.serving.ingress import IngressDeployment
 from components.serving.models import DEFAULT_ENCODER_RUNTIME
 from components.serving.retriever_deployment import Retriever
+from components.serving.selector import check_deadline
 
-# Used when the config names no resources: four 1-CPU replicas would not start on a 2-core machine.
-FALLBACK_ACTOR_OPTIONS = {"num_cpus": 0.25}
+FALLBACK_ACTOR_OPTIONS = {"num_cpus": 0.25}  # for no resources named: 4 of 1 CPU do not fit 2 cores
 # Used when the config names no cap. Serve's default (5) makes a busy stage reject, and its router
 # then retries with growing backoff while the replica idles: a Selector at 5 served 8 req/s to 32
 # clients (99 at a cap of 32), and at 32 it served 12 to 64 clients (117 at 128). Queued requests
@@ -134,7 +134,8 @@ class ServeArgs(BaseModel):
         return engine if engine is None else check_engine(engine, "lm_engine")
 
     @model_validator(mode="after")
-    def _vllm_has_an_endpoint(self) -> ServeArgs:
+    def _consistent(self) -> ServeArgs:
+        check_deadline(self.selector)
         check_engine_endpoint(
             self.lm_engine, self.lm_endpoint, engine_key="lm_engine", endpoint_key="lm_endpoint"
         )
@@ -263,7 +264,7 @@ def user_configs(args: ServeArgs) -> dict[str, dict[str, Any]]:
     configs = {
         "Detector": detector,
         # The corpus's content hash: when `toolscout ingest mcp` changes it, rebuilding these
-        # configs (deploy.refresh_catalog) makes the Retriever replicas read the catalog again.
+        # configs (swap.refresh_catalog) makes the Retriever replicas read the catalog again.
         "Retriever": {
             **retriever,
             "cache_size": args.cache_size,

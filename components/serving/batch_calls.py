@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
 from components.generative.chat_endpoint import EndpointUnavailable
@@ -64,6 +64,37 @@ def applied_already(replica: Any, config: dict[str, Any]) -> bool:
         return True
     replica._applied_config = copy.deepcopy(config)
     return False
+
+
+class ModelUserConfig(BaseModel):
+    """The keys a Detector or Retriever user config must get right before anything is loaded. The
+    docs tell operators to hot-swap by writing a user config by hand: one without ``artifact``, or
+    with ``cache_size: -1``, raised outside the guarded load and took the replica down."""
+
+    model_config = ConfigDict(extra="allow")  # the other keys are the model loader's to check
+    artifact: Annotated[str, Field(min_length=1)]
+    cache_size: Annotated[int, Field(ge=0)] = 0
+    max_batch_size: Annotated[int, Field(ge=1)] = 1
+    batch_wait_timeout_s: Annotated[float, Field(ge=0.0)] = 0.0
+
+
+def usable_config(name: str, replica: Any, config: dict[str, Any], serving: bool) -> bool:
+    """Whether ``config`` passes :class:`ModelUserConfig`; a bad one is logged and refused while
+    the replica ``serving`` keeps its version (as :func:`load_new` does), and raises on a first load.
+
+    Raises:
+        ValueError: the replica's first config is bad (there is nothing to keep serving).
+    """
+    try:
+        ModelUserConfig.model_validate(config)
+        return True
+    except ValidationError as e:
+        message = f"{name}: bad user config: {e}"
+        if not serving:
+            raise ValueError(message) from e
+        logger.error("%s; still serving the previous one", message)
+        apply_failed(replica)
+        return False
 
 
 def apply_failed(replica: Any) -> None:

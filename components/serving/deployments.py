@@ -36,18 +36,18 @@ from components.serving.batch_calls import (
     call_each,
     load_new,
     raise_failed,
+    usable_config,
 )
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.models import DEFAULT_ENCODER_RUNTIME, DetectorModel, same_ranking
 from components.serving.rewriter import build_rewriter, rewriter_settings
-from components.serving.selector import build_selector
+from components.serving.selector import DEFAULT_SELECT_DEADLINE_S, build_selector
 
 logger = logging.getLogger("ray.serve")
 
 BATCH_KEYS = ("max_batch_size", "batch_wait_timeout_s")
-# Answers kept per Detector / Retriever replica (user config ``cache_size``; 0 turns it off). An
-# entry is a query and a short answer (a probability, or k tool ids and scores): 4096 of them are
-# about a megabyte.
+# Answers kept per Detector / Retriever replica (user config ``cache_size``; 0 turns it off): a
+# query and a short answer (a probability, or k tool ids and scores) each, about a megabyte in all.
 DEFAULT_CACHE_SIZE = 4096
 # Batches do not wait for partners (batch_wait_timeout_s 0) and hold up to 8: requests that arrive
 # while a batch runs still form the next one. Chosen by benchmarks/serve_batching.py over sizes 1/8/16
@@ -89,6 +89,8 @@ class Detector:
     async def reconfigure(self, config: dict[str, Any]) -> None:
         if applied_already(self, config):
             return  # Serve re-sends it on a rank change: nothing to load (see applied_already)
+        if not usable_config("Detector", self, config, serving=self.model is not None):
+            return
         keys = ("detector_file", "calibration_data", "splits", "source", "registry")
         settings = {k: config.get(k) for k in (*keys, "lm_engine", "lm_endpoint")}
         settings["encoder_runtime"] = config.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME)
@@ -231,9 +233,6 @@ async def select_all(backend: Any, requests: list[dict[str, Any]]) -> list[dict[
     if backend.concurrent_calls:
         return list(await asyncio.gather(*(asyncio.to_thread(one, r) for r in requests)))
     return await asyncio.to_thread(lambda: [one(r) for r in requests])
-
-
-DEFAULT_SELECT_DEADLINE_S = 30.0
 
 
 class Selector:

@@ -29,6 +29,7 @@ from components.serving.batch_calls import (
     load_new,
     raise_failed,
     rank_by_k,
+    usable_config,
 )
 from components.serving.catalog import ToolCatalog, load_catalog
 from components.serving.deployments import DEFAULT_CACHE_SIZE, reread_catalog
@@ -103,6 +104,8 @@ class Retriever:
     async def reconfigure(self, config: dict[str, Any]) -> None:
         if applied_already(self, config):
             return  # Serve re-sends it on a rank change: nothing to load (see applied_already)
+        if not usable_config("Retriever", self, config, serving=self.model is not None):
+            return
         self.cache.resize(int(config.get("cache_size", DEFAULT_CACHE_SIZE)))
         wanted = config.get("catalog_version")
         if wanted is not None and wanted != self.catalog.version:

@@ -16,6 +16,25 @@ from typing import Any, Protocol
 
 from components.serving.catalog import ToolCatalog
 
+# A call not chosen by then is answered as none (the Selector deployment's ``deadline_s``).
+DEFAULT_SELECT_DEADLINE_S = 30.0
+
+
+def check_deadline(cfg: dict[str, Any]) -> None:
+    """Refuse a backend ``timeout_s`` past the deployment's ``deadline_s``: the deployment stops
+    waiting at the deadline, so calls the timeout was raised for would be answered as none.
+
+    Raises:
+        ValueError: ``timeout_s`` > ``deadline_s``.
+    """
+    deadline, timeout = cfg.get("deadline_s", DEFAULT_SELECT_DEADLINE_S), cfg.get("timeout_s")
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (deadline, timeout))
+    if numbers and timeout > deadline:
+        raise ValueError(
+            f"selector.timeout_s {timeout} is past selector.deadline_s {deadline}: the Selector stops "
+            f"waiting at the deadline, so set deadline_s >= timeout_s"
+        )
+
 
 class Selector(Protocol):
     # Whether a batch's calls may run at once (they wait on a network endpoint, not on local cores).

@@ -14,7 +14,6 @@ whether its alias still names what it deployed.
 from __future__ import annotations
 
 import copy
-import logging
 from typing import Any
 
 from ray.serve.context import _get_global_client
@@ -22,12 +21,11 @@ from ray.serve.context import _get_global_client
 from components.serving.deploy import APP_NAME, deploy_config
 from components.serving.deploy_checks import as_deployed
 from components.serving.replicas import replica_answers
+from components.serving.swap_calibration import calibrate_here
 
 # How often a follow deploys again because its alias moved while it swapped: each round is another
 # follower's move seen after this one's swap, so more than a few means the alias keeps moving.
 FOLLOW_ROUNDS = 3
-
-log = logging.getLogger(__name__)
 
 
 class SwapFailed(RuntimeError):
@@ -170,22 +168,23 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
     Raises:
         SwapFailed: the replicas did not take it; the app is back on what it served before.
     """
-    running = running_config(app_name)
+    running, before, config = prepared(model_uri, app_name)
     names = swapped_deployments(running)
-    before = asked("Retriever", "serving_version", app_name)  # as any node can load them
-    config = swap_artifact(running, model_uri)
     pinned = retriever_config(config)["artifact"]
-    calibrate_here(config)  # before the deploy: not against its timeout, in every replica at once
     try:
         deploy_config(config, timeout_s, others=False)
         serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
         refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
+    except ValueError:
+        raise  # refused by deploy_config's checks on this driver: nothing was deployed
     except TimeoutError as e:  # not healthy in time: the same way back
         # Replicas loading a large model (or calibrating one this driver could not: on a node
         # where the version sits in another directory) can take longer than the swap waits.
         hint = "if replicas calibrate it, calibrate first (serve --calibrate-only) or wait longer"
         refused = {"app": [f"TimeoutError: {e}; {hint}"]}
-    except RuntimeError as e:
+    except Exception as e:  # unhealthy (RuntimeError), a replica that died while asked (RayActorError)
+        # Whatever it is, the new config is live: left there, the deployments could serve two
+        # versions (the Retriever the old one, the Detector the new).
         refused = {"app": [f"{type(e).__name__}: {e}"]}
     if not refused:
         return pinned
@@ -194,45 +193,41 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
     answers = "; ".join(f"{name} replicas answer with {artifacts}" for name, artifacts in refused.items())
     back = len(before) == 1  # one version served before: pin it again
     if back:  # given the usual time, whatever the swap had
-        deploy_config(swap_artifact(running, next(iter(before))), max(timeout_s, 180.0), others=False)
+        try:
+            deploy_config(swap_artifact(running, next(iter(before))), max(timeout_s, 180.0), others=False)
+        except Exception as e:  # the reason the swap failed must not be lost behind this one
+            raise SwapFailed(
+                f"{model_uri}: pinned {pinned}, but {answers} (see logs); putting {sorted(before)} "
+                f"back failed too ({type(e).__name__}: {e}): check `serve status`"
+            ) from e
     then = "serves again" if back else "keeps the new one (no one version to go back to); it served"
     raise SwapFailed(
         f"{model_uri}: pinned {pinned}, but {answers} (see logs); the app {then} {sorted(before)}"
     )
 
 
-def calibrate_here(config: dict[str, Any]) -> None:
-    """Fit the Detector's score threshold for the version ``config`` pins, on this driver, when its
-    replicas would otherwise fit it themselves (``calibration_data`` given, no entry in the detector
-    file for that version on their runtime and engine), as ``toolscout serve`` does before it starts.
+def prepared(model_uri: str, app_name: str) -> tuple[dict[str, Any], set[str], dict[str, Any]]:
+    """What a swap starts from: the running config, the versions its Retriever replicas serve
+    (what a refused swap goes back to) and the config pinning ``model_uri``, calibrated on this
+    driver (:func:`calibrate_here`: before the deploy, not against its timeout, nor in every
+    replica at once).
 
-    In the replicas the calibration ran inside the deploy: the model over every valid query, on
-    CPU often longer than the swap waits, so a good version was rolled back as a timeout. Done
-    here, it is written to the detector file first and the replicas only read it. A version whose
-    method detects by itself (MassTool) needs none; replicas on GPUs fit their own (this driver's
-    CPU numerics are not theirs); a fit that fails here is logged and left to the replicas.
+    A calibration can take minutes, and another driver may deploy meanwhile: a refused swap would
+    then have gone back to what ran before theirs, undoing a swap they had reported done. So the
+    running config is read again after it, and everything is read anew if it changed (the second
+    calibration of the same version is read from the detector file).
+
+    Raises:
+        SwapFailed: the app was redeployed by someone else during each calibration.
     """
-    from components.serving.models import DEFAULT_ENCODER_RUNTIME, artifact_dir, ensure_calibration
-
-    deployments = config["applications"][0].get("deployments") or []
-    detector = next((d for d in deployments if d["name"] == "Detector"), {})
-    user = detector.get("user_config") or {}
-    if not (user.get("calibration_data") and user.get("detector_file") and user.get("artifact")):
-        return
-    if (detector.get("ray_actor_options") or {}).get("num_gpus"):
-        return  # fitted on this driver's CPU, the threshold would be of other numerics (and slow)
-    try:
-        ensure_calibration(
-            artifact_dir(user["artifact"], user.get("source"), user.get("registry")),
-            user["calibration_data"],
-            user["detector_file"],
-            user.get("encoder_runtime", DEFAULT_ENCODER_RUNTIME),
-            user.get("splits"),
-            user.get("lm_engine"),
-            user.get("lm_endpoint"),
-        )
-    except Exception as e:  # the replicas still can, as before: the swap goes on
-        log.warning("calibrating %s on this driver failed (%s); its replicas will", user["artifact"], e)
+    for _ in range(FOLLOW_ROUNDS):
+        running = running_config(app_name)
+        before = asked("Retriever", "serving_version", app_name)  # as any node can load them
+        config = swap_artifact(running, model_uri)
+        calibrate_here(config)
+        if not superseded(running, app_name):
+            return running, before, config
+    raise SwapFailed(f"{model_uri}: the app was redeployed during each of {FOLLOW_ROUNDS} calibrations")
 
 
 def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
@@ -259,8 +254,12 @@ def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
             "(toolscout registry promote|rollback --follow), then refresh the catalog"
         )
     config = swap_artifact(running_config(app_name), next(iter(versions)))
-    deploy_config(config, timeout_s, others=False)
     wanted = retriever_config(config)["catalog_version"]
+    try:
+        deploy_config(config, timeout_s, others=False)
+    except (RuntimeError, TimeoutError) as e:  # said as what the CLI reports, not a traceback
+        failure = f"{type(e).__name__}: {e}"
+        raise SwapFailed(f"catalog {wanted}: deploying it failed ({failure}); see `serve status`") from e
     answered = replica_answers("Retriever", "serving_catalog", app_name)
     if answered != {wanted}:
         raise SwapFailed(f"catalog {wanted}: Retriever replicas answer with catalogs {sorted(answered)}")

@@ -336,3 +336,10 @@ def test_a_tool_judged_zero_by_every_training_query_gets_no_id_row(small_quickst
     model = build_bi_encoder(BiEncoderParams(encoder=TINY_ENCODER), data, seed=0)
     assert unused not in model.id_tool_ids
     assert model.id_tool_ids == [t for t in data.corpus if t in trained]
+
+
+@pytest.mark.parametrize("value", [0.0, -0.05])
+def test_a_temperature_that_is_not_positive_is_refused(value):
+    # The contrastive loss divides by it: 0 trained on NaN, -0.05 ranked each query's tools last.
+    with pytest.raises(ValueError, match=f"temperature must be > 0; got {value}"):
+        BiEncoderParams(encoder=TINY_ENCODER, temperature=value)

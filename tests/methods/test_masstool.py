@@ -660,6 +660,14 @@ def test_an_embedding_cache_with_a_fine_tuned_encoder_is_a_clear_error():
         MassToolParams(embedding_cache="runs/embedding-cache")
 
 
+@pytest.mark.parametrize("name", ["temperature", "cl_temperature"])
+@pytest.mark.parametrize("value", [0.0, -0.05])
+def test_a_temperature_that_is_not_positive_is_refused(name, value):
+    # Both divide logits: 0 trained on NaN and a negative one pushed each query from its tools.
+    with pytest.raises(ValueError, match=f"masstool: {name} must be > 0; got {value}"):
+        MassToolParams(**{name: value})
+
+
 def test_a_training_step_hides_the_twins_of_its_batch_queries(with_negatives, tmp_path):
     # Another training query with the same request (equal up to case and punctuation) was a SUIM
     # neighbour at cosine ~1 with its edges visible: it handed the batch query its own answer.

@@ -237,11 +237,17 @@ def test_a_swap_calibrates_a_new_version_on_its_driver_before_it_deploys(
     on_gpu["applications"][0]["deployments"][0]["ray_actor_options"] = {"num_gpus": 1}
     swap.calibrate_here(on_gpu)
     assert not (tmp_path / "gpu.json").exists()
+    # ... also when the GPU is asked for in the app's args, where the YAML puts replica options.
+    in_args = detector_config(bm25_versions["default"], str(tmp_path / "gpu_args.json"), _data())
+    gpu = [{"name": "Detector", "ray_actor_options": {"num_gpus": 1}}]
+    in_args["applications"][0]["args"]["deployments"] = gpu
+    swap.calibrate_here(in_args)
+    assert not (tmp_path / "gpu_args.json").exists()
 
     def fails(*args, **kwargs):
         raise MemoryError("the driver is too small")
 
     monkeypatch.setattr(models, "calibrate_artifact", fails)
-    with caplog.at_level("WARNING", logger="components.serving.swap"):
+    with caplog.at_level("WARNING", logger="components.serving.swap_calibration"):
         swap.calibrate_here(detector_config(bm25_versions["default"], str(tmp_path / "x.json"), _data()))
     assert "the driver is too small" in caplog.text

@@ -143,6 +143,36 @@ def test_a_failed_swap_keeps_the_serving_model(bm25_versions, serving_data, tmp_
         asyncio.run(Detector().reconfigure({**good, "artifact": broken}))
 
 
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({}, "artifact"),  # left out of a hand-written user config
+        ({"cache_size": -1}, "cache_size"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"batch_wait_timeout_s": -0.1}, "batch_wait_timeout_s"),
+    ],
+)
+def test_a_bad_hand_written_user_config_is_refused_and_the_model_kept(
+    bad, says, bm25_versions, serving_data, caplog
+):
+    # These raised outside the guarded load (KeyError, the cache's or batching's ValueError): Serve
+    # marked the replica failed, and a config the docs tell operators to write took it down.
+    retriever, detector = Retriever(serving_data), Detector()
+    good = {"artifact": bm25_versions["default"], "detector_file": bm25_versions["detector_file"]}
+    asyncio.run(retriever.reconfigure({"artifact": good["artifact"]}))
+    asyncio.run(detector.reconfigure(good))
+    config = {**good, **bad} if bad else {"detector_file": good["detector_file"]}
+    with caplog.at_level(logging.ERROR, logger="ray.serve"):
+        asyncio.run(retriever.reconfigure(config))
+        asyncio.run(detector.reconfigure(config))
+    assert retriever.model is not None and retriever.model.version == "bm25/v0001"
+    assert detector.model is not None and detector.model.version == "bm25/v0001"
+    assert "Retriever: bad user config" in caplog.text and says in caplog.text
+    # A replica's first config: nothing to keep serving, so Serve must see it fail.
+    with pytest.raises(ValueError, match=f"Detector: bad user config(.|\\n)*{says}"):
+        asyncio.run(Detector().reconfigure(config))
+
+
 def test_a_failed_selector_swap_keeps_its_backend(serving_data):
     selector = Selector(serving_data)
     asyncio.run(selector.reconfigure({"backend": "none"}))  # no backend is a configuration too
@@ -237,6 +267,16 @@ def test_bad_artifacts_are_refused_on_the_driver(bm25_versions, serving_data, tm
         "Retriever": bm25_versions["lucene"],
         "Detector": bm25_versions["lucene"],
     }
+
+
+def test_a_selector_timeout_past_its_deadline_is_refused_on_the_driver(bm25_versions, serving_data):
+    # The deployment stops waiting at deadline_s (30 s by default), so serve_config_llm.yaml's
+    # timeout_s: 60 never took effect: calls of 30-60 s came back as none.
+    args = {"artifact": bm25_versions["default"], "catalog": serving_data}
+    selector = {"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "m", "timeout_s": 60}
+    with pytest.raises(ValueError, match=r"selector\.timeout_s 60 is past selector\.deadline_s 30\.0"):
+        deploy_config(serve_config({**args, "selector": selector}))
+    user_configs(ServeArgs.model_validate({**args, "selector": {**selector, "deadline_s": 60}}))
 
 
 def test_http_selector_calls_of_a_batch_run_concurrently(selector_lm, catalog, dataset):

@@ -204,7 +204,13 @@ def llm_graph(serve_instance, bm25_versions, serving_data, rewriter_artifact, ad
         "artifact": bm25_versions["default"],
         "catalog": serving_data,
         "detector_file": bm25_versions["detector_file"],
-        "selector": {"backend": "openai", "url": llm_url, "model": "smollm2", "timeout_s": 120},
+        "selector": {
+            "backend": "openai",
+            "url": llm_url,
+            "model": "smollm2",
+            "timeout_s": 120,
+            "deadline_s": 120,
+        },
         "rewriter": {
             "backend": "querygen",
             "path": rewriter_artifact,

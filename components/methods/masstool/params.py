@@ -60,6 +60,10 @@ class MassToolParams:
 
     def __post_init__(self) -> None:
         check_select_metric("masstool", self.select_metric, JOINT_METRICS)
+        for name in ("temperature", "cl_temperature"):
+            # Both divide logits: 0 trains on NaN, a negative one pushes the positives apart.
+            if not getattr(self, name) > 0:
+                raise ValueError(f"masstool: {name} must be > 0; got {getattr(self, name)}")
         if self.embedding_cache and self.finetune_encoder:
             raise ValueError(
                 "masstool: embedding_cache needs finetune_encoder: false (a fine-tuned encoder's "
