@@ -26,12 +26,13 @@ class ChatCompletionsServer:
     """Args:
     delay_s: Extra latency per request, as a remote model server has; ``max_in_flight`` records
         how many requests it held at once.
+    trickle_s: A pause after each byte of the response body (a server sending its answer slowly).
     """
 
     route = "/v1/chat/completions"
 
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
+    def __init__(self, delay_s: float = 0.0, trickle_s: float = 0.0) -> None:
+        self.delay_s, self.trickle_s = delay_s, trickle_s
         self.requests: list[dict[str, Any]] = []
         self.in_flight = self.max_in_flight = 0
         self._count = threading.Lock()
@@ -63,7 +64,13 @@ class ChatCompletionsServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    for at in range(0, len(payload), 1 if server.trickle_s else len(payload)):
+                        self.wfile.write(payload[at : at + (1 if server.trickle_s else len(payload))])
+                        self.wfile.flush()
+                        time.sleep(server.trickle_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client stopped reading (its deadline): nothing left to answer
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"

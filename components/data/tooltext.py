@@ -100,6 +100,22 @@ def parse_tool_text(tool_id: str, text: str) -> ToolRecord:
 TOOL_FIELDS = ("category", "tool", "api", "description", "required_params", "optional_params")
 
 
+def tool_field_names(fields: str | list[str] | tuple[str, ...], owner: str) -> tuple[str, ...]:
+    """A method's ``tool_fields`` setting as a tuple of :class:`ToolRecord` field names, checked.
+
+    Raises:
+        ValueError: a name is not a field (a misspelling was accepted, and failed when training
+            began), or the setting is empty.
+    """
+    # One name given as a string is one field: ``tuple("description")`` was its letters.
+    names = (fields,) if isinstance(fields, str) else tuple(fields)
+    unknown = [n for n in names if n not in ToolRecord.__dataclass_fields__]
+    if unknown or not names:
+        valid = sorted(ToolRecord.__dataclass_fields__)
+        raise ValueError(f"{owner}: tool_fields {list(names)} are not all tool fields; choose from {valid}")
+    return names
+
+
 def tool_document(record: dict, fields: str | list[str] | tuple[str, ...] = "raw") -> str:
     """The text a retriever reads for a tool: the raw document, or chosen parsed fields.
 

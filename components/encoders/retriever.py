@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from components.data.tooltext import TOOL_FIELDS, tool_texts
+from components.data.tooltext import TOOL_FIELDS, tool_field_names, tool_texts
 from components.data.types import Corpus, Dataset, Queries, Results
 from components.encoders.bi_encoder import BiEncoder
 from components.encoders.text_encoder import TextEncoder, spec_from
@@ -61,6 +61,7 @@ class BiEncoderParams:
 
     def __post_init__(self) -> None:
         check_select_metric("dense", self.select_metric)
+        self.tool_fields = tool_field_names(self.tool_fields, "dense")
         if self.frozen_layers < 0 or self.tool_vectors not in ("batch", "epoch"):
             raise ValueError(
                 f"frozen_layers must be >= 0 and tool_vectors 'batch' or 'epoch'; got "

@@ -11,8 +11,10 @@ here. Requests run concurrently: each waits on the server, not on this process.
 from __future__ import annotations
 
 import contextvars
+import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -65,19 +67,39 @@ def post_chat_completion(
         wait = timeout_s if left is None else min(timeout_s, left)
         try:
             with urllib.request.urlopen(request, timeout=wait) as response:
-                return json.loads(response.read())
+                return json.loads(read_within(response, time.monotonic() + wait))
         except urllib.error.HTTPError as e:
             # The server's own words (an OpenAI-style error body says which field it refused).
             detail = e.read(500).decode(errors="replace")
             if attempt == 1 and LORA_LOAD_RACE in detail:
                 continue  # the adapter is loaded now: the same request succeeds
             raise ChatEndpointError(f"{url}: {e}: {detail}") from e
-        except (urllib.error.URLError, TimeoutError, OSError) as e:
+        # (HTTPException: no HTTP at all, e.g. a bad status line; not an OSError.)
+        except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as e:
             deadline.check()  # the wait was cut by the deadline: say that, not "timed out"
             raise EndpointUnavailable(f"{url}: {e}") from e
         except ValueError as e:  # an answer, but not JSON
             raise ChatEndpointError(f"{url}: {e}") from e
     raise AssertionError("unreachable")
+
+
+def read_within(response: http.client.HTTPResponse, until: float) -> bytes:
+    """The body of ``response``, read a chunk at a time until ``until`` (``time.monotonic()``).
+
+    The socket timeout bounds each read, not the call: a server sending its answer slowly was
+    waited on past the caller's deadline, and the late answer returned as if in time.
+
+    Raises:
+        DeadlinePassed: the current deadline passed while the body came in.
+        TimeoutError: the body was not complete by ``until`` (the call's ``timeout_s``).
+    """
+    chunks = []
+    while chunk := response.read1(65536):
+        chunks.append(chunk)
+        deadline.check()
+        if time.monotonic() > until:
+            raise TimeoutError("the answer's body was still coming in at the call's timeout")
+    return b"".join(chunks)
 
 
 @dataclass(frozen=True)
@@ -96,14 +118,28 @@ class ChatEndpoint:
         """From a config section (``{"endpoint": url, "model": name, ...}``); ``owner`` names it in errors.
 
         Raises:
-            ValueError: unknown keys, or no ``model``.
+            ValueError: unknown keys, no ``endpoint`` or ``model``, or a value of the wrong kind.
         """
         unknown = sorted(set(cfg) - ENDPOINT_KEYS)
         if unknown:
             expected = sorted(ENDPOINT_KEYS)
             raise ValueError(f"{owner}: unknown endpoint settings {unknown}; expected some of {expected}")
-        if not cfg.get("model"):
-            raise ValueError(f"{owner}: an endpoint generator needs 'model' (the served model's name)")
+        for key, what in (
+            ("endpoint", "the server's base URL, with /v1"),
+            ("model", "the served model's name"),
+        ):
+            if not isinstance(cfg.get(key), str) or not cfg[key]:
+                raise ValueError(
+                    f"{owner}: an endpoint generator needs '{key}' ({what}), got {cfg.get(key)!r}"
+                )
+        # Checked here, on the driver: a quoted "30" failed only at the first request, in a replica.
+        timeout, concurrency = cfg.get("timeout_s", 30.0), cfg.get("concurrency", 8)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"{owner}: timeout_s must be a number > 0, got {timeout!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"{owner}: concurrency must be an integer >= 1, got {concurrency!r}")
+        if not isinstance(cfg.get("api_key_env") or "", str):
+            raise ValueError(f"{owner}: api_key_env must be an environment variable's name")
         return cls(**cfg)
 
     @property

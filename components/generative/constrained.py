@@ -162,6 +162,8 @@ def constrained_top_k(
     ``model`` is the PyTorch LM or another engine's scorer (llama.cpp's, vLLM's); the search is the
     same, and each step asks the engine only for the tokens the trie allows (:func:`wanted_after`).
     """
+    if k < 1:  # (an IndexError from the top-k, for a caller that asked for nothing)
+        return [[] for _ in prompts]
     if isinstance(model, torch.nn.Module):
         model.eval()
     per_prompt = _per_prompt(tries, len(prompts))

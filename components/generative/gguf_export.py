@@ -140,9 +140,11 @@ def export_gguf(
         if name.endswith("rotary_emb.inv_freq"):
             continue
         data = tensor.detach().to(torch.float32).cpu().numpy()
-        if name.endswith("q_proj.weight"):
+        # A bias follows its rows (an LM with attention_bias): left in halves order, every
+        # head's rotary pairs got the wrong biases.
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
             data = rotary_permute(data, heads)
-        elif name.endswith("k_proj.weight"):
+        elif name.endswith(("k_proj.weight", "k_proj.bias")):
             data = rotary_permute(data, kv_heads)
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:

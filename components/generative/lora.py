@@ -35,8 +35,14 @@ class LoraSpec:
     targets: tuple[str, ...] = field(default=LLAMA_TARGETS)
 
     def __post_init__(self) -> None:
-        if self.r < 1 or self.alpha <= 0 or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA needs r >= 1, alpha > 0 and 0 <= dropout < 1, got {self}")
+        # r is a matrix size (2.5 failed in the worker building the adapter); the names are whole.
+        whole_r = isinstance(self.r, int) and not isinstance(self.r, bool)
+        named = bool(self.targets) and all(isinstance(t, str) and t for t in self.targets)
+        if not whole_r or self.r < 1 or self.alpha <= 0 or not 0.0 <= self.dropout < 1.0 or not named:
+            raise ValueError(
+                f"LoRA needs an integer r >= 1, alpha > 0, 0 <= dropout < 1 and module names as "
+                f"targets, got {self}"
+            )
 
 
 def lora_spec_from(owner: str, given: dict | None) -> LoraSpec | None:
@@ -46,7 +52,9 @@ def lora_spec_from(owner: str, given: dict | None) -> LoraSpec | None:
         return None
     given = dict(given)
     if "targets" in given:
-        given["targets"] = tuple(given["targets"])
+        # One module named as a string is one target: tuple("q_proj") was its letters.
+        targets = given["targets"]
+        given["targets"] = (targets,) if isinstance(targets, str) else tuple(targets)
     try:
         return LoraSpec(**given)
     except TypeError as e:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from components.data.tooltext import TOOL_FIELDS
+from components.data.tooltext import TOOL_FIELDS, tool_field_names
 from components.generative.engines import check_engine, check_engine_endpoint
 from components.generative.lora import LoraSpec, lora_spec_from
 from components.metrics import check_select_metric
@@ -111,7 +111,8 @@ class CodeLMParams:
                     f"{self.method}: stages.{stage}.max_examples must be >= 1 (or null: all), got {cap}"
                 )
         self.stages = merged
-        self.tool_fields = tuple(self.tool_fields)
+        self._check_numbers()
+        self.tool_fields = tool_field_names(self.tool_fields, self.method)
         check_select_metric(self.method, self.select_metric)
         if self.lora:
             self.lora_spec()  # a bad adapter setting fails on the driver, not in a worker
@@ -130,6 +131,35 @@ class CodeLMParams:
         if self.engine_dtype not in ("f32", "f16"):
             raise ValueError(f"{self.method}: engine_dtype must be f32 or f16, got {self.engine_dtype!r}")
         check_engine_endpoint(self.engine, self.engine_endpoint, self.method)
+        if self.engine_endpoint and self.engine != "vllm":
+            # Read by engine vllm only: given to another engine, it was kept and never used.
+            raise ValueError(f"{self.method}: engine_endpoint is for engine vllm; engine is {self.engine!r}")
+
+    def _check_numbers(self) -> None:
+        """Counts and rates, here on the driver: a stage's batch size of 0 was refused only when
+        that stage began (after the stages before it trained), ``epochs: 2.7`` trained 2, and an
+        eval batch of 0 or a negative replay failed with a traceback in a worker."""
+        for stage, s in self.stages.items():
+            whole(f"{self.method}: stages.{stage}.epochs", s["epochs"], 0)  # 0 skips the stage
+            if s["epochs"]:
+                whole(f"{self.method}: stages.{stage}.batch_size", s["batch_size"], 1)
+                if not (isinstance(s["lr"], int | float) and not isinstance(s["lr"], bool) and s["lr"] > 0):
+                    raise ValueError(
+                        f"{self.method}: stages.{stage}.lr must be a number > 0, got {s['lr']!r}"
+                    )
+            if s.get("max_examples") is not None:
+                whole(f"{self.method}: stages.{stage}.max_examples", s["max_examples"], 1)
+        for key in ("document_max_length", "query_max_length", "trajectory_max_length", "num_beams"):
+            whole(f"{self.method}: {key}", getattr(self, key), 1)
+        for key in ("free_max_new_tokens", "eval_batch_size", "agent_valid_queries"):
+            whole(f"{self.method}: {key}", getattr(self, key), 1)
+        whole(f"{self.method}: perplexity_texts", self.perplexity_texts, 0)
+        for key in ("valid_queries", "engine_threads"):  # null: all queries, llama.cpp's default
+            if getattr(self, key) is not None:
+                whole(f"{self.method}: {key}", getattr(self, key), 1)
+        replay = self.agent_replay
+        if isinstance(replay, bool) or not isinstance(replay, int | float) or not replay >= 0:
+            raise ValueError(f"{self.method}: agent_replay must be a number >= 0, got {replay!r}")
 
     def free_decoding(self, k: int) -> dict[str, int]:
         """``generate_outputs``' settings for ``k`` free beams per prompt, as retrieval and the
@@ -143,3 +173,13 @@ class CodeLMParams:
     def lora_spec(self) -> LoraSpec | None:
         """The adapter of the tool stages, or None for full fine-tuning."""
         return lora_spec_from(self.method, self.lora)
+
+
+def whole(name: str, value: Any, least: int) -> None:
+    """Refuse ``value`` unless it is an integer >= ``least`` (not a bool, not 2.7 read as 2).
+
+    Raises:
+        ValueError: naming the setting.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")

@@ -168,7 +168,9 @@ def agent_examples(
     takes them before single-tool ones. Returns (example, tool positions, gold tools in order).
     ``blind``: thoughts that do not describe the next tool (see :func:`agent_trajectory`).
     """
-    records = tool_records(data.corpus, list(codebook.codes))
+    # A codebook carried over from an earlier LM (lm.name_or_path a ToolGen bundle) may hold tools
+    # the corpus has dropped since: they have no document, and no query's qrels name them.
+    records = tool_records(data.corpus, [t for t in codebook.codes if t in data.corpus])
     qids = [q for q, rel in data.qrels[split].items() if relevant(rel, codebook)]
     random.Random(seed).shuffle(qids)
     qids.sort(key=lambda q: -len(relevant(data.qrels[split][q], codebook)))  # stable: shuffled within ties

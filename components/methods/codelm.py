@@ -140,7 +140,8 @@ class CodeLMMethod(CodeLMStages):
         """Decode on ``engine`` (``transformers`` / ``llama.cpp`` / ``vllm`` at ``endpoint``) from now
         on (checked as in params), e.g. an LM trained on a GPU, served by CPU replicas."""
         given = {"engine": engine, "engine_dtype": dtype, "engine_threads": threads}
-        given["engine_endpoint"] = endpoint
+        # Another engine keeps no server: the endpoint a vllm replica had is dropped with it.
+        given["engine_endpoint"] = endpoint if engine == "vllm" else {}
         if engine == "vllm" and self._lm_changed:
             raise ValueError(
                 f"{self.name}: this LM gained tool tokens since it was loaded; save the artifact and "

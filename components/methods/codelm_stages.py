@@ -9,6 +9,7 @@ that starts from the previous stage's best checkpoint. This is the training half
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, ClassVar
@@ -23,6 +24,9 @@ from components.generative.params import LM_STAGES, CodeLMParams
 from components.generative.perplexity import perplexity
 from components.training.inputs import share
 from components.training.spec import RunSpec, StageConfig, StageInputs
+
+# Read by the agent stage alone (components/generative/task.py).
+AGENT_ONLY = ("agent_replay", "agent_valid_queries", "trajectory_max_length")
 
 
 class CodeLMStages:
@@ -75,7 +79,7 @@ class CodeLMStages:
         return StageConfig(
             task=self.task,
             stage=stage,
-            params=self.params,
+            params=self.stage_params(stage),
             inputs=StageInputs(dataset=dataset, init_dir=init_dir),
             epochs=int(settings["epochs"]),
             lr=float(settings["lr"]),
@@ -84,6 +88,18 @@ class CodeLMStages:
             score="valid_score",
             progress=self.params.progress,
         )
+
+    def stage_params(self, stage: str) -> CodeLMParams:
+        """The params as ``stage`` reads them: its own loop settings, and the agent stage's settings
+        only in that stage (the others get the defaults). A stage's checkpoints are resumed only
+        under the settings they were written with (components/training/resume.py), and with every
+        stage's settings in each, a changed agent learning rate made the finished memorization and
+        retrieval stages of the same run unresumable, so all of them trained again."""
+        own: dict[str, Any] = {"stages": {stage: self.params.stages[stage]}}
+        if stage != "agent":
+            defaults = {f.name: f.default for f in dataclasses.fields(self.params) if f.name in AGENT_ONLY}
+            own.update(defaults)
+        return dataclasses.replace(self.params, **own)
 
     def fit(self, stage: str, data: Dataset, run: RunSpec) -> dict[str, float]:
         """Run one LM stage on Ray Train from the previous stage's best checkpoint (``epochs: 0`` skips)."""

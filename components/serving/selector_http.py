@@ -91,10 +91,15 @@ class OpenAISelector:
             message = answer["choices"][0]["message"]
         except (KeyError, IndexError, TypeError) as e:
             raise SelectorHTTPError(f"{self.endpoint}: not a chat completion: {str(answer)[:200]}") from e
-        calls = message.get("tool_calls") or []
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            # (A null message or a list of strings was an AttributeError, not the selector's error.)
+            raise SelectorHTTPError(
+                f"{self.endpoint}: tool_calls is not a list of calls: {str(answer)[:200]}"
+            )
         if not calls:
             return None
-        fn = calls[0].get("function") or {}
+        fn = calls[0].get("function") if isinstance(calls[0].get("function"), dict) else {}
         name = str(fn.get("name", ""))
         digits = name[5:]
         index = int(digits) if name.startswith("tool_") and digits.isascii() and digits.isdigit() else -1

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from components.generative.llamacpp import LlamaCppLM, json_schema_grammar
+from components.generative.text import fit_request
 from components.serving.catalog import Tool, ToolCatalog, json_type
 
 SYSTEM = (
@@ -120,12 +121,7 @@ class LlamaCppSelector:
 
     def prompt(self, query: str, history: list[str], tools: list[Tool]) -> str:
         """The user turn: the offered tools (id, name, description, required parameters), then the request."""
-        lines = ["Tools:"]
-        for t in tools:
-            params = ", ".join(f"{p.name} ({p.type})" for p in t.call_params()) or "none"
-            lines.append(f"- {t.id}: {t.name}. {t.description[:160]} Required: {params}.")
-        lines += [*(f"Earlier: {turn}" for turn in history), f"Request: {query}"]
-        return "\n".join(lines)
+        return f"{offer(tools)}\n{request_lines(query, history)}"
 
     def parse(self, text: str, tools: list[Tool]) -> dict[str, Any] | None:
         """The call in ``text``, or ``None`` if it is not a complete call of an offered tool."""
@@ -158,6 +154,29 @@ class LlamaCppSelector:
         room = llm.n_ctx() - self.max_tokens - CHAT_OVERHEAD - len(llm.tokenize(SYSTEM.encode()))
         while len(tools) > 1 and len(llm.tokenize(self.prompt(query, history, tools).encode())) > room:
             tools = tools[:-1]
+        # Still too long with one tool: the request itself is cut to its end (the latest turn and
+        # the ask come last), as the rewriter cuts it; llama.cpp failed the request on it.
+        head = offer(tools)
+        request = fit_request(
+            request_lines(query, history),
+            lambda r: len(llm.tokenize(f"{head}\n{r}".encode())) <= room,
+            lambda t: llm.tokenize(t.encode(), add_bos=False),
+            lambda ids: llm.detokenize(ids).decode(errors="ignore"),
+        )
         grammar = json_schema_grammar(call_schema(tools))
-        text = self.lm.complete(SYSTEM, self.prompt(query, history, tools), self.max_tokens, grammar=grammar)
+        text = self.lm.complete(SYSTEM, f"{head}\n{request}", self.max_tokens, grammar=grammar)
         return self.parse(text, tools)
+
+
+def offer(tools: list[Tool]) -> str:
+    """The prompt's tool list: id, name, description and required parameters of each."""
+    lines = ["Tools:"]
+    for t in tools:
+        params = ", ".join(f"{p.name} ({p.type})" for p in t.call_params()) or "none"
+        lines.append(f"- {t.id}: {t.name}. {t.description[:160]} Required: {params}.")
+    return "\n".join(lines)
+
+
+def request_lines(query: str, history: list[str]) -> str:
+    """The prompt's request: the earlier turns, then the query."""
+    return "\n".join([*(f"Earlier: {turn}" for turn in history), f"Request: {query}"])

@@ -3,12 +3,19 @@ adapter-load race, which one retry answers."""
 
 from __future__ import annotations
 
+import socket
+import threading
 from typing import Any
 
 import pytest
 from chat_server import ChatCompletionsServer, HTTPFailure
 
-from components.generative.chat_endpoint import LORA_LOAD_RACE, ChatEndpoint, ChatEndpointError
+from components.generative.chat_endpoint import (
+    LORA_LOAD_RACE,
+    ChatEndpoint,
+    ChatEndpointError,
+    EndpointUnavailable,
+)
 
 
 class FailingFirst(ChatCompletionsServer):
@@ -39,3 +46,41 @@ def test_any_other_server_error_is_raised_with_the_servers_words():
         with pytest.raises(ChatEndpointError, match=r"HTTP Error 500.*model 'nope' does not exist"):
             endpoint.complete("rewrite", "cheap flights to rome", 8)
         assert len(server.requests) == 1  # no retry
+
+
+def test_a_server_that_does_not_speak_http_is_unavailable():
+    # A bad status line is an http.client.HTTPException, not an OSError: it escaped unwrapped, and
+    # the batch helpers (which give up at once on an unavailable server) retried item by item.
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_once() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    try:
+        endpoint = ChatEndpoint(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}/v1", model="m")
+        with pytest.raises(EndpointUnavailable, match=r"SSH-2\.0"):
+            endpoint.complete("rewrite", "cheap flights to rome", 8)
+    finally:
+        thread.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    "cfg, says",
+    [
+        ({"model": "m"}, r"needs 'endpoint' \(the server's base URL, with /v1\), got None"),
+        ({"endpoint": "http://h/v1", "model": "m", "timeout_s": "30"}, "timeout_s must be a number > 0"),
+        ({"endpoint": "http://h/v1", "model": "m", "timeout_s": 0}, "timeout_s must be a number > 0"),
+        ({"endpoint": "http://h/v1", "model": "m", "concurrency": 0}, "concurrency must be an integer >= 1"),
+        ({"endpoint": "http://h/v1", "model": "m", "api_key_env": 3}, "api_key_env must be"),
+    ],
+)
+def test_an_endpoint_setting_of_the_wrong_kind_is_refused_naming_it(cfg, says):
+    # A missing endpoint was a TypeError; a quoted "30" passed and failed at the first request.
+    with pytest.raises(ValueError, match=f"querygen.generator: .*{says}"):
+        ChatEndpoint.from_config(cfg, "querygen.generator")

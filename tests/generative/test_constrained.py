@@ -106,6 +106,8 @@ def test_candidate_sets_narrow_the_constraint_per_prompt(lm):
         assert {t for t, _ in hits} <= set(allowed) and len(hits) == min(2, len(allowed))
     for tool, score in got[0]:
         assert score == pytest.approx(full[tool], abs=1e-5)  # narrowing keeps each tool's own score
+    # Asking for no tools answers none per prompt (it was an IndexError from the top-k).
+    assert constrained_top_k(wrapped, prompts, codebook.trie(), 0, tokenizer.pad_token_id) == [[]] * 4
 
 
 def test_constrained_outputs_only_name_real_tools_each_once(lm):

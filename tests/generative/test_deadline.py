@@ -10,7 +10,7 @@ import pytest
 from chat_server import ChatCompletionsServer
 from tiny_lm import tiny_lm
 
-from components.generative.chat_endpoint import ChatEndpoint
+from components.generative.chat_endpoint import ChatEndpoint, EndpointUnavailable
 from components.generative.deadline import DeadlinePassed, check, deadline, time_left
 from components.generative.generate import generate_texts
 
@@ -69,3 +69,16 @@ def test_an_endpoint_is_waited_on_until_the_deadline_only():
         # Two texts: each request runs on the client's thread pool, which must see the deadline too.
         with deadline(0.2), pytest.raises(DeadlinePassed):
             endpoint.rewrite("rewrite", ["weather in paris", "flights to rome"], 8)
+
+
+def test_an_answer_sent_slowly_is_not_waited_on_past_the_deadline_or_the_timeout():
+    # The socket timeout bounds each read, not the call: a body trickling in for seconds was read
+    # to its end under a 0.2 s deadline, and the late answer returned as if in time.
+    with Slow(trickle_s=0.05) as server:  # about 3 s for its ~70-byte body
+        endpoint = ChatEndpoint(endpoint=server.url, model="m", timeout_s=30.0)
+        with deadline(0.2), pytest.raises(DeadlinePassed):
+            endpoint.complete("rewrite", "weather in paris", 8)
+        # Without a deadline, the endpoint's own timeout_s bounds the whole call too.
+        quick = ChatEndpoint(endpoint=server.url, model="m", timeout_s=0.2)
+        with pytest.raises(EndpointUnavailable, match="still coming in at the call's timeout"):
+            quick.complete("rewrite", "weather in paris", 8)

@@ -23,12 +23,14 @@ NAMES = {
 SPEC = LMSpec(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_length=64)
 
 
-def tiny_lm(seed: int = 0, tools: bool = True, tied: bool = True):
-    """(lm, tokenizer, codebook); ``tools=False`` leaves the vocabulary without tool tokens."""
+def tiny_lm(seed: int = 0, tools: bool = True, tied: bool = True, attention_bias: bool = False):
+    """(lm, tokenizer, codebook); ``tools=False`` leaves the vocabulary without tool tokens;
+    ``attention_bias`` gives the attention projections biases (as Qwen2-style LMs have)."""
     lm, tokenizer = build_causal_lm(SPEC, TEXTS, seed=seed)
-    if not tied:  # the same sizes with a separate output projection (as Llama-3-8B has)
+    if not tied or attention_bias:  # the same sizes with a separate output projection (as Llama-3-8B has)
         config = lm.config
-        config.tie_word_embeddings = False
+        config.tie_word_embeddings = tied
+        config.attention_bias = attention_bias
         torch.manual_seed(seed)
         lm = LlamaForCausalLM(config)
     codebook = add_tool_tokens(lm, tokenizer, NAMES) if tools else None

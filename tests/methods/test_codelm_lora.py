@@ -88,5 +88,5 @@ def test_an_adapted_model_still_names_only_catalog_tools(adapted, quickstart_120
 def test_a_bad_lora_setting_fails_on_the_driver():
     with pytest.raises(ValueError, match="lora"):
         ToolGenMethod(**{**TINY_PARAMS, "lora": {"rank": 4}})
-    with pytest.raises(ValueError, match="LoRA needs r >= 1"):
+    with pytest.raises(ValueError, match="LoRA needs an integer r >= 1"):
         ToolGenMethod(**{**TINY_PARAMS, "lora": {"r": 0}})

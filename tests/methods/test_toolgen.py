@@ -81,6 +81,10 @@ def test_agent_trajectory_has_an_action_per_tool_with_schema_arguments(quickstar
     said = tokenizer.decode(blind.ids)
     assert td.thought(record) in text and td.thought(record) not in said
     assert said.count(td.BLIND_THOUGHT) == len(tools)
+    # A codebook from an earlier LM may hold a tool this corpus has dropped: it was a KeyError.
+    carried = ToolCodebook({**codebook.codes, "gone/tool": [5000]})
+    again = td.agent_examples(prompter, data, "train", carried, 400, limit=20)
+    assert [e[0].ids for e in again] == [e[0].ids for e in examples]
 
 
 def test_cold_start_tools_are_not_known_at_training_time(quickstart_1200):
@@ -128,6 +132,41 @@ def test_select_metric_is_checked_on_the_driver():
     # 0 examples meant none in one stage and every trajectory in the agent stage.
     with pytest.raises(ValueError, match=r"stages.agent.max_examples must be >= 1 \(or null: all\), got 0"):
         ToolGenMethod(stages={"agent": {"max_examples": 0}})
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        # Refused only when the agent stage began, after the stages before it trained.
+        ({"stages": {"agent": {"batch_size": 0}}}, r"stages\.agent\.batch_size must be an integer >= 1"),
+        ({"stages": {"agent": {"lr": -1}}}, r"stages\.agent\.lr must be a number > 0, got -1"),
+        (
+            {"stages": {"retrieval": {"epochs": 2.7}}},
+            r"stages\.retrieval\.epochs must be an integer >= 0, got 2\.7",
+        ),
+        # Tracebacks in a worker at the first validation or when examples were built.
+        ({"eval_batch_size": 0}, r"eval_batch_size must be an integer >= 1"),
+        ({"valid_queries": 0}, r"valid_queries must be an integer >= 1"),
+        ({"agent_replay": -1}, r"agent_replay must be a number >= 0"),
+        ({"agent_valid_queries": 0}, r"agent_valid_queries must be an integer >= 1"),  # meant "all"
+        # Its letters, or a misspelt field, failed when memorization began.
+        ({"tool_fields": ["descripton"]}, r"tool_fields \['descripton'\] are not all tool fields"),
+        ({"lora": {"targets": "q_proj", "r": 2.5}}, r"LoRA needs an integer r >= 1"),
+        (
+            {"engine": "llama.cpp", "engine_endpoint": {"endpoint": "http://h/v1", "model": "m"}},
+            "is for engine vllm",
+        ),
+    ],
+)
+def test_a_setting_a_later_stage_or_worker_would_trip_on_is_refused_on_the_driver(given, says):
+    with pytest.raises(ValueError, match=says):
+        ToolGenMethod(**given)
+
+
+def test_one_tool_field_or_lora_target_named_as_a_string_is_one_name():
+    method = ToolGenMethod(tool_fields="description", lora={"targets": "q_proj"})
+    assert method.params.tool_fields == ("description",)
+    assert method.params.lora_spec().targets == ("q_proj",)
 
 
 def test_a_stage_fitted_before_the_one_it_starts_from_is_refused_by_name(quickstart_1200, tmp_path):
@@ -303,3 +342,21 @@ def test_a_tool_added_after_training_gets_a_name_token_and_is_retrievable(traine
         assert "new-tool" in scores and len(scores) == len(corpus)
     finally:
         method.index(data.corpus)
+
+
+def test_a_stage_s_checkpoints_do_not_depend_on_another_stage_s_settings():
+    # Every stage hashed all the params: a changed agent learning rate (or agent validation size)
+    # made the finished memorization and retrieval checkpoints of the same run unresumable.
+    from components.training.resume import settings_fingerprint
+
+    def fingerprints(method: ToolGenMethod) -> dict[str, str]:
+        stages = ("warmup", "memorization", "retrieval", "agent")
+        return {s: settings_fingerprint(method.stage_config(s, "/init", None)) for s in stages}
+
+    base = fingerprints(ToolGenMethod())
+    agent = fingerprints(ToolGenMethod(stages={"agent": {"lr": 5e-5}}, agent_valid_queries=100))
+    assert [s for s in base if base[s] != agent[s]] == ["agent"]
+    retrieval = fingerprints(ToolGenMethod(stages={"retrieval": {"lr": 1e-4}}))
+    assert [s for s in base if base[s] != retrieval[s]] == ["retrieval"]
+    shared = fingerprints(ToolGenMethod(num_beams=4))  # read by every stage's validation
+    assert all(base[s] != shared[s] for s in base)

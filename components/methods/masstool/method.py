@@ -60,7 +60,6 @@ class MassToolMethod:
     )
 
     def __init__(self, **params: Any) -> None:
-        params = {k: tuple(v) if k == "tool_fields" else v for k, v in params.items()}
         self.params = MassToolParams(**params)
         self.params.model_config()  # validate switches early, before any training
         self.model: MassToolModel | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from components.data.tooltext import TOOL_FIELDS
+from components.data.tooltext import TOOL_FIELDS, tool_field_names
 from components.encoders.retriever import BiEncoderParams
 from components.methods.masstool.layers import ModelConfig
 from components.metrics import EPOCH_METRICS, check_select_metric
@@ -60,6 +60,7 @@ class MassToolParams:
 
     def __post_init__(self) -> None:
         check_select_metric("masstool", self.select_metric, JOINT_METRICS)
+        self.tool_fields = tool_field_names(self.tool_fields, "masstool")
         for name in ("temperature", "cl_temperature"):
             # Both divide logits: 0 trains on NaN, a negative one pushes the positives apart.
             if not getattr(self, name) > 0:

@@ -127,6 +127,9 @@ def resolve_collisions(
             prefix = tuple(int(c) for c in codes[i, :level])
             limit = fallback_prefixes if level == levels - 2 else None
             new = _nearest_free(model, residuals[level][i], prefix, used, limit)
+            if new is None and limit is not None and level == 0:
+                # With two levels the limited search is the top one: nothing above to fall back to.
+                new = _nearest_free(model, residuals[level][i], prefix, used, None)
             if new is not None:
                 break
         if new is None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.encoders.text_encoder import EncoderSpec, spec_from
-from components.generative.params import DEFAULT_STAGES, LM_STAGES, CodeLMParams
+from components.generative.params import DEFAULT_STAGES, LM_STAGES, CodeLMParams, whole
 
 # The quantizer stage ("codes") runs first; the LM stages are ToolGen's (see CodeLMParams).
 STAGES = ("codes", *LM_STAGES)
@@ -89,8 +90,27 @@ class ToolWeaverParams(CodeLMParams):
                 f"toolweaver: free_max_new_tokens ({self.free_max_new_tokens}) must be >= levels "
                 f"({self.levels}) to decode unconstrained: a code is {self.levels} tokens"
             )
-        if self.collab_weight < 0 or self.sinkhorn_epsilon < 0 or self.beta < 0:
-            raise ValueError("toolweaver: collab_weight, sinkhorn_epsilon and beta must be >= 0")
+        weights = (self.collab_weight, self.sinkhorn_epsilon, self.beta)
+        if not all(isinstance(w, int | float) and math.isfinite(w) and w >= 0 for w in weights):
+            raise ValueError(
+                "toolweaver: collab_weight, sinkhorn_epsilon and beta must be finite numbers >= 0, "
+                f"got {weights}"
+            )
+        # Below this -cost/ε overflows float32 (NaN plans, every code 0); ε = 0 turns balancing off.
+        if 0 < self.sinkhorn_epsilon < 1e-6:
+            raise ValueError(
+                f"toolweaver: sinkhorn_epsilon must be 0 or >= 1e-6, got {self.sinkhorn_epsilon}"
+            )
+        # sinkhorn_iters 0 with ε > 0 turned balancing off without a word.
+        whole("toolweaver: sinkhorn_iters", self.sinkhorn_iters, 1 if self.sinkhorn_epsilon > 0 else 0)
+        whole("toolweaver: kmeans_iters", self.kmeans_iters, 0)
+        for key in ("latent_dim", "passes_per_epoch", "embed_actors", "encoder_max_length"):
+            whole(f"toolweaver: {key}", getattr(self, key), 1)
+        if any(h < 1 for h in self.hidden_dims):
+            raise ValueError(f"toolweaver: hidden_dims must be sizes >= 1, got {list(self.hidden_dims)}")
+        if self.stages["codes"].get("max_examples") is not None:
+            # The quantizer trains on every tool; nothing reads a cap there.
+            raise ValueError("toolweaver: stages.codes takes no max_examples (it trains on every tool)")
         if self.collab_scale not in ("batch", "catalog"):
             raise ValueError(
                 f"toolweaver: collab_scale must be 'batch' or 'catalog', got {self.collab_scale!r}"

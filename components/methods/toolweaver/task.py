@@ -92,8 +92,10 @@ class QuantizerTask(StageTask):
         if p.collab_weight > 0:
             collab = collaborative_loss(out["z_hat"], batch["weights"])
             rows, tools = len(batch["x"]), len(self.vectors)
-            if p.collab_scale == "catalog" and 1 < rows < tools:
-                # A batch sees (B − 1)/(N − 1) of each tool's co-users on average: undone here.
+            if p.collab_scale == "catalog" and rows > 1:
+                # A batch sees (B − 1)/(N − 1) of each tool's co-users on average: undone here. Also
+                # when B >= N: the catalogue repeats in a batch then, and its term is about
+                # (B − 1)/(N − 1) times the per-tool one (2.5x at 100 tools and batches of 256).
                 collab = collab * (tools - 1) / (rows - 1)
             loss = loss + p.collab_weight * collab
         return loss
