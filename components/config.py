@@ -100,6 +100,16 @@ def parse_yaml(text: str) -> Any:
 PLAIN_TEXT = frozenset("&*!|>%@`#")  # "#": YAML's comment, which made serve.api_key=#k null
 
 
+def whole(name: str, value: Any, least: int) -> None:
+    """Refuse ``value`` unless it is an integer >= ``least`` (not a bool, not 2.7 read as 2).
+
+    Raises:
+        ValueError: naming the setting.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
 def as_list(value: Any, key: str) -> list[Any]:
     """A list-valued setting: one value given alone (``bench.run=bm25``) is a list of one."""
     if isinstance(value, str | int | float):

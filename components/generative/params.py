@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from components.config import whole
 from components.data.tooltext import TOOL_FIELDS, tool_field_names
 from components.generative.engines import check_engine, check_engine_endpoint
 from components.generative.lora import LoraSpec, lora_spec_from
@@ -173,13 +174,3 @@ class CodeLMParams:
     def lora_spec(self) -> LoraSpec | None:
         """The adapter of the tool stages, or None for full fine-tuning."""
         return lora_spec_from(self.method, self.lora)
-
-
-def whole(name: str, value: Any, least: int) -> None:
-    """Refuse ``value`` unless it is an integer >= ``least`` (not a bool, not 2.7 read as 2).
-
-    Raises:
-        ValueError: naming the setting.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")

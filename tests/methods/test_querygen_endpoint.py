@@ -148,5 +148,10 @@ def test_a_llamacpp_generator_is_zero_shot_only_and_checked_on_the_driver():
         QueryGenMethod(generator={"engine": "llamacpp"}, sft={"epochs": 1})
     with pytest.raises(ValueError, match=r"unknown llama.cpp settings \['threads'\]"):
         QueryGenMethod(generator={"engine": "llamacpp", "threads": 2})
+    # A quoted count was kept and failed at the first request, comparing int and str.
+    for bad, says in [({"n_ctx": "2048"}, "n_ctx"), ({"n_threads": 0}, "n_threads"), ({"seed": 1.5}, "seed")]:
+        with pytest.raises(ValueError, match=f"querygen.generator: {says} must be an integer"):
+            QueryGenMethod(generator={"engine": "llamacpp", **bad})
+    QueryGenMethod(generator={"engine": "llamacpp", "n_threads": None})  # llama.cpp's default
     with pytest.raises(ValueError, match=r"a packaged LM .* or a \.gguf file"):
         QueryGenMethod(generator={"engine": "llamacpp", "model": "HuggingFaceTB/SmolLM2-135M"})

@@ -6,8 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from components.config import whole
 from components.encoders.text_encoder import EncoderSpec, spec_from
-from components.generative.params import DEFAULT_STAGES, LM_STAGES, CodeLMParams, whole
+from components.generative.params import DEFAULT_STAGES, LM_STAGES, CodeLMParams
 
 # The quantizer stage ("codes") runs first; the LM stages are ToolGen's (see CodeLMParams).
 STAGES = ("codes", *LM_STAGES)
