@@ -74,6 +74,9 @@ class BiEncoderParams:
         if self.epochs < 0 or (self.epochs == 0 and self.id_head):
             # epochs 0 is the zero-shot row: an untrained ID head would only add noise to it.
             raise ValueError(f"epochs must be >= 1, or 0 (zero-shot) with id_head: false; got {self.epochs}")
+        if self.epochs == 0 and not spec_from(self.encoder).name_or_path:
+            # ... and an encoder built here from a config, never trained, would score at random.
+            raise ValueError("epochs 0 (zero-shot) needs a pretrained encoder (encoder.name_or_path)")
 
     def index_settings(self) -> IndexSettings:
         """The ``index_*`` params as :class:`IndexSettings`."""

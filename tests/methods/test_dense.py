@@ -154,6 +154,8 @@ def test_the_ngram_bag_rides_in_the_checkpoint_and_the_artifact(trained, small_q
 def test_zero_shot_needs_no_id_head():
     with pytest.raises(ValueError, match="zero-shot"):
         DenseMethod(epochs=0)  # the ID head would stay random
+    with pytest.raises(ValueError, match=r"zero-shot\) needs a pretrained encoder"):
+        DenseMethod(epochs=0, id_head=False, encoder=TINY_ENCODER)  # an untrained encoder: random scores
 
 
 def test_zero_shot_minilm_retrieves_by_meaning_without_training(tiny_dataset, tmp_path):
