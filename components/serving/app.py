@@ -102,7 +102,7 @@ class ServeArgs(BaseModel):
         ge=0.0,
         le=1.0,
         description="Default decision threshold; null: the detector's own (a MassTool artifact's "
-        "detect_threshold, 0.5 for a calibrated score threshold).",
+        "detect_threshold; for a calibrated score threshold, the probability at its chosen cut-off).",
     )
     share_ranking: bool = Field(
         True,
