@@ -29,6 +29,16 @@ from workflows.report import md_table, write_report
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "querygen_prompt_budget.json")
 
 
+SENTINEL = "\x00request\x00"  # where the request goes in the chat template's prompt
+
+
+def request_in(prompt: str, before: str, after: str) -> str:
+    """The request in ``prompt``: what lies between the template's text ``before`` and ``after`` it."""
+    if not (prompt.startswith(before) and prompt.endswith(after)):
+        raise ValueError("the fitted prompt is not the chat template around a request")
+    return prompt[len(before) : len(prompt) - len(after)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/datasets/toollens")
@@ -43,15 +53,19 @@ def main() -> None:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     frame = size(chat_prompt(tokenizer, params.system_prompt, ""))
+    before, after = chat_prompt(tokenizer, params.system_prompt, SENTINEL).split(SENTINEL)
     dataset = open_dataset(args.data)
     results = []
     for split in ("train", "valid", "test"):
         texts = list(dataset.split_queries(split).values())
         over = [t for t in texts if size(chat_prompt(tokenizer, params.system_prompt, t)) > budget]
         cut = chat_prompts(tokenizer, params.system_prompt, over, budget)
-        # Words of the request the fitted prompt keeps: its words beyond the empty request's prompt.
-        frame_words = len(chat_prompt(tokenizer, params.system_prompt, "").split())
-        kept = [(len(p.split()) - frame_words) / len(t.split()) for p, t in zip(cut, over, strict=True)]
+        # Words of the request the fitted prompt keeps: the words of its user turn. (Counted as the
+        # prompt's words beyond an empty request's, the closing marker glued to the last request
+        # word took one word off every request.)
+        kept = [
+            len(request_in(p, before, after).split()) / len(t.split()) for p, t in zip(cut, over, strict=True)
+        ]
         results.append(
             {
                 "method": "querygen",
@@ -60,7 +74,7 @@ def main() -> None:
                 "metrics": {
                     "queries": len(texts),
                     "over_budget": len(over),
-                    "ratio": len(over) / max(len(texts), 1),
+                    "over_budget_rate": len(over) / max(len(texts), 1),
                     "words_kept": sum(kept) / len(kept) if kept else 1.0,
                 },
             }
@@ -73,8 +87,9 @@ def main() -> None:
             f"{args.generator}'s tokenizer, the default instruction; its prompt around an empty request "
             f"is {frame} tokens of the {budget}-token budget (`query_max_length`). `over_budget`: "
             "requests whose whole prompt is longer (the requests the old whole-prompt cut and the "
-            "request-only cut treat differently); `ratio` their share of the split; `words_kept`: the "
-            "share of a request's words its fitted prompt keeps, averaged over those requests. "
+            "request-only cut treat differently); `over_budget_rate` their share of the split; "
+            "`words_kept`: the share of a request's words its fitted prompt's user turn keeps, averaged "
+            "over those requests. "
             "Splits as `open_dataset` gives them (valid carved from train)."
         ),
     }
@@ -84,7 +99,7 @@ def main() -> None:
             r["split"],
             str(r["metrics"]["queries"]),
             str(r["metrics"]["over_budget"]),
-            f"{r['metrics']['ratio']:.4f}",
+            f"{r['metrics']['over_budget_rate']:.4f}",
             f"{r['metrics']['words_kept']:.2f}",
         ]
         for r in results

@@ -151,9 +151,9 @@ def doors(proxy: str, app_name: str = APP_NAME) -> dict[str, list[str]]:
     return paths
 
 
-def row(method: str, config: dict, metrics: dict) -> dict:
-    """One result row of the report (every load reads the test queries)."""
-    return {"method": method, "config": config, "split": "test", "metrics": metrics}
+def row(method: str, config: dict, metrics: dict, split: str = "test") -> dict:
+    """One result row of the report (this benchmark's loads read the test queries)."""
+    return {"method": method, "config": config, "split": split, "metrics": metrics}
 
 
 def serve_floor(proxy: str, bodies: list[dict], clients: list[int], seconds: float) -> list[dict]:

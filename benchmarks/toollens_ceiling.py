@@ -7,8 +7,8 @@ classifies the query's scene and ranks that scene's tools, and reports, on valid
 
 - each model alone, and their mix ``(1 - α) · softmax(MassTool) + α · P(scene) · scene_tools``
   with α selected on valid;
-- the per-query oracle: for every query the better of the two models' R@3. No mix of the two
-  rankings can beat it, so it bounds what combining them could reach.
+- the per-query oracle: for every query the better of the two models' R@3 (not a bound on every
+  mix of their rankings, which can combine tools from both lists into a top 3).
 
     python benchmarks/toollens_ceiling.py --masstool runs/models/masstool [--toollens PATH]
 """

@@ -120,6 +120,26 @@ def finite(value: Any) -> Any:
     return value
 
 
+def contract_rows(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` as the results contract has it: each row's ``metrics`` maps lowercase names to
+    numbers (or null); a value that is not a number (the versions that answered a load, the p99 of
+    each repeated run) goes to the row's ``detail`` instead, where tables can still read it.
+
+    Raises:
+        ValueError: a metric name with capitals (``R@3`` where readers look for ``recall@3``).
+    """
+    rows = []
+    for row in report.get("results") or []:
+        metrics, detail = {}, dict(row.get("detail") or {})
+        for name, value in (row.get("metrics") or {}).items():
+            if name != name.lower():
+                raise ValueError(f"metric names are lowercase (recall@3, p50_ms); got {name!r}")
+            numeric = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+            (metrics if numeric else detail)[name] = value
+        rows.append({**row, "metrics": metrics, **({"detail": detail} if detail else {})})
+    return {**report, "results": rows} if "results" in report else report
+
+
 def write_report(
     report: dict[str, Any],
     out_json: str,
@@ -139,7 +159,7 @@ def write_report(
     """
     # Strict JSON: a metric that has no value (a first round's champion) is null, not NaN, which
     # Python writes and other readers (jq, JavaScript, a strict parser) refuse.
-    io.write_bytes(out_json, strict_json(report), storage_options)
+    io.write_bytes(out_json, strict_json(contract_rows(report)), storage_options)
     stem = os.path.splitext(out_json)[0]
     header = f"# {title or report['dataset']}\n\n" + report.get("notes", "") + "\n"
     if table is None:
