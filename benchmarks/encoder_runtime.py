@@ -230,7 +230,7 @@ def main() -> None:
         + (ABOUT if not args.artifact else f"The model is {args.model} (`{args.artifact}`). " + ABOUT_ANY)
     )
     report = {
-        "dataset": "toollens",
+        "dataset": os.path.basename(os.path.normpath(args.data)),
         "results": rows,
         "chosen": chosen,
         "eligible": eligible,

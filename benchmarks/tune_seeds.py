@@ -23,6 +23,7 @@ bootstrap interval over queries, which the seeds do not resample.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -69,6 +70,18 @@ def check_shared(configs: dict[str, tuple[str, dict[str, Any]]], shared: list[st
             settings[label] = method.stage_settings(stage, seed)
         if len({json.dumps(s, sort_keys=True, default=str) for s in settings.values()}) > 1:
             raise SystemExit(f"--shared {stage}: the configs train it differently: {settings}")
+
+
+def fingerprint(cfg: dict[str, Any], name: str, params: dict[str, Any], shared: Any) -> str:
+    """What a label's runs trained: its method and params, the data and splits, the shared stage."""
+    what = {
+        "method": name,
+        "params": params,
+        "data": cfg.get("data"),
+        "splits": cfg.get("splits"),
+        "shared": shared,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def train_and_score(
@@ -259,19 +272,27 @@ def main() -> None:
         with open(log, encoding="utf-8") as f:
             runs = [json.loads(line) for line in f if line.strip()]
     dataset = dataset_from_config(cfg)
+    # A cached run counts for a label only if it trained what the label names now, on the same
+    # data and splits: matched on label and seed alone, a changed config or another -c reused runs
+    # of other settings without a word.
+    settings = {label: fingerprint(cfg, *configs[label], args.shared) for label in labels}
     for seed in args.seeds:
         # Baseline then selected at each seed: machine drift over the hour falls on both alike.
         for label in labels:
-            if any(r["label"] == label and r["seed"] == seed for r in runs):
+            if any(
+                r["label"] == label and r["seed"] == seed and r.get("settings") == settings[label]
+                for r in runs
+            ):
                 continue
             init_ray({"local": True})  # only when something is trained: a rerun that only reports needs none
             name, params = configs[label]
             print(f"tune_seeds: {label} seed {seed}", file=sys.stderr, flush=True)
             run = train_and_score(cfg, label, name, params, seed, args.shared, dataset)
+            run["settings"] = settings[label]
             runs.append(run)
             with open(log, "a", encoding="utf-8") as f:
                 f.write(json.dumps(run) + "\n")
-    runs = [r for r in runs if r["seed"] in args.seeds]
+    runs = [r for r in runs if r["seed"] in args.seeds and r.get("settings") == settings.get(r["label"])]
     summaries = {split: summary(runs, labels, split) for split in ("valid", "test")}
     boot = {split: query_bootstrap(runs, labels, split) for split in ("valid", "test")}
     results = [

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.tune_seeds import PER_QUERY, SHOWN, bootstrap_table, check_shared, query_bootstrap, summary
+from benchmarks.tune_seeds import (
+    PER_QUERY,
+    SHOWN,
+    bootstrap_table,
+    check_shared,
+    fingerprint,
+    query_bootstrap,
+    summary,
+)
 
 
 def run(label: str, seed: int, split_values: dict[str, float]) -> dict:
@@ -108,3 +116,14 @@ def test_a_trained_run_keeps_per_query_values_that_average_to_its_split_scores(t
             assert set(values[metric]) == set(data.qrels[row["split"]])  # every judged query
             mean = sum(values[metric].values()) / len(values[metric])
             assert mean == pytest.approx(row["metrics"][metric])
+
+
+def test_a_cached_run_is_reused_only_for_the_settings_it_trained():
+    # Runs were matched on label and seed alone: a changed config (or another -c) reused the runs
+    # of other settings under the same entry name.
+    cfg = {"data": {"path": "d"}, "splits": {"valid_fraction": 0.1}}
+    base = fingerprint(cfg, "masstool", {"lr": 1e-3}, ["semantic"])
+    assert base == fingerprint(dict(cfg), "masstool", {"lr": 1e-3}, ["semantic"])
+    assert base != fingerprint(cfg, "masstool", {"lr": 2e-3}, ["semantic"])
+    assert base != fingerprint({**cfg, "data": {"path": "other"}}, "masstool", {"lr": 1e-3}, ["semantic"])
+    assert base != fingerprint(cfg, "masstool", {"lr": 1e-3}, [])
