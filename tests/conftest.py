@@ -27,10 +27,6 @@ LOCAL_MODE = {"num_workers": 0}
 # process made a worker-backed test ~10% slower (98 s vs 87 s for test_runner's gloo test). Set
 # before the session's Ray starts, so its Train controllers inherit it; a user's own env wins.
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-# Ray Train gives a worker group 60 s to start. On 2 cores under other load a worker importing torch
-# took longer: the controller then retried with a new placement group while the first still held
-# both CPUs, and a Tune trial waited for them for ever (seen when two test runs shared the cores).
-os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "300")
 
 
 @pytest.fixture(scope="session", autouse=True)
