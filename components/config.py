@@ -100,6 +100,11 @@ def parse_yaml(text: str) -> Any:
 PLAIN_TEXT = frozenset("&*!|>%@`#")  # "#": YAML's comment, which made serve.api_key=#k null
 
 
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is an int or float, not a bool (YAML's ``true`` is no count)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def whole(name: str, value: Any, least: int) -> None:
     """Refuse ``value`` unless it is an integer >= ``least`` (not a bool, not 2.7 read as 2).
 

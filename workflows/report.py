@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from components.config import is_number
 from components.data import io
 
 COLUMNS = (
@@ -134,8 +135,7 @@ def contract_rows(report: dict[str, Any]) -> dict[str, Any]:
         for name, value in (row.get("metrics") or {}).items():
             if name != name.lower():
                 raise ValueError(f"metric names are lowercase (recall@3, p50_ms); got {name!r}")
-            numeric = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
-            (metrics if numeric else detail)[name] = value
+            (metrics if value is None or is_number(value) else detail)[name] = value
         rows.append({**row, "metrics": metrics, **({"detail": detail} if detail else {})})
     return {**report, "results": rows} if "results" in report else report
 

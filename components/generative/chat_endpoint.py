@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from components.config import is_number, whole
 from components.generative import deadline
 from components.generative.text import rewrite_line
 
@@ -134,10 +135,9 @@ class ChatEndpoint:
                 )
         # Checked here, on the driver: a quoted "30" failed only at the first request, in a replica.
         timeout, concurrency = cfg.get("timeout_s", 30.0), cfg.get("concurrency", 8)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        if not (is_number(timeout) and timeout > 0):
             raise ValueError(f"{owner}: timeout_s must be a number > 0, got {timeout!r}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"{owner}: concurrency must be an integer >= 1, got {concurrency!r}")
+        whole(f"{owner}: concurrency", concurrency, 1)
         if not isinstance(cfg.get("api_key_env") or "", str):
             raise ValueError(f"{owner}: api_key_env must be an environment variable's name")
         return cls(**cfg)

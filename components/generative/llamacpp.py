@@ -160,7 +160,7 @@ class LlamaCppLM(_OneCallAtATime):
         check_weights(settings.get("weights", cls.weights), owner)  # here too, not on first use
         # Counts as counts: a quoted "2048" was kept and failed at the first request's comparison.
         for key, least in (("n_ctx", 1), ("seed", 0), ("n_threads", 1)):
-            if settings.get(key) is not None or (key in settings and key != "n_threads"):
+            if key in settings and not (key == "n_threads" and settings[key] is None):  # null: default
                 whole(f"{owner}: {key}", settings[key], least)
         return cls(**settings)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from components.config import whole
+from components.config import is_number, whole
 from components.data.tooltext import TOOL_FIELDS, tool_field_names
 from components.generative.engines import check_engine, check_engine_endpoint
 from components.generative.lora import LoraSpec, lora_spec_from
@@ -144,22 +144,21 @@ class CodeLMParams:
             whole(f"{self.method}: stages.{stage}.epochs", s["epochs"], 0)  # 0 skips the stage
             if s["epochs"]:
                 whole(f"{self.method}: stages.{stage}.batch_size", s["batch_size"], 1)
-                if not (isinstance(s["lr"], int | float) and not isinstance(s["lr"], bool) and s["lr"] > 0):
+                if not (is_number(s["lr"]) and s["lr"] > 0):
                     raise ValueError(
                         f"{self.method}: stages.{stage}.lr must be a number > 0, got {s['lr']!r}"
                     )
             if s.get("max_examples") is not None:
                 whole(f"{self.method}: stages.{stage}.max_examples", s["max_examples"], 1)
-        for key in ("document_max_length", "query_max_length", "trajectory_max_length", "num_beams"):
-            whole(f"{self.method}: {key}", getattr(self, key), 1)
-        for key in ("free_max_new_tokens", "eval_batch_size", "agent_valid_queries"):
+        counts = ("document_max_length", "query_max_length", "trajectory_max_length", "num_beams")
+        for key in (*counts, "free_max_new_tokens", "eval_batch_size", "agent_valid_queries"):
             whole(f"{self.method}: {key}", getattr(self, key), 1)
         whole(f"{self.method}: perplexity_texts", self.perplexity_texts, 0)
         for key in ("valid_queries", "engine_threads"):  # null: all queries, llama.cpp's default
             if getattr(self, key) is not None:
                 whole(f"{self.method}: {key}", getattr(self, key), 1)
         replay = self.agent_replay
-        if isinstance(replay, bool) or not isinstance(replay, int | float) or not replay >= 0:
+        if not (is_number(replay) and replay >= 0):
             raise ValueError(f"{self.method}: agent_replay must be a number >= 0, got {replay!r}")
 
     def free_decoding(self, k: int) -> dict[str, int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from components.config import is_number
 from components.serving.catalog import ToolCatalog
 
 # A call not chosen by then is answered as none (the Selector deployment's ``deadline_s``).
@@ -28,8 +29,7 @@ def check_deadline(cfg: dict[str, Any]) -> None:
         ValueError: ``timeout_s`` > ``deadline_s``.
     """
     deadline, timeout = cfg.get("deadline_s", DEFAULT_SELECT_DEADLINE_S), cfg.get("timeout_s")
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (deadline, timeout))
-    if numbers and timeout > deadline:
+    if is_number(deadline) and is_number(timeout) and timeout > deadline:
         raise ValueError(
             f"selector.timeout_s {timeout} is past selector.deadline_s {deadline}: the Selector stops "
             f"waiting at the deadline, so set deadline_s >= timeout_s"

