@@ -119,20 +119,9 @@ def lm_selector(section: dict[str, Any] | None, model: str) -> dict[str, Any]:
 
 def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
     """Local paths made absolute: the app is built in a Ray task whose working directory differs."""
-    args = copy.deepcopy(args)
-    for key in ("artifact", "catalog", "detector_artifact", "detector_file", "calibration_data"):
-        if args.get(key) and "://" not in args[key] and not args[key].startswith("models:/"):
-            args[key] = os.path.abspath(args[key])
-    registry = dict(args.get("registry") or {})
-    if registry.get("root"):
-        registry["root"] = os.path.abspath(registry["root"])
-        args["registry"] = registry
-    from components.serving.app import SECTION_FILES, local_files
+    from components.serving.deploy_checks import absolute_args
 
-    for section, keys in SECTION_FILES.items():  # as user_configs makes them for serve run
-        if args.get(section):
-            args[section] = local_files(args[section], keys)
-    return args
+    return absolute_args(args)
 
 
 def deployable(args: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:

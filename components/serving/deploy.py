@@ -80,21 +80,24 @@ def serve_config(
     return config
 
 
-def deploy_config(config: dict[str, Any], timeout_s: float | None = None, others: bool = True) -> None:
+def deploy_config(
+    config: dict[str, Any], timeout_s: float | None = None, others: bool = True, base: str | None = None
+) -> None:
     """Apply ``config`` to the running Serve instance and wait until its applications are RUNNING.
 
     Serve must be started (``serve.start``) on this Ray cluster first. ``timeout_s`` defaults to
     180 s, or 900 s when the config has an LLM app (vLLM's start took 95-150 s on 2 CPU cores).
     ``others=False`` waits for the first application only: for a swap, which changes nothing in
     the others. Serve redeploys every application a config names, so an unchanged LLM app that was
-    UNHEALTHY before is UNHEALTHY again, and failed the swap, which was then undone.
+    UNHEALTHY before is UNHEALTHY again, and failed the swap, which was then undone. ``base``: where
+    the args' relative paths are checked (the replicas' working directory, for a swap).
 
     Raises:
         ValueError: the args or an artifact are bad (see :func:`check_config`); nothing was deployed.
         RuntimeError: an application waited for failed to deploy or is unhealthy.
         TimeoutError: not all of them RUNNING in time.
     """
-    check_config(config)
+    check_config(config, base)
     if timeout_s is None:
         from components.serving.llm_app import LLM_IMPORT_PATH
 

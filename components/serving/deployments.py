@@ -11,11 +11,10 @@ instead changes its code version, so Serve restarts the replicas.
 
 Model calls go through ``@serve.batch`` (small batches, no wait for partners: see
 :data:`BATCH_KEYS`) and run in a worker thread so the replica's event loop keeps collecting the
-next batch while torch / numpy compute. A batch must answer each request as it would be answered alone:
-the retriever ranks each distinct ``k`` separately, and a model call that raises is retried item
-by item, so one bad input fails only its own request (:mod:`.batch_calls`). The Detector and the
-Retriever answer a repeated query from an LRU cache keyed by model version (:mod:`.answer_cache`).
-The Retriever, which also keeps the catalog live, is in :mod:`.retriever_deployment`.
+next batch while torch / numpy compute. A batch answers each request as it would be answered alone
+(each distinct ``k`` ranked apart; a failed call retried item by item: :mod:`.batch_calls`). The
+Detector and the Retriever answer a repeated query from an LRU cache keyed by model version
+(:mod:`.answer_cache`). The Retriever, which also keeps the catalog live, is in :mod:`.retriever_deployment`.
 """
 
 from __future__ import annotations
@@ -276,6 +275,10 @@ class Selector:
             apply_batching(self._select_batch, batching)
         if stale or not loaded:  # serves on as it was; the same config again tries anew
             apply_failed(self)
+
+    async def serving_catalog(self) -> str:
+        """The version (content hash) of the catalog this replica's calls are built from."""
+        return self.catalog.version
 
     async def select(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """The call for one ``{"query", "history", "candidates"}``, or None past ``deadline_s``

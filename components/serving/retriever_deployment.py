@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from functools import partial
 from typing import Any
 
@@ -191,6 +192,10 @@ class Retriever:
         model = self.model
         assert model is not None
         return model.source or model.artifact
+
+    async def working_dir(self) -> str:
+        """Where this replica (and the app's build, in the same runtime env) reads relative paths."""
+        return os.getcwd()
 
     async def serving_catalog(self) -> str:
         """The version (content hash) of the catalog this replica answers with."""

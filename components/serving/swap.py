@@ -19,7 +19,7 @@ from typing import Any
 from ray.serve.context import _get_global_client
 
 from components.serving.deploy import APP_NAME, deploy_config
-from components.serving.deploy_checks import as_deployed
+from components.serving.deploy_checks import as_deployed, relative_paths
 from components.serving.replicas import replica_answers
 from components.serving.swap_calibration import calibrate_here
 
@@ -32,13 +32,15 @@ class SwapFailed(RuntimeError):
     """A hot-swap that replicas did not take; the app was put back on what it served."""
 
 
-def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
+def swap_artifact(config: dict[str, Any], artifact: str, base: str | None = None) -> dict[str, Any]:
     """``config`` with the Retriever's user config (and the Detector's, unless the args pin a
     ``detector_artifact``) pointing at another artifact. Only ``deployments[].user_config``
     changes, so redeploying it reconfigures replicas in place. Each user config is written whole,
     as :func:`components.serving.app.user_configs` builds it: Serve replaces a ``user_config`` as
     a unit, so a partial one would drop the detector file, calibration data and batching settings.
     ``artifact`` is checked (its ``config.json`` names a known method); a registry URI is pinned.
+    Relative paths in the args are read against ``base`` (:func:`replicas_dir`), as the app's build
+    read them; the args themselves are left as they are (changed, Serve would restart the app).
 
     Raises:
         ValueError: ``artifact`` is not a loadable artifact directory.
@@ -48,16 +50,41 @@ def swap_artifact(config: dict[str, Any], artifact: str) -> dict[str, Any]:
     config = copy.deepcopy(config)
     app = config["applications"][0]
     deployments = {d["name"]: d for d in app.get("deployments") or []}
-    configs = user_configs(ServeArgs.model_validate(as_deployed(app, artifact)))
+    configs = user_configs(ServeArgs.model_validate(as_deployed(app, artifact, base)))
     # A pinned detector keeps what it serves: rebuilt, its registry alias was resolved again and
     # the Detector moved, unchecked, to whatever the alias named now.
     names = swapped_deployments(config)
-    if (app["args"].get("selector") or {}).get("backend", "none") != "none":
+    if has_selector(config):
         names.append("Selector")  # it reads the same catalog (catalog_version)
     for name in names:
         deployments.setdefault(name, {"name": name})["user_config"] = configs[name]
     app["deployments"] = list(deployments.values())
     return config
+
+
+def has_selector(config: dict[str, Any]) -> bool:
+    """Whether the first application of ``config`` runs a Selector (a ``selector`` backend in its args)."""
+    return (config["applications"][0]["args"].get("selector") or {}).get("backend", "none") != "none"
+
+
+def replicas_dir(config: dict[str, Any], app_name: str = APP_NAME) -> str | None:
+    """Where the running app read its args' relative paths (``serve deploy`` of a file such as
+    deploy/rayservice.yaml keeps them so): its Retriever replicas' working directory, asked; None when
+    there are none. A driver's own (a submitted job's working_dir) would read another catalog or none.
+
+    Raises:
+        SwapFailed: the replicas run in different directories (then no one base holds for all).
+    """
+    relative = relative_paths(config["applications"][0].get("args") or {})
+    if not relative:
+        return None
+    dirs = asked("Retriever", "working_dir", app_name)
+    if len(dirs) != 1:
+        raise SwapFailed(
+            f"args {relative} are relative paths, and the Retriever replicas run in {sorted(dirs)}: "
+            "deploy the app with absolute paths (toolscout serve makes them so)"
+        )
+    return next(iter(dirs))
 
 
 def running_config(app_name: str = APP_NAME) -> dict[str, Any]:
@@ -168,11 +195,11 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
     Raises:
         SwapFailed: the replicas did not take it; the app is back on what it served before.
     """
-    running, before, config = prepared(model_uri, app_name)
+    running, before, config, base = prepared(model_uri, app_name)
     names = swapped_deployments(running)
     pinned = retriever_config(config)["artifact"]
     try:
-        deploy_config(config, timeout_s, others=False)
+        deploy_config(config, timeout_s, others=False, base=base)
         serving = {name: serving_artifacts(app_name, deployment=name) for name in names}
         refused = {name: sorted(artifacts) for name, artifacts in serving.items() if artifacts != {pinned}}
     except ValueError:
@@ -194,7 +221,8 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
     back = len(before) == 1  # one version served before: pin it again
     if back:  # given the usual time, whatever the swap had
         try:
-            deploy_config(swap_artifact(running, next(iter(before))), max(timeout_s, 180.0), others=False)
+            back_config = swap_artifact(running, next(iter(before)), base)
+            deploy_config(back_config, max(timeout_s, 180.0), others=False, base=base)
         except Exception as e:  # the reason the swap failed must not be lost behind this one
             raise SwapFailed(
                 f"{model_uri}: pinned {pinned}, but {answers} (see logs); putting {sorted(before)} "
@@ -206,11 +234,11 @@ def swap_once(model_uri: str, app_name: str, timeout_s: float) -> str | None:
     )
 
 
-def prepared(model_uri: str, app_name: str) -> tuple[dict[str, Any], set[str], dict[str, Any]]:
+def prepared(model_uri: str, app_name: str) -> tuple[dict[str, Any], set[str], dict[str, Any], str | None]:
     """What a swap starts from: the running config, the versions its Retriever replicas serve
-    (what a refused swap goes back to) and the config pinning ``model_uri``, calibrated on this
-    driver (:func:`calibrate_here`: before the deploy, not against its timeout, nor in every
-    replica at once).
+    (what a refused swap goes back to), the config pinning ``model_uri``, calibrated on this driver
+    (:func:`calibrate_here`: before the deploy, not against its timeout, nor in every replica at
+    once), and where the args' relative paths are read (:func:`replicas_dir`).
 
     A calibration can take minutes, and another driver may deploy meanwhile: a refused swap would
     then have gone back to what ran before theirs, undoing a swap they had reported done. So the
@@ -223,10 +251,11 @@ def prepared(model_uri: str, app_name: str) -> tuple[dict[str, Any], set[str], d
     for _ in range(FOLLOW_ROUNDS):
         running = running_config(app_name)
         before = asked("Retriever", "serving_version", app_name)  # as any node can load them
-        config = swap_artifact(running, model_uri)
+        base = replicas_dir(running, app_name)
+        config = swap_artifact(running, model_uri, base)
         calibrate_here(config)
         if not superseded(running, app_name):
-            return running, before, config
+            return running, before, config, base
     raise SwapFailed(f"{model_uri}: the app was redeployed during each of {FOLLOW_ROUNDS} calibrations")
 
 
@@ -253,14 +282,19 @@ def refresh_catalog(app_name: str = APP_NAME, timeout_s: float = 180.0) -> str:
             f"Retriever replicas serve {sorted(versions)}; follow one version first "
             "(toolscout registry promote|rollback --follow), then refresh the catalog"
         )
-    config = swap_artifact(running_config(app_name), next(iter(versions)))
+    running = running_config(app_name)
+    base = replicas_dir(running, app_name)
+    config = swap_artifact(running, next(iter(versions)), base)
     wanted = retriever_config(config)["catalog_version"]
     try:
-        deploy_config(config, timeout_s, others=False)
+        deploy_config(config, timeout_s, others=False, base=base)
     except (RuntimeError, TimeoutError) as e:  # said as what the CLI reports, not a traceback
         failure = f"{type(e).__name__}: {e}"
         raise SwapFailed(f"catalog {wanted}: deploying it failed ({failure}); see `serve status`") from e
-    answered = replica_answers("Retriever", "serving_catalog", app_name)
-    if answered != {wanted}:
-        raise SwapFailed(f"catalog {wanted}: Retriever replicas answer with catalogs {sorted(answered)}")
+    # The Selector reads it too (its calls' schemas): left on the old one, it calls retired tools.
+    readers = ["Retriever", *(["Selector"] if has_selector(config) else [])]
+    for name in readers:
+        answered = replica_answers(name, "serving_catalog", app_name)
+        if answered != {wanted}:
+            raise SwapFailed(f"catalog {wanted}: {name} replicas answer with catalogs {sorted(answered)}")
     return wanted

@@ -217,7 +217,7 @@ def test_a_swap_calibrates_a_new_version_on_its_driver_before_it_deploys(
     at_deploy = []
     monkeypatch.setattr(swap, "running_config", lambda app: config)
     monkeypatch.setattr(swap, "asked", lambda *a: {"old"})
-    monkeypatch.setattr(swap, "swap_artifact", lambda running, uri: config)
+    monkeypatch.setattr(swap, "swap_artifact", lambda running, uri, base=None: config)
     monkeypatch.setattr(swap, "retriever_config", lambda c: {"artifact": artifact})
     monkeypatch.setattr(swap, "serving_artifacts", lambda app, deployment: {artifact})
     monkeypatch.setattr(

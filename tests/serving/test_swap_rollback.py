@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from serving_fixtures import *  # noqa: F403 (pytest fixtures: see serving_fixtures.py)
 
 import components.serving.swap as swap
 
@@ -37,7 +38,9 @@ class FakeApp:
     def running_config(self, app_name: str = "toolscout") -> dict:
         return copy.deepcopy(self.config)
 
-    def deploy_config(self, config: dict, timeout_s: float | None = None, others: bool = True) -> None:
+    def deploy_config(
+        self, config: dict, timeout_s: float | None = None, others: bool = True, base=None
+    ) -> None:
         self.config = copy.deepcopy(config)
         for d in config["applications"][0]["deployments"]:
             artifact = d["user_config"]["artifact"]
@@ -54,7 +57,7 @@ class FakeApp:
             raise error
         return set(self.serving[deployment])
 
-    def swap_artifact(self, config: dict, artifact: str) -> dict:
+    def swap_artifact(self, config: dict, artifact: str, base: str | None = None) -> dict:
         config = copy.deepcopy(config)
         for d in config["applications"][0]["deployments"]:
             d["user_config"] = {"artifact": artifact}
@@ -96,7 +99,7 @@ def test_a_replica_dying_while_asked_rolls_the_swap_back(app, monkeypatch):
     # config live with nothing undone, here the Detector on v2 and the Retriever on v1.
     app.refuses.add(("Retriever", "/m/v2"))
 
-    def deploy_then_die(config, timeout_s=None, others=True):
+    def deploy_then_die(config, timeout_s=None, others=True, base=None):
         app.deploy_config(config, timeout_s, others)
         if app.deployed == ["/m/v2"]:
             app.ask_error = ReplicaDied("the actor died unexpectedly")
@@ -121,7 +124,7 @@ def test_a_rollback_that_fails_keeps_the_reason_the_swap_failed(app):
 
 
 def test_a_config_refused_on_the_driver_deploys_nothing_and_is_not_a_rollback(app, monkeypatch):
-    def refuse(config, timeout_s=None, others=True):
+    def refuse(config, timeout_s=None, others=True, base=None):
         raise ValueError("application 'toolscout': bad args")  # deploy_config's checks, before Serve
 
     monkeypatch.setattr(swap, "deploy_config", refuse)
@@ -131,8 +134,73 @@ def test_a_config_refused_on_the_driver_deploys_nothing_and_is_not_a_rollback(ap
 
 
 def test_a_catalog_refresh_that_cannot_deploy_is_a_swap_failure_the_cli_reports(app, monkeypatch):
-    monkeypatch.setattr(swap, "swap_artifact", lambda config, artifact: config)
+    monkeypatch.setattr(swap, "swap_artifact", lambda config, artifact, base=None: config)
     monkeypatch.setattr(swap, "retriever_config", lambda config: {"catalog_version": "c2"})
     app.deploy_errors = [RuntimeError("deploying 'toolscout' failed: replica died")]
     with pytest.raises(swap.SwapFailed, match=r"catalog c2: deploying it failed \(RuntimeError: deploying"):
+        swap.refresh_catalog()
+
+
+def test_a_catalog_refresh_the_selector_did_not_take_is_a_swap_failure(app, monkeypatch):
+    # Only the Retriever's replicas were asked: a Selector that could not read the new catalog kept
+    # building calls from the old one (a renamed tool's old schema), and the refresh said it was done.
+    app.config["applications"][0]["args"]["selector"] = {"backend": "openai"}
+    monkeypatch.setattr(swap, "swap_artifact", lambda config, artifact, base=None: config)
+    monkeypatch.setattr(swap, "retriever_config", lambda config: {"catalog_version": "c2"})
+    catalogs = {"Retriever": {"c2"}, "Selector": {"c1"}}
+    monkeypatch.setattr(swap, "replica_answers", lambda name, method, app_name: catalogs[name])
+    monkeypatch.setattr(swap, "asked", lambda name, method, app_name: {"/m/v1"})
+    with pytest.raises(swap.SwapFailed, match=r"catalog c2: Selector replicas answer with catalogs \['c1'\]"):
+        swap.refresh_catalog()
+    catalogs["Selector"] = {"c2"}
+    assert swap.refresh_catalog() == "c2"
+    del app.config["applications"][0]["args"]["selector"]  # no Selector: not asked
+    del catalogs["Selector"]
+    assert swap.refresh_catalog() == "c2"
+
+
+def test_a_swap_reads_the_args_relative_paths_where_the_replicas_do(
+    bm25_versions, serving_data, tmp_path, monkeypatch
+):
+    # An app deployed from a file with relative paths (deploy/rayservice.yaml) resolved them in its
+    # replicas' working directory; a swap driver elsewhere (a submitted job's unpacked working_dir)
+    # read them against its own, and found no catalog there, or another one.
+    import shutil
+
+    from components.serving.app import catalog_version
+    from components.serving.deploy_checks import IMPORT_PATH, check_config
+
+    site = tmp_path / "site"
+    shutil.copytree(serving_data, site / "data")
+    shutil.copytree(bm25_versions["default"], site / "model")
+    shutil.copy(bm25_versions["detector_file"], site / "detector.json")
+    args = {"artifact": "model", "catalog": "data", "detector_file": "detector.json"}
+    running = {"applications": [{"name": "toolscout", "import_path": IMPORT_PATH, "args": args}]}
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    deployed = []
+
+    def deploy(config, timeout_s=None, others=True, base=None):
+        check_config(config, base)  # deploy_config's check, on this driver
+        deployed.append(config)
+
+    asked = {"working_dir": {str(site)}, "serving_version": {str(site / "model")}}
+    monkeypatch.setattr(swap, "running_config", lambda app_name="toolscout": copy.deepcopy(running))
+    monkeypatch.setattr(swap, "asked", lambda name, method, app_name: asked[method])
+    monkeypatch.setattr(swap, "deploy_config", deploy)
+    wanted = catalog_version(str(site / "data"))
+    monkeypatch.setattr(swap, "replica_answers", lambda name, method, app_name: {wanted})
+    assert swap.refresh_catalog() == wanted
+    (config,) = deployed
+    (app,) = config["applications"]
+    assert app["args"] == args  # as deployed: changed args would restart the app
+    made = {d["name"]: d["user_config"] for d in app["deployments"]}
+    assert made["Retriever"]["artifact"] == str(site / "model")
+    assert made["Detector"]["detector_file"] == str(site / "detector.json")
+    with pytest.raises(ValueError, match="elsewhere/model is not a directory"):
+        check_config(running)  # against this driver's directory: the error every swap hit
+    asked["working_dir"] = {str(site), "/elsewhere"}  # replicas in two directories: no one base
+    with pytest.raises(
+        swap.SwapFailed, match=r"args \['artifact', 'catalog', 'detector_file'\] are relative"
+    ):
         swap.refresh_catalog()
