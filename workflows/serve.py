@@ -117,13 +117,6 @@ def lm_selector(section: dict[str, Any] | None, model: str) -> dict[str, Any]:
     return {**section, "backend": "lm", "model": model}
 
 
-def absolute_paths(args: dict[str, Any]) -> dict[str, Any]:
-    """Local paths made absolute: the app is built in a Ray task whose working directory differs."""
-    from components.serving.deploy_checks import absolute_args
-
-    return absolute_args(args)
-
-
 def deployable(args: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     """The Serve config ``toolscout serve`` deploys: the app built from ``args`` (paths made
     absolute) in ``base``, the config file, less the file's ``user_config`` of the model deployments.
@@ -140,7 +133,9 @@ def deployable(args: dict[str, Any], base: dict[str, Any] | None) -> dict[str, A
         built = deployment.get("name") in USER_CONFIG_DEPLOYMENTS
         if built and deployment.pop("user_config", None) is not None:
             print(f"{deployment['name']}: the config file's user_config is replaced by the args' one")
-    return serve_config(absolute_paths(args), base)
+    from components.serving.deploy_checks import absolute_args
+
+    return serve_config(absolute_args(args), base)
 
 
 def serve_options(base: dict[str, Any] | None, host: str, port: int) -> dict[str, Any]:

@@ -156,13 +156,13 @@ SECTION_FILES = {"selector": ("model",), "rewriter": ("model", "path")}
 USER_CONFIG_DEPLOYMENTS = ("Detector", "Retriever", "QueryRewriter", "Selector")
 
 
-def local_files(section: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    """``section`` with those of its ``keys`` that name an existing local file or dir made absolute
-    (a hub name or URL is left as it is)."""
+def local_files(section: dict[str, Any], keys: tuple[str, ...], base: str = "") -> dict[str, Any]:
+    """``section`` with those of its ``keys`` that name an existing local file or dir (relative to
+    ``base``, default this process's working directory) made absolute (a hub name or URL is left)."""
     section = dict(section)
     for key in keys:
-        if isinstance(section.get(key), str) and os.path.exists(section[key]):
-            section[key] = _local(section[key])
+        if isinstance(section.get(key), str) and os.path.exists(os.path.join(base, section[key])):
+            section[key] = os.path.abspath(os.path.join(base, section[key]))
     return section
 
 

@@ -33,9 +33,9 @@ def relative_paths(args: dict[str, Any]) -> list[str]:
 def absolute_args(args: dict[str, Any], base: str | None = None) -> dict[str, Any]:
     """``args`` with local paths made absolute against ``base`` (default: this process's working
     directory): the app is built, and its replicas run, in Ray processes whose working directory
-    differs. The optional sections' model files are made absolute where they exist (a hub name is
-    left as it is)."""
-    from components.serving.app import SECTION_FILES
+    differs. The optional sections' model files are made absolute where they exist
+    (:func:`components.serving.app.local_files`: a hub name is left as it is)."""
+    from components.serving.app import SECTION_FILES, local_files
 
     base = base or os.getcwd()
     args = copy.deepcopy(args)
@@ -47,12 +47,8 @@ def absolute_args(args: dict[str, Any], base: str | None = None) -> dict[str, An
         registry["root"] = os.path.abspath(os.path.join(base, registry["root"]))
         args["registry"] = registry
     for section, keys in SECTION_FILES.items():
-        values = dict(args.get(section) or {})
-        for key in keys:
-            if is_local(values.get(key)) and os.path.exists(os.path.join(base, values[key])):
-                values[key] = os.path.abspath(os.path.join(base, values[key]))
-        if values:
-            args[section] = values
+        if args.get(section):
+            args[section] = local_files(args[section], keys, base)
     return args
 
 

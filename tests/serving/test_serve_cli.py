@@ -19,10 +19,10 @@ from components.registry import resolve
 from components.serving.app import ServeArgs, build_app, deployment_options, user_configs
 from components.serving.calibration import find_calibration
 from components.serving.deploy import check_config, ingress_urls, serve_config
+from components.serving.deploy_checks import absolute_args
 from workflows.cli import app
 from workflows.serve import (
     DEFAULT_SERVE_CONFIG,
-    absolute_paths,
     app_args,
     deployable,
     lm_selector,
@@ -193,7 +193,7 @@ def test_the_args_decide_what_is_served_and_the_files_server_options_are_kept(
     (tmp_path / "qg").mkdir()
     (tmp_path / "sel.gguf").write_text("")
     local = {"rewriter": {"backend": "querygen", "path": "qg"}, "selector": {"model": "sel.gguf"}}
-    made = absolute_paths(local)
+    made = absolute_args(local)
     assert made["rewriter"]["path"] == str(tmp_path / "qg")
     assert made["selector"]["model"] == str(tmp_path / "sel.gguf")
     # So do they when the app is built by `serve run` / `serve deploy` (no toolscout serve before it).
@@ -256,7 +256,7 @@ def test_run_server_deploys_from_the_config_with_relative_paths(
                 requests.get(f"http://{node_ip}:{direct.rsplit(':', 1)[1]}/healthz", timeout=5)
         # The builder also works with serve.run (a restart on every update, see
         # components.serving.deploy); mounted under a route prefix, the key guards the same paths.
-        serve.run(build_app(absolute_paths(args)), name="toolscout", route_prefix="/api")
+        serve.run(build_app(absolute_args(args)), name="toolscout", route_prefix="/api")
         info = requests.get(f"{url}/api/v1/tools", headers=key, timeout=10).json()
         assert info["model_version"] == "bm25/v0002"
         refused_without_the_key(f"{url}/api")
